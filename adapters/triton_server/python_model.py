@@ -1,0 +1,163 @@
+"""The Triton Python-backend model (``TritonPythonModel``), decoupled for token streaming.
+
+Imported by the repository's ``1/model.py`` inside Triton's Python stub (the
+only place ``triton_python_backend_utils`` exists).
+
+Invariants:
+- one ``AsyncEngine`` per model instance, built from ``config.pbtxt``
+  ``parameters`` (``EngineConfig.from_strings``); its requests run as tasks on
+  one private event-loop thread, so every request of the instance is batched
+  continuously together; ``execute`` only parses and schedules, never blocks;
+- every request gets exactly one response flagged FINAL: its last delta
+  (``stream=true``), its whole text (``stream=false``), or an error;
+- a request the client cancels (``is_cancelled()``, polled every
+  ``CANCEL_POLL_S``) is aborted in the engine, freeing its KV blocks;
+- custom metrics (``pb_utils.MetricFamily``) mirror ``engine.stats()``.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from paged_core import AsyncEngine, EngineConfig, RequestOutput, SamplingParams
+
+from .request_parsing import parse_request
+
+CANCEL_POLL_S = 0.05
+METRICS_PERIOD_S = 0.25
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def _text_response(texts: list[str]) -> Any:
+    tensor = pb_utils.Tensor("text_output", np.array(texts, dtype=np.object_))
+    return pb_utils.InferenceResponse(output_tensors=[tensor])
+
+
+def _log_failure(future: Any) -> None:
+    """Done-callback: a request task or the metrics task must never fail silently."""
+    if not future.cancelled() and future.exception() is not None:
+        pb_utils.Logger.log_error(f"paged_llm: background task failed: {future.exception()!r}")
+
+
+def _error_response(message: str, code: Any = None) -> Any:
+    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+    return pb_utils.InferenceResponse(error=error)
+
+
+class _Metrics:
+    """Triton custom metrics fed from ``engine.stats()`` (gauges set, counters by delta)."""
+
+    GAUGES = {"kv_usage": "paged_core_kv_cache_usage_ratio",
+              "kv_blocks_used": "paged_core_kv_blocks_used",
+              "kv_blocks_cached": "paged_core_kv_blocks_cached",
+              "num_running": "paged_core_num_requests_running",
+              "num_waiting": "paged_core_num_requests_waiting"}
+    COUNTERS = {"prefix_cache_queries": "paged_core_prefix_cache_queries",
+                "prefix_cache_hits": "paged_core_prefix_cache_hits",
+                "num_preemptions": "paged_core_num_preemptions",
+                "generated_tokens": "paged_core_generation_tokens"}
+
+    def __init__(self, model_name: str) -> None:
+        labels = {"model": model_name}
+        self._families = []
+        self._gauges, self._counters, self._last = {}, {}, {}
+        for table, kind, target in ((self.GAUGES, pb_utils.MetricFamily.GAUGE, self._gauges),
+                                    (self.COUNTERS, pb_utils.MetricFamily.COUNTER, self._counters)):
+            for key, name in table.items():
+                family = pb_utils.MetricFamily(name=name, description=f"paged-core {key}", kind=kind)
+                self._families.append(family)
+                target[key] = family.Metric(labels=labels)
+
+    def update(self, stats: dict[str, float]) -> None:
+        for key, metric in self._gauges.items():
+            metric.set(float(stats.get(key, 0.0)))
+        for key, metric in self._counters.items():
+            value = float(stats.get(key, 0.0))
+            delta = value - self._last.get(key, 0.0)
+            if delta > 0:
+                metric.increment(delta)
+            self._last[key] = value
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        model_config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
+            raise pb_utils.TritonModelException(
+                "paged_llm needs `model_transaction_policy { decoupled: true }` in config.pbtxt")
+        settings = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
+        self.engine = AsyncEngine(EngineConfig.from_strings(settings))
+        self.metrics = _Metrics(args["model_name"])
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="paged-core-triton",
+                                       daemon=True)
+        self.thread.start()
+        self._metrics_task = asyncio.run_coroutine_threadsafe(self._publish_metrics(), self.loop)
+        self._metrics_task.add_done_callback(_log_failure)
+
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                prompt, stream, params = parse_request(
+                    *(self._input(request, name)
+                      for name in ("text_input", "stream", "sampling_parameters")))
+            except ValueError as exc:
+                sender.send(_error_response(str(exc)), flags=FINAL)
+                continue
+            future = asyncio.run_coroutine_threadsafe(
+                self._serve(sender, prompt, stream, params), self.loop)
+            future.add_done_callback(_log_failure)
+        return None
+
+    def finalize(self) -> None:
+        self._metrics_task.cancel()
+        self.engine.shutdown_sync()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+    @staticmethod
+    def _input(request: Any, name: str) -> np.ndarray | None:
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        return None if tensor is None else tensor.as_numpy()
+
+    async def _serve(self, sender: Any, prompt: str, stream: bool, params: SamplingParams) -> None:
+        """Run one request to its FINAL response, racing it against client cancellation."""
+        work = asyncio.ensure_future(self._generate(sender, prompt, stream, params))
+        while not work.done():
+            await asyncio.wait([work], timeout=CANCEL_POLL_S)
+            if not work.done() and sender.is_cancelled():
+                work.cancel()  # closes the engine stream, which aborts the request
+                await asyncio.gather(work, return_exceptions=True)
+                sender.send(_error_response("request cancelled by the client",
+                                            pb_utils.TritonError.CANCELLED), flags=FINAL)
+                return
+        error = work.exception()
+        if error is not None:
+            message = str(error) if isinstance(error, ValueError) else f"generation failed: {error!r}"
+            sender.send(_error_response(message), flags=FINAL)
+
+    async def _generate(self, sender: Any, prompt: str, stream: bool,
+                        params: SamplingParams) -> None:
+        request_id = f"triton-{uuid.uuid4().hex}"
+        last: RequestOutput | None = None
+        async for out in self.engine.generate(prompt, params, request_id=request_id):
+            last = out
+            if stream and (out.finished or any(c.delta_text for c in out.outputs)):
+                sender.send(_text_response([c.delta_text for c in out.outputs]),
+                            flags=FINAL if out.finished else 0)
+        if last is None or not last.finished:
+            raise RuntimeError("the engine stream ended before the request finished")
+        if not stream:
+            sender.send(_text_response([c.text for c in last.outputs]), flags=FINAL)
+
+    async def _publish_metrics(self) -> None:
+        while True:
+            self.metrics.update(self.engine.stats())
+            await asyncio.sleep(METRICS_PERIOD_S)

@@ -1,0 +1,136 @@
+"""``paged_attention``: one launcher for prefill, chunked prefill and decode.
+
+Picks tile sizes and the split-KV factor from host-side shapes and hints only
+(no device sync, so the call can be captured in a CUDA graph when the hints
+are fixed). Layout and semantics: see :mod:`paged_core.kernels`.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+
+from ._checks import check_cache, check_device, interpreting, next_pow2
+from .attention_kernels import merge_splits_kernel, paged_attention_kernel
+
+_MIN_SPLIT_CONTEXT = 1024  # below this a single pass is always cheap enough
+_KEYS_PER_SPLIT = 512  # each split should still stream a useful amount of K/V
+_MAX_SPLITS = 32
+_MAX_SPLIT_TOKENS = 512  # bounds the float32 scratch of the split path
+
+
+def choose_num_splits(work_items: int, max_seq_len: int, num_sms: int) -> int:
+    """Split-KV factor for a grid of ``work_items`` programs over contexts up to ``max_seq_len``.
+
+    Splitting pays only when the grid leaves streaming multiprocessors idle
+    (few sequences x KV heads) and contexts are long; it then aims at about two
+    programs per SM, keeping at least ``_KEYS_PER_SPLIT`` keys per split.
+    """
+    if work_items >= num_sms or max_seq_len < _MIN_SPLIT_CONTEXT:
+        return 1
+    by_occupancy = triton.cdiv(2 * num_sms, work_items)
+    return max(1, min(by_occupancy, max_seq_len // _KEYS_PER_SPLIT, _MAX_SPLITS))
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _tiles(is_decode: bool, group_pad: int, dim_pad: int, elem_size: int) -> tuple[int, int]:
+    """``(BLOCK_M, TILE_N)``, both >= 16 so ``tl.dot`` shapes are valid on GPU.
+
+    Sized so that, compiled for sm_90 with 4 warps, the usual shapes (16-bit
+    dtypes, head_dim <= 256) need no register spills; K/V rows of ``row_bytes``
+    wider than 128/256 bytes get narrower tiles.
+    """
+    row_bytes = dim_pad * elem_size
+    if is_decode:
+        return max(16, group_pad), (64 if row_bytes <= 256 else 32)
+    block_m = 64 if elem_size == 2 and dim_pad <= 128 else 32
+    return max(block_m, group_pad), (64 if row_bytes <= 128 else 32)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                    query_start_loc: torch.Tensor, scale: float,
+                    sliding_window: int | None = None, *, num_splits: int | None = None,
+                    max_seq_len: int | None = None, max_query_len: int | None = None,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of a packed step's queries over the paged cache.
+
+    ``q`` ``[num_tokens, num_heads, head_dim]`` (cache dtype, last dim contiguous);
+    returns ``out`` of the same shape and dtype. Rows past ``query_start_loc[-1]``
+    (padding) are left unwritten.
+
+    Hints (host ints, never read from the device): ``max_seq_len`` bounds
+    ``seq_lens`` (default: ``block_tables.shape[1] * block_size``) and
+    ``max_query_len`` bounds query lengths (``1`` selects decode tiles). They
+    only steer performance. ``num_splits`` forces the split-KV factor (``1``
+    disables it); by default :func:`choose_num_splits` decides on CUDA.
+    """
+    _, block_size, kv_heads, head_dim = check_cache(k_cache, v_cache)
+    check_device(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
+    num_tokens, num_heads = q.shape[0], q.shape[1]
+    num_seqs = seq_lens.shape[0]
+    if q.dim() != 3 or q.shape[2] != head_dim or num_heads % kv_heads:
+        raise ValueError(f"q must be [num_tokens, num_heads, {head_dim}] with num_heads a "
+                         f"multiple of num_kv_heads={kv_heads}, got {list(q.shape)}")
+    if q.dtype != k_cache.dtype:
+        raise ValueError(f"q dtype {q.dtype} must match the cache dtype {k_cache.dtype}")
+    if tuple(query_start_loc.shape) != (num_seqs + 1,) or block_tables.shape[0] != num_seqs:
+        raise ValueError(f"query_start_loc must be [{num_seqs + 1}] and block_tables "
+                         f"[{num_seqs}, max_blocks]; got {list(query_start_loc.shape)} and "
+                         f"{list(block_tables.shape)}")
+    if sliding_window is not None and sliding_window <= 0:
+        raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window}")
+    if q.stride(2) != 1:
+        q = q.contiguous()
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+
+    group = num_heads // kv_heads
+    group_pad, dim_pad = next_pow2(group), next_pow2(head_dim, 16)
+    is_decode = (max_query_len if max_query_len is not None else num_tokens - num_seqs + 1) <= 1
+    block_m, tile_n = _tiles(is_decode, group_pad, dim_pad, q.element_size())
+    block_q = block_m // group_pad
+    if num_splits is None:
+        work = max(num_seqs, triton.cdiv(num_tokens, block_q)) * kv_heads
+        max_len = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
+        num_splits = 1
+        if q.device.type == "cuda" and num_tokens <= _MAX_SPLIT_TOKENS:
+            num_splits = choose_num_splits(work, max_len, _num_sms(q.device))
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+
+    split = num_splits > 1
+    if split:
+        partial = q.new_empty(num_tokens, num_heads, num_splits, head_dim, dtype=torch.float32)
+        lse = q.new_empty(num_tokens, num_heads, num_splits, dtype=torch.float32)
+        target, target_strides, lse_strides = partial, partial.stride()[:3], lse.stride()[:2]
+    else:
+        lse, target, target_strides, lse_strides = out, out, (*out.stride()[:2], 0), (0, 0)
+
+    grid = (num_tokens // block_q + num_seqs, kv_heads, num_splits)
+    paged_attention_kernel[grid](
+        q, k_cache, v_cache, target, lse, block_tables, seq_lens, query_start_loc,
+        num_seqs, num_splits, scale * math.log2(math.e), sliding_window or 0,
+        q.stride(0), q.stride(1), k_cache.stride(0), v_cache.stride(0), block_tables.stride(0),
+        *target_strides, *lse_strides,
+        NUM_KV_HEADS=kv_heads, GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
+        DIM_PAD=dim_pad, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_SIZE=block_size, TILE_N=tile_n,
+        HAS_WINDOW=sliding_window is not None, SPLIT=split,
+        # The interpreter's tl.dot is wrong on bfloat16 operands: upcast there only.
+        UPCAST=interpreting() and q.dtype == torch.bfloat16,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=4)
+    if split:
+        merge_splits_kernel[(num_tokens, num_heads)](
+            partial, lse, out, query_start_loc, num_seqs, num_splits,
+            *partial.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),
+            SPLITS_PAD=next_pow2(num_splits), HEAD_DIM=head_dim, DIM_PAD=dim_pad)
+    return out

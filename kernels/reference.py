@@ -1,0 +1,60 @@
+"""Plain-torch reference versions of the kernels (slow, obviously correct).
+
+Same arguments and semantics as :mod:`paged_core.kernels`; they read tensor
+values on the host, so they are for tests and debugging, not for serving.
+Attention is computed in float64 and cast to the query dtype.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def write_kv_cache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                   v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store token ``t``'s K/V at slot ``slot_mapping[t]``; negative slots are skipped."""
+    block_size = k_cache.shape[1]
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    k_cache[slots // block_size, slots % block_size] = key[keep].to(k_cache.dtype)
+    v_cache[slots // block_size, slots % block_size] = value[keep].to(v_cache.dtype)
+
+
+def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, src: torch.Tensor,
+                dst: torch.Tensor) -> None:
+    """Copy block ``src[i]`` to ``dst[i]`` in both caches."""
+    k_cache[dst.long()] = k_cache[src.long()]
+    v_cache[dst.long()] = v_cache[src.long()]
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                    query_start_loc: torch.Tensor, scale: float,
+                    sliding_window: int | None = None) -> torch.Tensor:
+    """Per-sequence gather of the context, then masked softmax attention.
+
+    Sequence ``i``'s new token ``j`` sits at position ``seq_lens[i] - q_len + j``
+    and sees keys ``k`` with ``k <= pos`` and, with a window ``w``, ``pos - k < w``.
+    Rows past ``query_start_loc[-1]`` are returned as zeros.
+    """
+    block_size = k_cache.shape[1]
+    group = q.shape[1] // k_cache.shape[2]
+    out = torch.zeros_like(q)
+    starts = query_start_loc.tolist()
+    for i, seq_len in enumerate(seq_lens.tolist()):
+        q_seq = q[starts[i]:starts[i + 1]].double()
+        q_len = q_seq.shape[0]
+        if q_len == 0:
+            continue
+        blocks = block_tables[i, :(seq_len + block_size - 1) // block_size].long()
+        k = k_cache[blocks].flatten(0, 1)[:seq_len].double().repeat_interleave(group, dim=1)
+        v = v_cache[blocks].flatten(0, 1)[:seq_len].double().repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q_seq, k) * scale
+        q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
+        k_pos = torch.arange(seq_len)[None, :]
+        visible = k_pos <= q_pos
+        if sliding_window is not None:
+            visible &= q_pos - k_pos < sliding_window
+        scores = scores.masked_fill(~visible.to(scores.device), float("-inf"))
+        out[starts[i]:starts[i + 1]] = torch.einsum(
+            "hqk,khd->qhd", scores.softmax(dim=-1), v).to(q.dtype)
+    return out

@@ -1,0 +1,24 @@
+"""paged-core: a paged-attention LLM generation engine that serving frameworks host.
+
+Public API (vLLM-style names)::
+
+    from paged_core import LLM, SamplingParams
+    llm = LLM()  # embedded SmolLM2-135M-Instruct
+    outs = llm.generate(["The capital of France is"], SamplingParams(max_tokens=32, temperature=0))
+
+    from paged_core import AsyncEngine, EngineConfig
+    engine = AsyncEngine(EngineConfig())
+    async for out in engine.generate("Hello", SamplingParams(max_tokens=8), request_id="r1"): ...
+"""
+from .async_engine import AsyncEngine, EngineDeadError
+from .config import EngineConfig
+from .engine import LLMEngine
+from .llm import LLM
+from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from .sampling_params import SamplingParams
+
+__all__ = [
+    "LLM", "LLMEngine", "AsyncEngine", "EngineDeadError", "EngineConfig", "SamplingParams",
+    "RequestOutput", "CompletionOutput", "Logprob", "RequestMetrics",
+]
+__version__ = "0.1.0"

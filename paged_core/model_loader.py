@@ -1,0 +1,57 @@
+"""Resolve a model reference to a Hugging Face folder and load its config, weights and tokenizer.
+
+Accepted references: ``None`` (the embedded SmolLM2-135M-Instruct), a folder
+with ``config.json`` + ``*.safetensors``, or a ``.gguf`` file (converted once
+through transformers and cached as safetensors).
+"""
+from __future__ import annotations
+
+import glob
+import os
+
+import torch
+
+from .embedded_model import converted_folder_for, embedded_model_folder
+from .models.llama import LlamaForCausalLM
+from .models.layers import RotaryEmbedding
+
+
+def resolve_model_folder(model: str | None) -> str:
+    if model is None:
+        return embedded_model_folder()
+    if os.path.isfile(model) and model.endswith(".gguf"):
+        return converted_folder_for(model)
+    if os.path.isdir(model) and os.path.exists(os.path.join(model, "config.json")):
+        return model
+    raise ValueError(
+        f"model {model!r} is neither a Hugging Face folder with config.json nor a .gguf file")
+
+
+def load_hf_config(folder: str):
+    from transformers import AutoConfig
+    return AutoConfig.from_pretrained(folder)
+
+
+def load_tokenizer(folder: str):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def load_model(folder: str, hf_config, max_positions: int, dtype: torch.dtype,
+               device: torch.device) -> LlamaForCausalLM:
+    """Build the model without random init, then copy the checkpoint's weights in."""
+    from safetensors.torch import load_file
+
+    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if not files:
+        raise ValueError(f"no *.safetensors weights in {folder}")
+    with torch.device("meta"):
+        model = LlamaForCausalLM(hf_config, max_positions, dtype)
+    model = model.to_empty(device=device).to(dtype)
+    model.rotary = RotaryEmbedding(hf_config, max_positions, dtype).to(device)
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        tensors.update(load_file(path, device="cpu"))
+    with torch.no_grad():
+        model.load_hf_state_dict(tensors)
+    return model.eval().requires_grad_(False)

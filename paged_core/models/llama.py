@@ -1,0 +1,187 @@
+"""The Llama family in one file: Llama, SmolLM, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm).
+
+The model works on one packed batch: ``input_ids`` and ``positions`` are flat
+``[num_tokens]`` tensors holding every scheduled sequence's new tokens back to
+back. It never sees block tables: attention goes through the backend with the
+step's ``AttentionMetadata``. Projections are fused (qkv, gate+up) to keep the
+number of kernel launches per layer small.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..attention import AttentionBackend, AttentionMetadata
+from .layers import RMSNorm, RotaryEmbedding
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True)
+class LlamaFamilySpec:
+    """What differs between the family's members, read off a Hugging Face config."""
+
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    tie_word_embeddings: bool
+    sliding_windows: tuple[int | None, ...]  # one per layer
+
+    @classmethod
+    def from_hf_config(cls, cfg) -> "LlamaFamilySpec":
+        model_type = cfg.model_type
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"model_type {model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}")
+        attention_bias = bool(getattr(cfg, "attention_bias", False))
+        heads = cfg.num_attention_heads
+        return cls(
+            num_layers=cfg.num_hidden_layers,
+            hidden_size=cfg.hidden_size,
+            num_heads=heads,
+            num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+            intermediate_size=cfg.intermediate_size,
+            vocab_size=cfg.vocab_size,
+            rms_norm_eps=cfg.rms_norm_eps,
+            qkv_bias=attention_bias or model_type == "qwen2",
+            o_bias=attention_bias and model_type == "llama",
+            mlp_bias=bool(getattr(cfg, "mlp_bias", False)),
+            qk_norm=model_type == "qwen3",
+            tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+            sliding_windows=_sliding_windows(cfg),
+        )
+
+
+def _sliding_windows(cfg) -> tuple[int | None, ...]:
+    window = getattr(cfg, "sliding_window", None)
+    layer_types = getattr(cfg, "layer_types", None)
+    if cfg.model_type in ("qwen2", "qwen3") and not getattr(cfg, "use_sliding_window", False):
+        window = None
+    if layer_types:
+        return tuple(window if t == "sliding_attention" else None for t in layer_types)
+    return (window,) * cfg.num_hidden_layers
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, spec: LlamaFamilySpec, sliding_window: int | None) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.q_size = spec.num_heads * spec.head_dim
+        self.kv_size = spec.num_kv_heads * spec.head_dim
+        self.qkv_proj = nn.Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, spec.hidden_size, bias=spec.o_bias)
+        self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        self.scale = spec.head_dim ** -0.5
+        self.sliding_window = sliding_window
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
+                backend: AttentionBackend) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(positions, q, k)
+        k_cache, v_cache = kv_cache
+        backend.write_kv(k, v, k_cache, v_cache, meta)
+        out = backend.attend(q, k_cache, v_cache, meta, self.scale, self.sliding_window)
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, spec: LlamaFamilySpec) -> None:
+        super().__init__()
+        self.intermediate_size = spec.intermediate_size
+        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=spec.mlp_bias)
+        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, spec: LlamaFamilySpec, layer_index: int) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(spec, spec.sliding_windows[layer_index])
+        self.mlp = LlamaMLP(spec)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Packed-batch forward over a paged KV cache; ``compute_logits`` on selected rows only."""
+
+    def __init__(self, hf_config, max_positions: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.spec = spec = LlamaFamilySpec.from_hf_config(hf_config)
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(spec, i) for i in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.lm_head = None if spec.tie_word_embeddings else nn.Linear(
+            spec.hidden_size, spec.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(hf_config, max_positions, dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
+                backend: AttentionBackend) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            attn_out = layer.self_attn(layer.input_layernorm(hidden), positions, self.rotary,
+                                       kv_cache, meta, backend)
+            hidden = hidden + attn_out
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return self.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight)
+
+    def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy Hugging Face weights in, fusing q/k/v and gate/up projections."""
+        own = dict(self.named_parameters())
+        fused: dict[str, list[torch.Tensor]] = {}
+        loaded: set[str] = set()
+        for hf_name, tensor in tensors.items():
+            name = hf_name.removeprefix("model.")
+            if "rotary_emb" in name:
+                continue
+            for part, target in _FUSED_PARTS.items():
+                if f".{part}." in name:
+                    fused.setdefault(name.replace(part, target), []).append((_PART_ORDER[part], tensor))
+                    break
+            else:
+                if name not in own:
+                    if name == "lm_head.weight" and self.lm_head is None:
+                        continue  # tied to the embedding
+                    raise ValueError(f"unexpected weight {hf_name!r} in checkpoint")
+                own[name].data.copy_(tensor)
+                loaded.add(name)
+        for name, parts in fused.items():
+            own[name].data.copy_(torch.cat([t for _, t in sorted(parts, key=lambda p: p[0])], dim=0))
+            loaded.add(name)
+        missing = set(own) - loaded
+        if missing:
+            raise ValueError(f"checkpoint lacks weights: {sorted(missing)[:5]}")
+
+
+_FUSED_PARTS = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
+                "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
+_PART_ORDER = {"q_proj": 0, "k_proj": 1, "v_proj": 2, "gate_proj": 0, "up_proj": 1}

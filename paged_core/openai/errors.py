@@ -1,0 +1,102 @@
+"""OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}``.
+
+Invariant: every error the OpenAI routes return goes through ``error_response``,
+so clients always see the same JSON shape, and every 4xx names the offending
+request field in ``param`` when one is known.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
+
+_TYPES = {400: "invalid_request_error", 404: "invalid_request_error",
+          405: "invalid_request_error", 413: "invalid_request_error",
+          503: "service_unavailable", 500: "internal_server_error"}
+
+
+class OpenAIError(Exception):
+    """An error to report to the client with an HTTP status and an OpenAI error body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+def error_body(status: int, message: str, param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    """The JSON body of an error (also sent as the last SSE event of a failed stream)."""
+    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"),
+                      "param": param, "code": code}}
+
+
+def error_response(status: int, message: str, param: str | None = None,
+                   code: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code), status_code=status)
+
+
+def bad_request(exc: ValueError, known_params: list[str] | tuple[str, ...],
+                rename: dict[str, str] | None = None, default_param: str | None = None
+                ) -> OpenAIError:
+    """Turn an engine ``ValueError`` into a 400 naming the request field.
+
+    Engine messages start with (or mention) the field name, e.g.
+    ``"temperature must be >= 0, got -1"``; ``rename`` maps engine field names
+    back to request field names (``max_tokens`` -> ``max_completion_tokens``).
+    """
+    message = str(exc)
+    param = default_param
+    best = len(message) + 1
+    for name in known_params:  # the field named first in the message wins
+        match = re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", message)
+        if match and match.start() < best:
+            param, best = name, match.start()
+    if rename and param in rename:
+        param = rename[param]
+    return OpenAIError(400, message, param=param)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "Invalid request body", None
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "json_invalid":
+        return f"Invalid JSON in request body: {first.get('ctx', {}).get('error', first.get('msg'))}", None
+    param = ".".join(loc) or None
+    parts = []
+    for err in errors[:5]:
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{where}: {err.get('msg')}")
+    return "Invalid request: " + "; ".join(parts), param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Make FastAPI's own errors (malformed JSON, schema mismatches, 404/405) OpenAI-shaped.
+
+    Malformed JSON and schema errors become 400 (not FastAPI's 422), as OpenAI does.
+    """
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param, exc.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return error_response(400, message, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        return error_response(exc.status_code, detail)

@@ -1,0 +1,92 @@
+"""Prometheus metrics of one served engine.
+
+Engine gauges and counters (KV usage, cached blocks, prefix-cache queries and
+hits, running/waiting, preemptions, generated tokens) are read from
+``engine.stats()`` at scrape time, so they can never drift from the engine;
+latency histograms (time to first token, inter-token latency) are observed by
+the OpenAI layer as it streams. Each ``ServingMetrics`` owns its registry, so
+several apps in one process never collide.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+PREFIX = "paged_core"
+_GAUGES = {
+    "kv_usage": ("kv_cache_usage_ratio", "Fraction of KV-cache blocks in use (0..1)"),
+    "kv_blocks_total": ("kv_blocks_total", "KV-cache blocks in the pool"),
+    "kv_blocks_used": ("kv_blocks_used", "KV-cache blocks held by requests"),
+    "kv_blocks_cached": ("kv_blocks_cached", "Free KV-cache blocks still holding reusable prefixes"),
+    "num_running": ("num_requests_running", "Requests being generated"),
+    "num_waiting": ("num_requests_waiting", "Requests waiting to be scheduled"),
+}
+_COUNTERS = {
+    "prefix_cache_queries": ("prefix_cache_queries", "Prompt blocks looked up in the prefix cache"),
+    "prefix_cache_hits": ("prefix_cache_hits", "Prompt blocks found in the prefix cache"),
+    "num_preemptions": ("num_preemptions", "Requests preempted (recomputed later)"),
+    "generated_tokens": ("generation_tokens", "Tokens generated"),
+}
+_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+                    1.0, 2.5, 5.0, 10.0, 20.0, 60.0)
+
+
+class _EngineStatsCollector(Collector):
+    def __init__(self, stats: Callable[[], dict[str, Any] | None]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Any]:
+        stats = self._stats()
+        if stats is None:  # engine not built yet
+            return
+        for key, (name, doc) in _GAUGES.items():
+            if key in stats:
+                yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=float(stats[key]))
+        for key, (name, doc) in _COUNTERS.items():
+            if key in stats:
+                yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=float(stats[key]))
+
+
+class ServingMetrics:
+    """Registry + histograms for one engine; ``render()`` gives the exposition text."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any] | None]) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineStatsCollector(stats))
+        self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds",
+                              "Time from request arrival to its first generated token",
+                              buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.itl = Histogram(f"{PREFIX}_inter_token_latency_seconds",
+                             "Time between consecutive generated tokens of a request",
+                             buckets=_LATENCY_BUCKETS, registry=self.registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def tracker(self) -> "LatencyTracker":
+        return LatencyTracker(self)
+
+
+class LatencyTracker:
+    """Observes TTFT once and inter-token latency per new token of one request."""
+
+    def __init__(self, metrics: ServingMetrics) -> None:
+        self._metrics = metrics
+        self._start = time.monotonic()
+        self._last: float | None = None
+
+    def on_tokens(self, num_new_tokens: int) -> None:
+        if num_new_tokens <= 0:
+            return
+        now = time.monotonic()
+        if self._last is None:
+            self._metrics.ttft.observe(now - self._start)
+        else:
+            per_token = (now - self._last) / num_new_tokens
+            for _ in range(num_new_tokens):
+                self._metrics.itl.observe(per_token)
+        self._last = now

@@ -1,0 +1,106 @@
+"""Request models of the OpenAI ``/v1/completions`` and ``/v1/chat/completions`` APIs.
+
+Only the *shape* is checked here (types, required fields); value ranges are
+checked once, by ``SamplingParams``, so the allowed ranges live in one place.
+Unknown fields are ignored, as OpenAI-compatible servers commonly do; the vLLM
+extras (``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``,
+``ignore_eos``, ``stop_token_ids``, ...) are accepted as top-level fields.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _SamplingFields(BaseModel):
+    """Fields shared by both endpoints that map onto ``SamplingParams``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: Union[str, list[str], None] = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # vLLM extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+
+
+class CompletionRequest(_SamplingFields):
+    """``POST /v1/completions``: ``prompt`` is text, token ids, or a list of either."""
+
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: Union[str, list[ContentPart], None] = None
+    name: str | None = None
+
+    def as_template_dict(self) -> dict[str, Any]:
+        """The message as the chat template expects it (text parts joined)."""
+        content = self.content
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if part.type != "text":
+                    raise ValueError(f"messages: content part type {part.type!r} is not supported "
+                                     f"(only 'text')")
+                texts.append(part.text or "")
+            content = "".join(texts)
+        out: dict[str, Any] = {"role": self.role, "content": content or ""}
+        if self.name:
+            out["name"] = self.name
+        return out
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text", "json_object", "json_schema"] = "text"
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """``POST /v1/chat/completions``; ``logprobs`` is a flag, ``top_logprobs`` the count."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None

@@ -1,0 +1,39 @@
+"""Prompt inputs as vLLM accepts them: a string, a list of token ids, or ``{"prompt_token_ids": [...]}``."""
+from __future__ import annotations
+
+from typing import Any, Union
+
+PromptInput = Union[str, list[int], dict[str, Any]]
+
+
+def tokenize_prompt(prompt: PromptInput, tokenizer, vocab_size: int) -> tuple[str | None, list[int]]:
+    """Return ``(text or None, token ids)``; raises ``ValueError`` for an unusable prompt."""
+    if isinstance(prompt, str):
+        text, token_ids = prompt, tokenizer.encode(prompt)
+    elif isinstance(prompt, dict):
+        if "prompt_token_ids" in prompt:
+            text, token_ids = prompt.get("prompt"), prompt["prompt_token_ids"]
+        elif "prompt" in prompt:
+            text, token_ids = prompt["prompt"], tokenizer.encode(prompt["prompt"])
+        else:
+            raise ValueError("a prompt dict needs 'prompt_token_ids' or 'prompt'")
+    elif isinstance(prompt, (list, tuple)):
+        text, token_ids = None, prompt
+    else:
+        raise ValueError(f"a prompt must be a string, a list of token ids or a dict, "
+                         f"got {type(prompt).__name__}")
+    token_ids = list(token_ids)
+    if not token_ids:
+        raise ValueError("prompt is empty: give at least one token")
+    for t in token_ids:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
+            raise ValueError(f"prompt_token_ids must be integers in [0, {vocab_size}), got {t!r}")
+    return text, token_ids
+
+
+def is_single_prompt(prompts: Any) -> bool:
+    """True if ``prompts`` is one prompt rather than a list of prompts."""
+    if isinstance(prompts, (str, dict)):
+        return True
+    return isinstance(prompts, (list, tuple)) and bool(prompts) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompts)

@@ -1,0 +1,113 @@
+"""Sampling parameters of one request, validated at construction.
+
+Names and defaults follow vLLM's ``SamplingParams`` so that its users feel at
+home. Every invalid value raises ``ValueError`` naming the field and the
+allowed range; servers turn that message into a 400 response as is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+_GREEDY_EPS = 1e-5
+
+
+@dataclass
+class SamplingParams:
+    """How to pick the next tokens of a request and when to stop.
+
+    ``temperature == 0`` means greedy decoding; ``top_k`` of 0 or -1 disables
+    top-k; ``stop`` strings end the output and are not included in it.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        self._validate()
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "SamplingParams":
+        """Build from a JSON-like dict, rejecting unknown field names."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown sampling parameter(s) {unknown}; allowed: {sorted(known)}")
+        return cls(**values)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < _GREEDY_EPS
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
+
+    def _validate(self) -> None:
+        _check_int("n", self.n, lo=1, hi=128)
+        _check_number("temperature", self.temperature, ">= 0", self.temperature >= 0)
+        _check_number("top_p", self.top_p, "in (0, 1]", 0 < self.top_p <= 1)
+        _check_int("top_k", self.top_k, lo=0, note="0 or -1 disables it")
+        _check_number("min_p", self.min_p, "in [0, 1]", 0 <= self.min_p <= 1)
+        _check_number("repetition_penalty", self.repetition_penalty, "> 0",
+                      self.repetition_penalty > 0)
+        _check_number("presence_penalty", self.presence_penalty, "in [-2, 2]",
+                      -2 <= self.presence_penalty <= 2)
+        _check_number("frequency_penalty", self.frequency_penalty, "in [-2, 2]",
+                      -2 <= self.frequency_penalty <= 2)
+        if self.seed is not None:
+            _check_int("seed", self.seed, lo=0)
+        if self.max_tokens is not None:
+            _check_int("max_tokens", self.max_tokens, lo=1)
+        _check_int("min_tokens", self.min_tokens, lo=0)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be <= max_tokens, got min_tokens={self.min_tokens} "
+                f"and max_tokens={self.max_tokens}")
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, lo=0, hi=20)
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop must hold non-empty strings, got {s!r}")
+        for t in self.stop_token_ids:
+            _check_int("stop_token_ids", t, lo=0)
+
+
+def _check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None,
+               note: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        bounds = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        extra = f" ({note})" if note else ""
+        raise ValueError(f"{name} must be {bounds}{extra}, got {value}")
+
+
+def _check_number(name: str, value: Any, allowed: str, ok: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number {allowed}, got {value!r}")
+    if not ok or value != value:  # NaN fails every comparison
+        raise ValueError(f"{name} must be {allowed}, got {value}")

@@ -1,0 +1,59 @@
+"""Per-sequence state shared by the scheduler, the block manager and the engine (no torch).
+
+A request with ``n`` samples owns ``n`` sequences once its prompt is prefilled;
+before that it has a single one. ``num_computed_tokens`` is the one scheduling
+invariant: it counts tokens whose K/V are in the cache and catches up to
+``num_tokens`` step by step (prefill and decode are not separate phases).
+"""
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .request import Request
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """One stream of tokens: the prompt followed by what was generated for it."""
+
+    def __init__(self, seq_id: int, request: "Request", token_ids: list[int],
+                 num_prompt_tokens: int, sample_index: int) -> None:
+        self.seq_id = seq_id
+        self.request = request
+        self.token_ids = token_ids
+        self.num_prompt_tokens = num_prompt_tokens
+        self.sample_index = sample_index
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at admission
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        # Hashes of this sequence's full blocks (chained); extended as it grows.
+        self.block_hashes: list[bytes] = []
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.seq_id}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, {self.status.value})")
