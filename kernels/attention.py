@@ -61,9 +61,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of a packed step's queries over the paged cache.
 
-    ``q`` ``[num_tokens, num_heads, head_dim]`` (cache dtype, last dim contiguous);
-    returns ``out`` of the same shape and dtype. Rows past ``query_start_loc[-1]``
-    (padding) are left unwritten.
+    ``q`` ``[num_tokens, num_heads, head_dim]`` in the cache dtype; returns a new
+    tensor of the same shape and dtype, or fills ``out`` (same shape and dtype,
+    last dim contiguous). Rows past ``query_start_loc[-1]`` (padding) are left
+    unwritten.
 
     Hints (host ints, never read from the device): ``max_seq_len`` bounds
     ``seq_lens`` (default: ``block_tables.shape[1] * block_size``) and
@@ -73,11 +74,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """
     _, block_size, kv_heads, head_dim = check_cache(k_cache, v_cache)
     check_device(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
-    num_tokens, num_heads = q.shape[0], q.shape[1]
-    num_seqs = seq_lens.shape[0]
-    if q.dim() != 3 or q.shape[2] != head_dim or num_heads % kv_heads:
+    if q.dim() != 3 or q.shape[2] != head_dim or q.shape[1] % kv_heads:
         raise ValueError(f"q must be [num_tokens, num_heads, {head_dim}] with num_heads a "
                          f"multiple of num_kv_heads={kv_heads}, got {list(q.shape)}")
+    num_tokens, num_heads = q.shape[0], q.shape[1]
+    num_seqs = seq_lens.shape[0]
     if q.dtype != k_cache.dtype:
         raise ValueError(f"q dtype {q.dtype} must match the cache dtype {k_cache.dtype}")
     if tuple(query_start_loc.shape) != (num_seqs + 1,) or block_tables.shape[0] != num_seqs:
@@ -90,6 +91,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         q = q.contiguous()
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(2) != 1:
+        raise ValueError(f"out must match q ({list(q.shape)}, {q.dtype}, last dim contiguous)")
     if num_tokens == 0 or num_seqs == 0:
         return out
 

@@ -60,13 +60,14 @@ def write_kv_cache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor
     _write_kv_kernel[(num_tokens,)](
         key, value, k_cache, v_cache, slot_mapping,
         *key.stride(), *value.stride(), k_cache.stride(0), v_cache.stride(0),
-        NUM_KV_HEADS=kv_heads, HEAD_DIM=dim, BLOCK_SIZE=block_size, HEADS_PAD=next_pow2(kv_heads), DIM_PAD=next_pow2(dim))
+        NUM_KV_HEADS=kv_heads, HEAD_DIM=dim, BLOCK_SIZE=block_size,
+        HEADS_PAD=next_pow2(kv_heads), DIM_PAD=next_pow2(dim))
 
 
 @triton.jit
 def _copy_blocks_kernel(k_cache_ptr, v_cache_ptr, src_ptr, dst_ptr, stride_kb, stride_vb,
                         block_numel, CHUNK: tl.constexpr):
-    """Program ``(pair, chunk)``: copy ``CHUNK`` elements of block ``src[pair]`` to ``dst[pair]``."""
+    """Program ``(pair, chunk)`` copies ``CHUNK`` elements of ``src[pair]`` to ``dst[pair]``."""
     pair = tl.program_id(0)
     offs = tl.program_id(1).to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
     mask = offs < block_numel

@@ -46,9 +46,9 @@ def load_model(folder: str, hf_config, max_positions: int, dtype: torch.dtype,
     if not files:
         raise ValueError(f"no *.safetensors weights in {folder}")
     with torch.device("meta"):
-        model = LlamaForCausalLM(hf_config, max_positions, dtype)
+        model = LlamaForCausalLM(hf_config)
     model = model.to_empty(device=device).to(dtype)
-    model.rotary = RotaryEmbedding(hf_config, max_positions, dtype).to(device)
+    model.attach_rotary(RotaryEmbedding(hf_config, max_positions, dtype).to(device))
     tensors: dict[str, torch.Tensor] = {}
     for path in files:
         tensors.update(load_file(path, device="cpu"))

@@ -37,6 +37,7 @@ class Sampler:
     def __init__(self, default_generator: torch.Generator | None = None) -> None:
         self.default_generator = default_generator
 
+    @torch.inference_mode()
     def __call__(self, logits: torch.Tensor,
                  rows: list[SamplingRow]) -> tuple[list[int], list[TokenLogprobs | None]]:
         logits = logits.float()

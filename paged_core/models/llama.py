@@ -129,7 +129,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Packed-batch forward over a paged KV cache; ``compute_logits`` on selected rows only."""
 
-    def __init__(self, hf_config, max_positions: int, dtype: torch.dtype) -> None:
+    def __init__(self, hf_config) -> None:
         super().__init__()
         self.spec = spec = LlamaFamilySpec.from_hf_config(hf_config)
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
@@ -137,7 +137,11 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.lm_head = None if spec.tie_word_embeddings else nn.Linear(
             spec.hidden_size, spec.vocab_size, bias=False)
-        self.rotary = RotaryEmbedding(hf_config, max_positions, dtype)
+        self.rotary: RotaryEmbedding | None = None  # set by attach_rotary once weights are real
+
+    def attach_rotary(self, rotary: RotaryEmbedding) -> None:
+        """Install the cos/sin tables (built outside any meta-device context)."""
+        self.rotary = rotary
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import anyio
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 T = TypeVar("T")
@@ -19,6 +19,16 @@ T = TypeVar("T")
 
 class ClientDisconnected(Exception):
     """The client went away before the response was ready."""
+
+
+class NothingToSend(Response):
+    """The "response" to a client that has left: sends nothing (any send would fail)."""
+
+    def __init__(self) -> None:
+        super().__init__(status_code=499)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        return None
 
 
 async def wait_for_disconnect(receive: Receive) -> None:

@@ -73,7 +73,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid":
         return f"Invalid JSON in request body: {first.get('ctx', {}).get('error', first.get('msg'))}", None
-    param = ".".join(loc) or None
+    param = loc[0] if loc else None  # the top-level request field
     parts = []
     for err in errors[:5]:
         where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"

@@ -1,0 +1,14 @@
+"""``paged-core bench``: side-by-side measurements of the engine, written as JSON + PNG.
+
+Subcommands (``paged-core bench <name> [--quick] [--out DIR]``):
+
+- ``throughput``: offline generation against naive ``transformers`` static
+  batching, ``transformers`` continuous batching (``generate_batch``) and,
+  given ``--vllm-python``, vLLM's CPU build;
+- ``serve``: online latency (TTFT, inter-token, end-to-end) under Poisson
+  arrivals and a burst, through an adapter's OpenAI endpoint;
+- ``memory``: KV-cache waste of paged blocks against contiguous pre-allocation;
+- ``prefix``: time to first token with a shared system prompt, prefix caching on and off;
+- ``sharing``: KV blocks of parallel sampling (``n > 1``) against ``n`` independent requests;
+- ``all``: every benchmark, then ``benchmarks/README.md`` regenerated from the results.
+"""

@@ -1,0 +1,16 @@
+"""``benchmarks/kernels.py`` is GPU-only: off a GPU it must refuse clearly, not crash."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels.py"
+
+
+def test_benchmark_refuses_without_gpu_kernels(tmp_path):
+    """With interpreted Triton (always the case under these tests) nothing is measured."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, str(BENCH), "--quick"], capture_output=True,
+                          text=True, env=env, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "needs a CUDA device" in proc.stderr
