@@ -42,7 +42,7 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         spec = model.spec
-        shape = (num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
+        shape = backend.kv_cache_shape(num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device),
                            torch.zeros(shape, dtype=dtype, device=device))
                           for _ in range(spec.num_layers)]

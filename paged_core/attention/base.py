@@ -2,7 +2,8 @@
 
 A backend writes a layer's new K/V into the paged cache and computes attention
 of the step's queries over each sequence's cached context (causal within the
-new tokens). Per-layer caches have shape ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+new tokens). Each backend chooses its per-layer cache layout (``kv_cache_shape``);
+the Triton kernels use ``[num_blocks, block_size, num_kv_heads, head_dim]``.
 """
 from __future__ import annotations
 
@@ -15,6 +16,11 @@ from .metadata import AttentionMetadata
 
 class AttentionBackend(Protocol):
     name: str
+
+    @staticmethod
+    def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,
+                       head_dim: int) -> tuple[int, ...]:
+        """Shape of one layer's K (or V) cache tensor."""
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, meta: AttentionMetadata) -> None:

@@ -17,6 +17,11 @@ from .metadata import AttentionMetadata
 class TritonAttentionBackend:
     name = "triton"
 
+    @staticmethod
+    def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,
+                       head_dim: int) -> tuple[int, ...]:
+        return (num_blocks, block_size, num_kv_heads, head_dim)
+
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, meta: AttentionMetadata) -> None:
         """Store ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` at their slots."""
