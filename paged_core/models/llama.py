@@ -88,7 +88,7 @@ class LlamaAttention(nn.Module):
         self.scale = spec.head_dim ** -0.5
         self.sliding_window = sliding_window
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
                 backend: AttentionBackend) -> torch.Tensor:
         num_tokens = x.shape[0]
@@ -98,7 +98,7 @@ class LlamaAttention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
+        q, k = RotaryEmbedding.rotate(q, k, *rope)
         k_cache, v_cache = kv_cache
         backend.write_kv(k, v, k_cache, v_cache, meta)
         out = backend.attend(q, k_cache, v_cache, meta, self.scale, self.sliding_window)
@@ -147,9 +147,9 @@ class LlamaForCausalLM(nn.Module):
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
                 backend: AttentionBackend) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
+        rope = self.rotary.tables(positions)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            attn_out = layer.self_attn(layer.input_layernorm(hidden), positions, self.rotary,
-                                       kv_cache, meta, backend)
+            attn_out = layer.self_attn(layer.input_layernorm(hidden), rope, kv_cache, meta, backend)
             hidden = hidden + attn_out
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return self.norm(hidden)
