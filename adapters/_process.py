@@ -1,15 +1,18 @@
 """Running a serving framework's own launcher as a child process.
 
 Invariants: the child gets the engine settings as ``PAGED_CORE_*`` variables
-(``config_env``); ``run_foreground`` returns only once the child has exited,
-and Ctrl-C (or SIGTERM to us) is forwarded as SIGINT, then SIGTERM, then
-SIGKILL if the child does not stop in time.
+(``config_env``); it runs in its own session, so a terminal's Ctrl-C reaches
+only us and we forward exactly one SIGINT (then SIGTERM, then SIGKILL if it
+does not stop in time); on Linux it gets SIGTERM if we die without stopping it;
+``run_foreground`` returns only once the child has exited.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 from typing import Mapping, Sequence
 
 from paged_core.config import EngineConfig
@@ -26,9 +29,22 @@ def child_env(config: EngineConfig, extra: Mapping[str, str] | None = None) -> d
     return env
 
 
+def die_with_parent() -> None:
+    """``preexec_fn`` (Linux): the child gets SIGTERM when the process that started it dies."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def popen_session(cmd: Sequence[str], **kwargs) -> subprocess.Popen:
+    """``Popen`` in a new session, tied to our lifetime on Linux."""
+    return subprocess.Popen(list(cmd), start_new_session=True,
+                            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+                            **kwargs)
+
+
 def stop_child(proc: subprocess.Popen, grace_s: float = 30.0) -> int:
-    """SIGINT, then SIGTERM, then SIGKILL, each after a grace period; returns the exit code."""
-    for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+    """SIGINT, then SIGTERM, each after a grace period; then SIGKILL to whatever is left of
+    the child's process group (its leader is ``proc``, see ``popen_session``)."""
+    for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0)):
         if proc.poll() is not None:
             break
         proc.send_signal(sig)
@@ -36,12 +52,16 @@ def stop_child(proc: subprocess.Popen, grace_s: float = 30.0) -> int:
             proc.wait(timeout=wait_s)
         except subprocess.TimeoutExpired:
             continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the group is already empty
+        pass
     return proc.wait()
 
 
 def run_foreground(cmd: Sequence[str], env: Mapping[str, str], cwd: str | None = None) -> int:
     """Run ``cmd`` until it exits; Ctrl-C / SIGTERM stop it cleanly. Returns its exit code."""
-    proc = subprocess.Popen(list(cmd), env=dict(env), cwd=cwd)
+    proc = popen_session(cmd, env=dict(env), cwd=cwd)
 
     def _terminate(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")

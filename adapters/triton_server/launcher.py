@@ -12,7 +12,8 @@ The recipe (each step is a function below):
 3. ``server_command(...)``: ``tritonserver --model-repository R
    --backend-directory B`` with explicit addresses and ports.
 
-``TritonServer`` runs that in its own process group and stops it with SIGINT
+``TritonServer`` runs that in its own process group (on Linux it also gets
+SIGTERM if the launching process dies) and stops it with SIGINT
 (Triton then unloads models, which shuts the engines down), escalating to
 SIGKILL after ``grace_s``. Close client streams before stopping: Triton waits
 up to ``--exit-timeout-secs`` for in-flight requests.
@@ -35,6 +36,7 @@ from typing import IO, Sequence
 
 from paged_core.config import EngineConfig
 
+from .._process import popen_session
 from .repository import DEFAULT_MODEL_NAME, write_repository
 
 
@@ -104,8 +106,7 @@ class TritonServer:
         backends = prepare_backends(work_dir or self._tmp.name)
         self.command = server_command(repository, backends, host, self.http_port, self.grpc_port,
                                       self.metrics_port, extra_args)
-        self.proc = subprocess.Popen(self.command, env=server_env(), stdout=log, stderr=log,
-                                     start_new_session=True)
+        self.proc = popen_session(self.command, env=server_env(), stdout=log, stderr=log)
 
     @property
     def http_url(self) -> str:

@@ -15,6 +15,8 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
+from paged_core import EngineDeadError
+
 _TYPES = {400: "invalid_request_error", 404: "invalid_request_error",
           405: "invalid_request_error", 413: "invalid_request_error",
           503: "service_unavailable", 500: "internal_server_error"}
@@ -82,9 +84,10 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Make FastAPI's own errors (malformed JSON, schema mismatches, 404/405) OpenAI-shaped.
+    """Make every error of the app OpenAI-shaped (FastAPI's own 404/405 included).
 
-    Malformed JSON and schema errors become 400 (not FastAPI's 422), as OpenAI does.
+    Malformed JSON and schema errors become 400 (not FastAPI's 422), as OpenAI
+    does; an engine that stopped is 503; anything unexpected is logged and 500.
     """
 
     @app.exception_handler(OpenAIError)
@@ -95,6 +98,15 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
         return error_response(400, message, param)
+
+    @app.exception_handler(EngineDeadError)
+    async def _engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
+        return error_response(503, str(exc))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # Starlette's ServerErrorMiddleware re-raises after this, so the server logs it.
+        return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -13,7 +13,7 @@ from typing import Any
 from paged_core.sampling_params import SamplingParams
 
 from .errors import OpenAIError, bad_request
-from .protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 
 _PASS_THROUGH = ("n", "temperature", "top_p", "stop", "seed", "presence_penalty",
                  "frequency_penalty", "top_k", "min_p", "repetition_penalty", "min_tokens",
@@ -22,7 +22,7 @@ _PASS_THROUGH = ("n", "temperature", "top_p", "stop", "seed", "presence_penalty"
 _ENGINE_FIELDS = tuple(f.name for f in fields(SamplingParams))
 
 
-def _common(req: _SamplingFields) -> dict[str, Any]:
+def _common(req: SamplingFields) -> dict[str, Any]:
     if req.logit_bias:
         raise OpenAIError(400, "logit_bias is not supported", param="logit_bias")
     values = {name: getattr(req, name) for name in _PASS_THROUGH}

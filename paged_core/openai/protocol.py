@@ -17,7 +17,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _SamplingFields(BaseModel):
+class SamplingFields(BaseModel):
     """Fields shared by both endpoints that map onto ``SamplingParams``."""
 
     model_config = ConfigDict(extra="ignore")
@@ -45,7 +45,7 @@ class _SamplingFields(BaseModel):
     include_stop_str_in_output: bool | None = None
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(SamplingFields):
     """``POST /v1/completions``: ``prompt`` is text, token ids, or a list of either."""
 
     prompt: Union[str, list[str], list[int], list[list[int]]]
@@ -93,7 +93,7 @@ class ResponseFormat(BaseModel):
     type: Literal["text", "json_object", "json_schema"] = "text"
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(SamplingFields):
     """``POST /v1/chat/completions``; ``logprobs`` is a flag, ``top_logprobs`` the count."""
 
     messages: list[ChatMessage] = Field(min_length=1)

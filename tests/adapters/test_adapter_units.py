@@ -1,0 +1,86 @@
+"""Adapter pieces that need no running server: settings round trips, Triton repository
+and request parsing, launcher environment, LitServe's probe API."""
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from paged_core import EngineConfig, SamplingParams
+from paged_core.adapters._settings import config_env, config_strings
+from paged_core.adapters.launch import serve
+
+CONFIG = EngineConfig(dtype="float32", block_size=32, num_kv_blocks=64, max_model_len=256,
+                      enable_prefix_caching=False, served_model_name="tiny")
+
+
+def test_config_survives_strings_and_env():
+    assert EngineConfig.from_strings(config_strings(CONFIG)) == CONFIG
+    assert EngineConfig.from_env(environ=config_env(CONFIG)) == CONFIG
+
+
+def test_write_repository_renders_name_and_engine_parameters(tmp_path):
+    from paged_core.adapters.triton_server import write_repository
+
+    write_repository(tmp_path, CONFIG, model_name="llm2")
+    text = (tmp_path / "llm2" / "config.pbtxt").read_text()
+    assert re.search(r'^name: "llm2"$', text, re.M)
+    assert "decoupled: true" in text
+    params = dict(re.findall(r'parameters \{ key: "(\w+)" value: \{ string_value: ("[^"]*") \} \}',
+                             text))
+    assert EngineConfig.from_strings({k: json.loads(v) for k, v in params.items()}) == CONFIG
+    assert "TritonPythonModel" in (tmp_path / "llm2" / "1" / "model.py").read_text()
+    with pytest.raises(ValueError, match="model_name"):
+        write_repository(tmp_path, CONFIG, model_name="bad name")
+
+
+def test_triton_request_parsing():
+    from paged_core.adapters.triton_server.request_parsing import parse_request
+
+    text = np.array([b"hello"], dtype=np.object_)
+    params = np.array([json.dumps({"max_tokens": 3, "temperature": 0}).encode()], dtype=np.object_)
+    prompt, stream, sp = parse_request(text, np.array([True]), params)
+    assert (prompt, stream, sp.max_tokens, sp.temperature) == ("hello", True, 3, 0)
+    _, stream, sp = parse_request(text, None, None)
+    assert stream is False and sp == SamplingParams()
+    for bad, fragment in ((np.array([b'{"max_tokens": '], dtype=np.object_), "JSON"),
+                          (np.array([b"[1]"], dtype=np.object_), "JSON object"),
+                          (np.array([b'{"max_tokens": -1}'], dtype=np.object_), "max_tokens"),
+                          (np.array([b'{"nope": 1}'], dtype=np.object_), "unknown")):
+        with pytest.raises(ValueError, match=fragment):
+            parse_request(text, None, bad)
+    with pytest.raises(ValueError, match="text_input"):
+        parse_request(np.array([b""], dtype=np.object_), None, None)
+
+
+def test_triton_launcher_environment(tmp_path):
+    from paged_core.adapters.triton_server import launcher
+
+    backends = launcher.prepare_backends(tmp_path)
+    python = backends / "python"
+    assert {"libtriton_python.so", "triton_python_backend_utils.py",
+            "triton_python_backend_stub"} <= {p.name for p in python.iterdir()}
+    env = launcher.server_env({"PATH": "/usr/bin"})
+    assert env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
+    assert "nvidia_pytriton.libs" in env["LD_LIBRARY_PATH"]
+    cmd = launcher.server_command("/repo", backends, "127.0.0.1", 9000, 9001, 9002)
+    assert "--http-port=9000" in cmd and "--grpc-port=9001" in cmd and "--metrics-port=9002" in cmd
+
+
+def test_litserve_probe_api_never_ships_the_engine_to_its_worker():
+    from paged_core.adapters.litserve.server import EngineGateAPI
+    from paged_core.openai import EngineHolder
+
+    api = EngineGateAPI(EngineHolder())
+    assert api.health() is False
+    assert pickle.loads(pickle.dumps(api))._holder is None
+
+
+def test_serve_rejects_unknown_adapter():
+    with pytest.raises(ValueError, match="adapter"):
+        serve("flask", "127.0.0.1", 8000, CONFIG)

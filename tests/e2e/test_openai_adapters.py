@@ -1,0 +1,59 @@
+"""BentoML and LitServe, each started the documented way, against the same OpenAI checks."""
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from . import openai_checks as checks
+from .conftest import free_port, python_cmd, running_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def _launch(adapter: str, port: int) -> tuple[list[str], str, str]:
+    """(documented command, readiness path, engine-metrics path) of ``adapter``."""
+    if adapter == "bentoml":
+        return (python_cmd("-m", "bentoml", "serve", "paged_core.adapters.bentoml.service:PagedLLM",
+                           "--host", "127.0.0.1", "--port", str(port)),
+                "/readyz", "/engine/metrics")
+    return (python_cmd("-m", "paged_core.adapters.litserve", "--host", "127.0.0.1",
+                       "--port", str(port)),
+            "/health", "/metrics")
+
+
+@pytest.fixture(scope="module", params=["bentoml", "litserve"])
+def served(request, log_dir):
+    """One server per adapter for the whole module, stopped (SIGINT, then SIGKILL) after it."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd, ready_path, metrics_path = _launch(request.param, port)
+    with running_server(request, request.param, cmd, url + ready_path, log_dir, signal.SIGINT):
+        yield checks.Served(request.param, url, metrics_path)
+
+
+def test_greedy_matches_offline_llm(served, reference_texts):
+    checks.greedy(served, reference_texts)
+
+
+def test_streaming_concatenates_to_the_full_text(served, reference_texts):
+    checks.streaming(served, reference_texts)
+
+
+def test_16_streams_overlap_in_one_engine(served):
+    checks.concurrency(served, 16)
+
+
+def test_client_disconnect_aborts_and_frees_blocks(served):
+    checks.disconnect(served)
+
+
+def test_non_streaming_client_timeout_aborts_and_frees_blocks(served):
+    checks.disconnect_non_streaming(served)
+
+
+@pytest.mark.parametrize("path,body,status,param,fragment", checks.BAD_REQUESTS,
+                         ids=lambda v: v if isinstance(v, str) and v.startswith("/") else None)
+def test_bad_input_is_a_clear_4xx_and_the_server_keeps_serving(served, path, body, status,
+                                                                param, fragment):
+    checks.bad_input(served, path, body, status, param, fragment)

@@ -1,0 +1,70 @@
+"""OpenAI request -> SamplingParams mapping, and engine errors -> the request field (no engine)."""
+from __future__ import annotations
+
+import pytest
+
+from paged_core.openai.errors import OpenAIError, bad_request
+from paged_core.openai.params import chat_params, completion_params
+from paged_core.openai.protocol import ChatCompletionRequest, CompletionRequest
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def test_completion_defaults_follow_openai():
+    p = completion_params(CompletionRequest(prompt="x"))
+    assert (p.max_tokens, p.temperature, p.top_p, p.n, p.logprobs) == (16, 1.0, 1.0, 1, None)
+
+
+def test_completion_maps_openai_fields_and_vllm_extras():
+    p = completion_params(CompletionRequest(
+        prompt="x", max_tokens=5, temperature=0, top_p=0.5, n=2, stop=".", seed=3, logprobs=2,
+        presence_penalty=0.5, frequency_penalty=-0.5, top_k=4, min_p=0.1,
+        repetition_penalty=1.1, min_tokens=1, ignore_eos=True, stop_token_ids=[7]))
+    assert (p.max_tokens, p.temperature, p.top_p, p.n, p.stop, p.seed, p.logprobs) == \
+        (5, 0, 0.5, 2, ["."], 3, 2)
+    assert (p.presence_penalty, p.frequency_penalty, p.top_k, p.min_p) == (0.5, -0.5, 4, 0.1)
+    assert (p.repetition_penalty, p.min_tokens, p.ignore_eos, p.stop_token_ids) == \
+        (1.1, 1, True, [7])
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"echo": True}, "echo"), ({"suffix": "s"}, "suffix"), ({"best_of": 3}, "best_of"),
+    ({"logit_bias": {"1": 2.0}}, "logit_bias"), ({"max_tokens": 0}, "max_tokens"),
+    ({"top_p": 0}, "top_p"), ({"n": 0}, "n"), ({"logprobs": 21}, "logprobs"),
+    ({"min_tokens": 9, "max_tokens": 2}, "min_tokens"),
+])
+def test_completion_rejections_name_the_field(fields, param):
+    with pytest.raises(OpenAIError) as info:
+        completion_params(CompletionRequest(prompt="x", **fields))
+    assert (info.value.status, info.value.param) == (400, param)
+
+
+def test_chat_max_completion_tokens_wins_and_errors_use_its_name():
+    assert chat_params(ChatCompletionRequest(messages=MSG, max_tokens=3,
+                                             max_completion_tokens=5)).max_tokens == 5
+    assert chat_params(ChatCompletionRequest(messages=MSG)).max_tokens is None
+    with pytest.raises(OpenAIError) as info:
+        chat_params(ChatCompletionRequest(messages=MSG, max_completion_tokens=0))
+    assert info.value.param == "max_completion_tokens"
+
+
+def test_chat_logprobs_flag_and_top_logprobs_count():
+    assert chat_params(ChatCompletionRequest(messages=MSG)).logprobs is None
+    assert chat_params(ChatCompletionRequest(messages=MSG, logprobs=True)).logprobs == 0
+    assert chat_params(ChatCompletionRequest(messages=MSG, logprobs=True,
+                                             top_logprobs=3)).logprobs == 3
+    for fields, param in (({"top_logprobs": 2}, "top_logprobs"),
+                          ({"logprobs": True, "top_logprobs": 99}, "top_logprobs"),
+                          ({"tools": [{"type": "function"}]}, "tools"),
+                          ({"response_format": {"type": "json_object"}}, "response_format")):
+        with pytest.raises(OpenAIError) as info:
+            chat_params(ChatCompletionRequest(messages=MSG, **fields))
+        assert info.value.param == param
+
+
+def test_bad_request_picks_the_field_named_first():
+    err = bad_request(ValueError("min_tokens must be <= max_tokens, got 3 and 2"),
+                      ["max_tokens", "min_tokens", "n"])
+    assert err.param == "min_tokens"
+    assert bad_request(ValueError("something else"), ["n"], default_param="prompt").param == \
+        "prompt"
