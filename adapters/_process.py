@@ -15,6 +15,8 @@ import subprocess
 import sys
 from typing import Mapping, Sequence
 
+import psutil
+
 from paged_core.config import EngineConfig
 
 from ._settings import config_env
@@ -41,10 +43,20 @@ def popen_session(cmd: Sequence[str], **kwargs) -> subprocess.Popen:
                             **kwargs)
 
 
-def stop_child(proc: subprocess.Popen, grace_s: float = 30.0) -> int:
-    """SIGINT, then SIGTERM, each after a grace period; then SIGKILL to whatever is left of
-    the child's process group (its leader is ``proc``, see ``popen_session``)."""
-    for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0)):
+def stop_child(proc: subprocess.Popen, grace_s: float = 30.0,
+               first_signal: int = signal.SIGINT) -> int:
+    """Stop ``proc`` and everything it started; returns its exit code.
+
+    ``first_signal`` (the framework's documented stop signal), then SIGTERM,
+    each after a grace period; then SIGKILL to the child's process group and to
+    every descendant seen before stopping: serving frameworks put workers in
+    process groups of their own (BentoML's circus does), which a group kill misses.
+    """
+    try:
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        descendants = []
+    for sig, wait_s in ((first_signal, grace_s), (signal.SIGTERM, 10.0)):
         if proc.poll() is not None:
             break
         proc.send_signal(sig)
@@ -56,6 +68,13 @@ def stop_child(proc: subprocess.Popen, grace_s: float = 30.0) -> int:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:  # the group is already empty
         pass
+    _, alive = psutil.wait_procs(descendants, timeout=5.0)
+    for leftover in alive:
+        try:
+            leftover.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5.0)
     return proc.wait()
 
 

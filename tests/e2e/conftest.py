@@ -20,7 +20,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from paged_core.adapters._process import popen_session
+from paged_core.adapters._process import popen_session, stop_child
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a small robot"]
 CHAT = [{"role": "user", "content": "Name three primary colors."}]
@@ -92,22 +92,11 @@ class ServerProcess:
         raise TimeoutError(f"{self.name} not ready after {timeout_s}s:\n{self.log_tail()}")
 
     def stop(self, grace_s: float = 30.0) -> int | None:
-        """Documented stop signal to the leader, then SIGKILL to the group; always reaps."""
+        """Documented stop signal, then SIGKILL to the group and every descendant; always reaps."""
         try:
-            if self.proc.poll() is None:
-                self.proc.send_signal(self.stop_signal)
-                try:
-                    self.proc.wait(timeout=grace_s)
-                except subprocess.TimeoutExpired:
-                    pass
+            return stop_child(self.proc, grace_s, self.stop_signal)
         finally:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers (workers, stubs)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
             self._log.close()
-        return self.proc.returncode
 
 
 @contextlib.contextmanager
