@@ -137,8 +137,12 @@ class AsyncEngine:
             commands, self._commands = self._commands, []
         for kind, payload in commands:
             if kind == "add":
-                if payload.request_id in self._streams:
+                if payload.request_id not in self._streams:
+                    continue  # its consumer left before the request reached the engine
+                try:
                     self.engine.add_request(payload)
+                except ValueError as exc:  # e.g. a request id still in use
+                    self._deliver(payload.request_id, exc)
             else:
                 out = self.engine.abort_request(payload)
                 if out is not None:
