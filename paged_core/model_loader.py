@@ -47,7 +47,7 @@ def load_model(folder: str, hf_config, max_positions: int, dtype: torch.dtype,
         raise ValueError(f"no *.safetensors weights in {folder}")
     with torch.device("meta"):
         model = LlamaForCausalLM(hf_config)
-    model = model.to_empty(device=device).to(dtype)
+    model = model.to(dtype).to_empty(device=device)  # no fp32 copy: meta tensors are free to cast
     model.attach_rotary(RotaryEmbedding(hf_config, max_positions, dtype).to(device))
     tensors: dict[str, torch.Tensor] = {}
     for path in files:
