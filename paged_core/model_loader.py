@@ -13,6 +13,7 @@ import torch
 
 from .embedded_model import converted_folder_for, embedded_model_folder
 from .models.llama import LlamaForCausalLM
+from .models.cpu_linear import packed_linear_supported
 from .models.layers import RotaryEmbedding
 
 
@@ -54,4 +55,7 @@ def load_model(folder: str, hf_config, max_positions: int, dtype: torch.dtype,
         tensors.update(load_file(path, device="cpu"))
     with torch.no_grad():
         model.load_hf_state_dict(tensors)
-    return model.eval().requires_grad_(False)
+    model = model.eval().requires_grad_(False)
+    if packed_linear_supported(device, dtype):
+        model.pack_for_cpu()
+    return model

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from .metadata import AttentionMetadata
 
 _MAX_BUCKETS = 4
-_MIN_BUCKET_SEQS = 8
+_MIN_BUCKET_SEQS = 32
 
 
 @dataclass

@@ -19,9 +19,7 @@ from typing import Any
 
 import torch
 
-from .workload import BenchRequest
-
-WARMUP = [BenchRequest(list(range(1000, 1032)), 4), BenchRequest(list(range(2000, 2016)), 4)]
+from .workload import WARMUP, BenchRequest
 
 
 @dataclass
@@ -47,7 +45,7 @@ class RunResult:
                 "output_tok_s": self.output_tok_s, "total_tok_s": self.total_tok_s, **self.extra}
 
 
-def _result(system: str, seconds: float, requests: list[BenchRequest],
+def make_result(system: str, seconds: float, requests: list[BenchRequest],
             computed_tokens: int | None = None, **extra: Any) -> RunResult:
     output_tokens = sum(r.output_len for r in requests)
     return RunResult(system, seconds, sum(r.prompt_len for r in requests), output_tokens,
@@ -89,7 +87,7 @@ class PagedCore:
     def run(self, requests: list[BenchRequest]) -> RunResult:
         start = time.perf_counter()
         self._generate(requests, self.progress)
-        return _result(self.name, time.perf_counter() - start, requests,
+        return make_result(self.name, time.perf_counter() - start, requests,
                        num_preemptions=self.llm.stats()["num_preemptions"])
 
     def _generate(self, requests: list[BenchRequest], progress: bool) -> None:
@@ -120,7 +118,7 @@ class HFStatic:
         start, computed = time.perf_counter(), 0
         for i in range(0, len(requests), self.batch_size):
             computed += self._batch(requests[i:i + self.batch_size])
-        return _result(self.name, time.perf_counter() - start, requests, computed,
+        return make_result(self.name, time.perf_counter() - start, requests, computed,
                        batch_size=self.batch_size)
 
     @torch.inference_mode()
@@ -156,15 +154,18 @@ class HFContinuous:
         self._generate(WARMUP)
 
     def run(self, requests: list[BenchRequest]) -> RunResult:
-        start = time.perf_counter()
-        self._generate(requests)
-        return _result(self.name, time.perf_counter() - start, requests)
+        return make_result(self.name, self._generate(requests), requests)
 
-    def _generate(self, requests: list[BenchRequest]) -> None:
-        """Per-request ``max_new_tokens`` through the manager that ``generate_batch`` uses."""
+    def _generate(self, requests: list[BenchRequest]) -> float:
+        """Per-request ``max_new_tokens`` through the manager that ``generate_batch`` uses.
+
+        Returns the seconds from the first request in to the last result out (the
+        manager's start-up, which allocates its cache, is not timed).
+        """
         with self.model.continuous_batching_context_manager(
                 generation_config=self.gen_config, continuous_batching_config=self.cb_config,
                 warmup=False) as manager:
+            start = time.perf_counter()
             ids = [manager.add_request(r.prompt_token_ids, max_new_tokens=r.output_len, eos_token_id=-1)
                    for r in requests]
             results: dict[str, Any] = {}
@@ -174,7 +175,9 @@ class HFContinuous:
                     results[result.request_id] = result
                 elif result is None and not manager.is_running():
                     raise RuntimeError("transformers' continuous batching loop stopped early")
+            seconds = time.perf_counter() - start
         for request_id, r in zip(ids, requests):
             got = results[request_id]
             if got.error is not None or len(got.generated_tokens) != r.output_len:
                 raise RuntimeError(f"hf-generate_batch request failed: {got.error}")
+        return seconds

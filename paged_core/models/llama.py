@@ -155,8 +155,16 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight)
+        if self.lm_head is None:  # tied to the embedding
+            return F.linear(hidden, self.embed_tokens.weight)
+        return self.lm_head(hidden)
+
+    def pack_for_cpu(self) -> None:
+        """Switch every projection, the (tied) LM head included, to prepacked oneDNN weights."""
+        from .cpu_linear import PackedLinear, pack_linear_layers
+        pack_linear_layers(self)
+        if self.lm_head is None:
+            self.lm_head = PackedLinear(self.embed_tokens.weight, None)
 
     def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
         """Copy Hugging Face weights in, fusing q/k/v and gate/up projections."""

@@ -1,0 +1,66 @@
+"""Start an adapter's server for ``bench serve`` and always stop it.
+
+``running_server`` runs ``paged-core serve --adapter NAME`` as a child in a
+session of its own (the adapters' ``popen_session``), waits until ``GET
+/v1/models`` answers 200, yields the OpenAI base URL, and on the way out stops
+it with the adapters' ``stop_child``: SIGINT, then SIGTERM, then SIGKILL to its
+process group and every descendant (BentoML's workers live in groups of their
+own). The server's output goes to a log file whose tail is shown if it fails to start.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Iterator
+
+import httpx
+
+from paged_core.adapters._process import popen_session, stop_child
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    """Poll ``{url}/models`` until it answers 200; raise if the server exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with status {proc.returncode} before it was ready")
+        try:
+            if httpx.get(f"{url}/models", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the server at {url} was not ready after {timeout_s:.0f} s")
+
+
+@contextlib.contextmanager
+def running_server(adapter: str, dtype: str, ready_timeout_s: float = 300.0) -> Iterator[str]:
+    """Serve the embedded model through ``adapter`` on a free port; yields ``http://.../v1``."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "paged_core.cli", "serve", "--adapter", adapter,
+           "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype]
+    env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+    url = f"http://127.0.0.1:{port}/v1"
+    with tempfile.NamedTemporaryFile("w+", prefix=f"paged-core-{adapter}-", suffix=".log") as log:
+        proc = popen_session(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            try:
+                wait_ready(url, proc, ready_timeout_s)
+            except RuntimeError as exc:
+                log.seek(0)
+                raise RuntimeError(f"{exc}; command: {' '.join(cmd)}; log tail:\n"
+                                   f"{log.read()[-3000:]}") from None
+            yield url
+        finally:
+            stop_child(proc, grace_s=20.0)

