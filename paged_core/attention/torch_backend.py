@@ -6,13 +6,15 @@ blocks with one ``index_select`` then yields ``[kv_heads, S, L, D]`` with every
 ``[L, D]`` matrix contiguous, ready for batched matmuls without a copy.
 
 Per step a *plan* is built once (shared by all layers): decodes (one query)
-grouped into up to ``_MAX_BUCKETS`` buckets of similar context length
-(short contexts are not padded to the longest one), and prefills (several
-queries, possibly after a cached prefix). Per layer:
+and prefills (several queries, possibly after a cached prefix). Per layer:
 
-- decode buckets: the query heads of one KV head ride along a short query
-  axis (grouped-query attention needs no K/V expansion); two matmuls around a
-  float32 softmax;
+- decodes, when the cache is on the CPU in float32 or bfloat16 and the fused
+  kernel (``cpu_kernels.py``) is built: one call of that kernel for every
+  decode of the step, reading K/V straight from the paged cache;
+- otherwise decodes grouped into up to ``_MAX_BUCKETS`` buckets of similar
+  context length (short contexts are not padded to the longest one): the query
+  heads of one KV head ride along a short query axis (grouped-query attention
+  needs no K/V expansion); two matmuls around a float32 softmax;
 - prefills, bucketed by chunk length likewise: queries padded to the longest
   chunk of their bucket, a causal + length
   (+ sliding-window) mask by absolute position, and
@@ -25,10 +27,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .cpu_kernels import cpu_decode_kernel_available, paged_decode_attention
 from .metadata import AttentionMetadata
 
 _MAX_BUCKETS = 4
 _MIN_BUCKET_SEQS = 32
+_FUSED_DECODE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @dataclass
@@ -42,8 +46,29 @@ class _Group:
     masked_out: torch.Tensor  # ~mask
 
 
+@dataclass
+class _FusedDecodes:
+    """Every decode of the step, for one call of the fused CPU kernel."""
+
+    token_index: torch.Tensor | None  # [S] flat token of each row; None: rows are tokens 0..S-1
+    block_tables: torch.Tensor  # [S, max_blocks] int32, contiguous
+    seq_lens: torch.Tensor  # [S] int32
+
+
 class TorchAttentionBackend:
+    """Plain-torch attention over the paged cache (head-major layout, see the module doc).
+
+    ``fused_cpu_decode`` (default: on) lets decodes use the fused C++ kernel
+    when the cache is a CPU float32/bfloat16 tensor and the kernel builds here;
+    off, or where it cannot be used, decodes take the bucketed matmul path.
+    Both paths compute the same attention (the kernel in float32 throughout).
+    """
+
     name = "torch"
+
+    def __init__(self, fused_cpu_decode: bool = True) -> None:
+        # Build the kernel now (once per machine, then cached) rather than in the first step.
+        self.fused_cpu_decode = fused_cpu_decode and cpu_decode_kernel_available()
 
     @staticmethod
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,
@@ -66,16 +91,37 @@ class TorchAttentionBackend:
         key = (self.name, sliding_window)
         plan = meta.backend_plans.get(key)
         if plan is None:
-            plan = meta.backend_plans[key] = _make_plan(meta, k_cache.shape[2], sliding_window)
+            fused = self._can_fuse_decodes(k_cache)
+            plan = meta.backend_plans[key] = _make_plan(meta, k_cache.shape[2], sliding_window,
+                                                        fused)
         out = torch.empty_like(query)
-        for group in plan:
-            _attend_group(query, k_cache, v_cache, group, scale, out)
+        for item in plan:
+            if isinstance(item, _FusedDecodes):
+                _attend_fused_decodes(query, k_cache, v_cache, item, scale, sliding_window, out)
+            else:
+                _attend_group(query, k_cache, v_cache, item, scale, out)
         return out
+
+    def _can_fuse_decodes(self, k_cache: torch.Tensor) -> bool:
+        return (self.fused_cpu_decode and k_cache.device.type == "cpu"
+                and k_cache.dtype in _FUSED_DECODE_DTYPES)
 
     def copy_blocks(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
                     src: torch.Tensor, dst: torch.Tensor) -> None:
         for cache in (*k_caches, *v_caches):
             cache[:, dst] = cache[:, src]
+
+
+def _attend_fused_decodes(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          decodes: _FusedDecodes, scale: float, sliding_window: int | None,
+                          out: torch.Tensor) -> None:
+    if decodes.token_index is None:  # a pure decode step: write straight into ``out``
+        paged_decode_attention(query, k_cache, v_cache, decodes.block_tables, decodes.seq_lens,
+                               scale, sliding_window, out=out)
+        return
+    out[decodes.token_index] = paged_decode_attention(
+        query[decodes.token_index], k_cache, v_cache, decodes.block_tables, decodes.seq_lens,
+        scale, sliding_window)
 
 
 def _attend_group(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -105,13 +151,28 @@ def _attend_group(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     out[group.token_index[group.valid]] = o[group.valid]
 
 
-def _make_plan(meta: AttentionMetadata, block_size: int,
-               sliding_window: int | None) -> list[_Group]:
+def _make_plan(meta: AttentionMetadata, block_size: int, sliding_window: int | None,
+               fuse_decodes: bool) -> list[_Group | _FusedDecodes]:
     query_lens, seq_lens = meta.query_lens_cpu, meta.seq_lens_cpu
-    decode_rows = sorted((i for i, n in enumerate(query_lens) if n == 1), key=seq_lens.__getitem__)
+    decode_rows = [i for i, n in enumerate(query_lens) if n == 1]
     prefill_rows = sorted((i for i, n in enumerate(query_lens) if n > 1), key=query_lens.__getitem__)
+    plan: list[_Group | _FusedDecodes] = []
+    if fuse_decodes and decode_rows:
+        plan.append(_fused_decodes(meta, decode_rows))
+        decode_rows = []
+    decode_rows.sort(key=seq_lens.__getitem__)
     row_sets = _buckets(decode_rows, _MIN_BUCKET_SEQS) + _buckets(prefill_rows, 2)
-    return [_make_group(meta, rows, block_size, sliding_window) for rows in row_sets]
+    return plan + [_make_group(meta, rows, block_size, sliding_window) for rows in row_sets]
+
+
+def _fused_decodes(meta: AttentionMetadata, rows: list[int]) -> _FusedDecodes:
+    if len(rows) == meta.slot_mapping.shape[0]:  # only decodes, no padding: token i is row i
+        return _FusedDecodes(None, meta.block_tables.contiguous(), meta.seq_lens)
+    device = meta.slot_mapping.device
+    starts = meta.query_start_loc_cpu
+    row_index = torch.tensor(rows, device=device)
+    return _FusedDecodes(torch.tensor([starts[i] for i in rows], device=device),
+                         meta.block_tables[row_index].contiguous(), meta.seq_lens[row_index])
 
 
 def _buckets(sorted_rows: list[int], min_per_bucket: int) -> list[list[int]]:

@@ -1,0 +1,84 @@
+"""The torch attention backend (the CPU path): its fused-decode and bucketed-matmul paths
+agree with the float64 reference on mixed steps, through the engine's metadata."""
+import pytest
+import torch
+
+from paged_core.attention import AttentionMetadata, select_backend
+from paged_core.attention.cpu_kernels import cpu_decode_kernel_available
+from paged_core.attention.torch_backend import TorchAttentionBackend, _FusedDecodes
+from paged_core.kernels import reference
+
+needs_kernel = pytest.mark.skipif(not cpu_decode_kernel_available(),
+                                  reason="fused CPU decode kernel could not be built here")
+
+BLOCK_SIZE, KV_HEADS, HEADS, DIM = 8, 2, 6, 64
+
+
+def _step(seq_lens, query_lens, dtype, seed=0):
+    """A filled head-major paged cache (shuffled blocks) and the metadata of one packed step."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [-(-n // BLOCK_SIZE) for n in seq_lens]
+    num_blocks = sum(blocks_per_seq) + 2
+    physical = torch.randperm(num_blocks, generator=gen).int()
+    tables = torch.zeros(len(seq_lens), max(blocks_per_seq), dtype=torch.int32)
+    used = 0
+    for i, nb in enumerate(blocks_per_seq):
+        tables[i, :nb] = physical[used:used + nb]
+        used += nb
+    shape = TorchAttentionBackend.kv_cache_shape(num_blocks, BLOCK_SIZE, KV_HEADS, DIM)
+    k_cache = torch.randn(shape, generator=gen).to(dtype)
+    v_cache = torch.randn(shape, generator=gen).to(dtype)
+    slots = []
+    for i, (n, q_len) in enumerate(zip(seq_lens, query_lens)):
+        pos = torch.arange(n - q_len, n)
+        slots.append(tables[i, pos // BLOCK_SIZE].long() * BLOCK_SIZE + pos % BLOCK_SIZE)
+    starts = torch.tensor([0] + list(query_lens)).cumsum(0).to(torch.int32)
+    meta = AttentionMetadata(
+        slot_mapping=torch.cat(slots), block_tables=tables,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32), query_start_loc=starts,
+        max_query_len=max(query_lens), max_seq_len=max(seq_lens),
+        seq_lens_cpu=list(seq_lens), query_lens_cpu=list(query_lens))
+    query = torch.randn(int(starts[-1]), HEADS, DIM, generator=gen).to(dtype)
+    return query, k_cache, v_cache, meta
+
+
+def _expected(query, k_cache, v_cache, meta, window):
+    """The kernels' float64 reference, on the token-major view of the head-major cache."""
+    return reference.paged_attention(
+        query, k_cache.permute(1, 2, 0, 3), v_cache.permute(1, 2, 0, 3), meta.block_tables,
+        meta.seq_lens, meta.query_start_loc, DIM ** -0.5, window)
+
+
+STEPS = {
+    "decodes only": ([1, 9, 40, 17, 130], [1, 1, 1, 1, 1]),
+    "mixed": ([33, 5, 70, 12, 2], [1, 5, 20, 1, 1]),  # decode, prefill, chunk after a prefix
+}
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 10])
+@pytest.mark.parametrize("step", list(STEPS))
+def test_fused_and_bucketed_decodes_match_the_reference(step, window, dtype):
+    query, k_cache, v_cache, meta = _step(*STEPS[step], dtype)
+    expected = _expected(query, k_cache, v_cache, meta, window).float()
+    tolerance = {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+    for fused in (True, False):
+        backend = TorchAttentionBackend(fused_cpu_decode=fused)
+        step_meta = AttentionMetadata(**{**meta.__dict__, "backend_plans": {}})
+        out = backend.attend(query, k_cache, v_cache, step_meta, DIM ** -0.5, window)
+        (plan,) = step_meta.backend_plans.values()
+        assert any(isinstance(item, _FusedDecodes) for item in plan) == fused
+        torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+@needs_kernel
+def test_float16_and_the_cpu_default():
+    """float16 has no fused kernel and takes the matmul path; CPU engines get the kernel."""
+    assert select_backend("torch", torch.device("cpu")).fused_cpu_decode
+    query, k_cache, v_cache, meta = _step(*STEPS["mixed"], torch.float16)
+    out = TorchAttentionBackend().attend(query, k_cache, v_cache, meta, DIM ** -0.5)
+    (plan,) = meta.backend_plans.values()
+    assert not any(isinstance(item, _FusedDecodes) for item in plan)
+    torch.testing.assert_close(out.float(), _expected(query, k_cache, v_cache, meta, None).float(),
+                               atol=4e-3, rtol=4e-3)
