@@ -99,6 +99,10 @@ class KVCacheManager:
         if table:
             self.pool.free_blocks(reversed(table))
 
+    def reset_prefix_cache(self) -> None:
+        """Evict every cached block with no reference; blocks in use keep their hashes."""
+        self.pool.reset_prefix_cache()
+
     def take_pending_copies(self) -> list[tuple[int, int]]:
         copies, self.pending_copies = self.pending_copies, []
         return copies

@@ -31,6 +31,14 @@ class LLM:
     def stats(self) -> dict[str, float]:
         return self.engine.stats()
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every prefix-cached block that no request holds (as vLLM's ``LLM`` does).
+
+        Later prompts then recompute their prefixes: e.g. before each repeat of
+        a benchmark, so a repeat does not hit on the blocks of the previous one.
+        """
+        self.engine.kv.reset_prefix_cache()
+
     def generate(self, prompts: PromptInput | Sequence[PromptInput],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:

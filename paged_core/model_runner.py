@@ -5,6 +5,12 @@ sequence's block ids. It builds the flat batch (token ids, positions,
 ``slot_mapping``, ``block_tables``, ``seq_lens``, ``query_start_loc``) with
 numpy, runs the model once, and returns logits only for the rows that are
 sampled (the last token of each sequence whose known tokens are all computed).
+
+When the model asks for it (``prefers_bucketed_batches``: prepacked oneDNN
+linears, which build a kernel for every new row count, ~0.4 ms per layer the
+first time), the batch is padded up to a bucketed token count (padding rows:
+token 0, position 0, slot -1), so a long-running server sees ~80 distinct
+shapes instead of up to ``max_num_batched_tokens`` of them.
 """
 from __future__ import annotations
 
@@ -26,6 +32,17 @@ class StepInput:
     num_new_tokens: int
     block_ids: list[int]
     needs_logits: bool
+
+
+def bucketed_num_tokens(num_tokens: int) -> int:
+    """Round up to a power of two up to 8, a multiple of 8 up to 256, then of 1/32 of the
+    next power of two: under 8 padding rows up to 256 tokens, under 6.3% above; 83
+    buckets up to 2048 tokens. Single-sequence decode (1 token) is never padded.
+    """
+    if num_tokens <= 8:
+        return 1 << max(0, (num_tokens - 1).bit_length())
+    step = max(8, 1 << max(0, (num_tokens - 1).bit_length() - 5))
+    return -(-num_tokens // step) * step
 
 
 def kv_cache_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
@@ -67,8 +84,9 @@ class ModelRunner:
         query_start_loc = np.zeros(len(batch) + 1, dtype=np.int64)
         np.cumsum(qlens, out=query_start_loc[1:])
         num_tokens = int(query_start_loc[-1])
+        padded = bucketed_num_tokens(num_tokens) if self.model.prefers_bucketed_batches else num_tokens
 
-        input_ids = np.empty(num_tokens, dtype=np.int64)
+        input_ids = np.zeros(padded, dtype=np.int64)
         max_blocks = max(len(s.block_ids) for s in batch)
         block_tables = np.zeros((len(batch), max_blocks), dtype=np.int32)
         for row, s in enumerate(batch):
@@ -76,8 +94,11 @@ class ModelRunner:
             input_ids[query_start_loc[row]:query_start_loc[row + 1]] = s.token_ids[lo:hi]
             block_tables[row, :len(s.block_ids)] = s.block_ids
         rows = np.repeat(np.arange(len(batch)), qlens)
-        positions = np.arange(num_tokens) - query_start_loc[:-1][rows] + starts[rows]
-        slot_mapping = block_tables[rows, positions // bs].astype(np.int64) * bs + positions % bs
+        positions = np.zeros(padded, dtype=np.int64)
+        positions[:num_tokens] = np.arange(num_tokens) - query_start_loc[:-1][rows] + starts[rows]
+        real = positions[:num_tokens]
+        slot_mapping = np.full(padded, -1, dtype=np.int64)
+        slot_mapping[:num_tokens] = block_tables[rows, real // bs].astype(np.int64) * bs + real % bs
         needs_logits = np.fromiter((s.needs_logits for s in batch), dtype=bool, count=len(batch))
         logits_indices = query_start_loc[1:][needs_logits] - 1
 

@@ -55,6 +55,13 @@ def test_shared_prefixes(hf_embedded, tokenizer):
     assert stats["prefix_cache_hits"] >= 3 * 64  # 4 full shared blocks per later request
     assert stats["kv_blocks_used"] == 0
 
+    assert stats["kv_blocks_cached"] > 0
+    llm.reset_prefix_cache()
+    assert llm.stats()["kv_blocks_cached"] == 0
+    again = llm.generate(prompts[:1], params, use_tqdm=False)
+    assert _token_ids(again) == expected[:1]
+    assert llm.stats()["prefix_cache_hits"] == stats["prefix_cache_hits"]  # nothing left to hit
+
 
 def test_preemption_keeps_outputs(prompts, expected):
     # 8 sequences of up to 464 tokens cannot all fit into 40 blocks of 16 tokens.

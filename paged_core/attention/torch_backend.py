@@ -50,7 +50,7 @@ class _Group:
 class _FusedDecodes:
     """Every decode of the step, for one call of the fused CPU kernel."""
 
-    token_index: torch.Tensor | None  # [S] flat token of each row; None: rows are tokens 0..S-1
+    token_index: torch.Tensor | None  # [S] flat token of each row; None: row i is token i
     block_tables: torch.Tensor  # [S, max_blocks] int32, contiguous
     seq_lens: torch.Tensor  # [S] int32
 
@@ -78,9 +78,9 @@ class TorchAttentionBackend:
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, meta: AttentionMetadata) -> None:
         slots = meta.slot_mapping
-        if meta.has_padded_slots:
-            keep = slots >= 0
-            key, value, slots = key[keep], value[keep], slots[keep]
+        if meta.has_padding:  # padding rows sit after the real tokens
+            n = meta.num_scheduled_tokens
+            key, value, slots = key[:n], value[:n], slots[:n]
         heads, blocks, block_size, dim = k_cache.shape
         k_cache.view(heads, blocks * block_size, dim).index_copy_(1, slots, key.transpose(0, 1))
         v_cache.view(heads, blocks * block_size, dim).index_copy_(1, slots, value.transpose(0, 1))
@@ -95,6 +95,8 @@ class TorchAttentionBackend:
             plan = meta.backend_plans[key] = _make_plan(meta, k_cache.shape[2], sliding_window,
                                                         fused)
         out = torch.empty_like(query)
+        if meta.has_padding:
+            out[meta.num_scheduled_tokens:] = 0
         for item in plan:
             if isinstance(item, _FusedDecodes):
                 _attend_fused_decodes(query, k_cache, v_cache, item, scale, sliding_window, out)
@@ -116,8 +118,9 @@ def _attend_fused_decodes(query: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                           decodes: _FusedDecodes, scale: float, sliding_window: int | None,
                           out: torch.Tensor) -> None:
     if decodes.token_index is None:  # a pure decode step: write straight into ``out``
-        paged_decode_attention(query, k_cache, v_cache, decodes.block_tables, decodes.seq_lens,
-                               scale, sliding_window, out=out)
+        num_seqs = decodes.seq_lens.shape[0]
+        paged_decode_attention(query[:num_seqs], k_cache, v_cache, decodes.block_tables,
+                               decodes.seq_lens, scale, sliding_window, out=out[:num_seqs])
         return
     out[decodes.token_index] = paged_decode_attention(
         query[decodes.token_index], k_cache, v_cache, decodes.block_tables, decodes.seq_lens,
@@ -166,7 +169,7 @@ def _make_plan(meta: AttentionMetadata, block_size: int, sliding_window: int | N
 
 
 def _fused_decodes(meta: AttentionMetadata, rows: list[int]) -> _FusedDecodes:
-    if len(rows) == meta.slot_mapping.shape[0]:  # only decodes, no padding: token i is row i
+    if len(rows) == meta.num_scheduled_tokens:  # only decodes: token i is row i
         return _FusedDecodes(None, meta.block_tables.contiguous(), meta.seq_lens)
     device = meta.slot_mapping.device
     starts = meta.query_start_loc_cpu

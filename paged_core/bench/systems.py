@@ -85,6 +85,7 @@ class PagedCore:
         self._generate(WARMUP, progress=False)
 
     def run(self, requests: list[BenchRequest]) -> RunResult:
+        self.llm.reset_prefix_cache()  # a repeat must not hit on the previous repeat's prompts
         start = time.perf_counter()
         self._generate(requests, self.progress)
         return make_result(self.name, time.perf_counter() - start, requests,

@@ -3,7 +3,9 @@
 Every system gets the same seeded ShareGPT-like workload, model, dtype, thread
 count and greedy decoding with exact output lengths; it is loaded and warmed up
 once, then timed ``--repeats`` times (systems interleaved within each repeat, so
-drifting machine load hits all of them alike). Reported: every run, the median
+drifting machine load hits all of them alike; the engines with a prefix cache,
+paged-core and vLLM, empty it before every timed run, so no repeat is served
+from the previous one's blocks). Reported: every run, the median
 per system, and the ratios of the medians against naive static batching.
 """
 from __future__ import annotations

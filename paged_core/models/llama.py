@@ -138,6 +138,9 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None if spec.tie_word_embeddings else nn.Linear(
             spec.hidden_size, spec.vocab_size, bias=False)
         self.rotary: RotaryEmbedding | None = None  # set by attach_rotary once weights are real
+        # True once projections are prepacked oneDNN linears: oneDNN builds a kernel per
+        # distinct row count, so the runner then rounds batches up to a few bucketed sizes.
+        self.prefers_bucketed_batches = False
 
     def attach_rotary(self, rotary: RotaryEmbedding) -> None:
         """Install the cos/sin tables (built outside any meta-device context)."""
@@ -165,6 +168,7 @@ class LlamaForCausalLM(nn.Module):
         pack_linear_layers(self)
         if self.lm_head is None:
             self.lm_head = PackedLinear(self.embed_tokens.weight, None)
+        self.prefers_bucketed_batches = True
 
     def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
         """Copy Hugging Face weights in, fusing q/k/v and gate/up projections."""
