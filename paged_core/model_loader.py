@@ -14,6 +14,7 @@ import torch
 from .embedded_model import converted_folder_for, embedded_model_folder
 from .models.llama import LlamaForCausalLM
 from .models.cpu_linear import packed_linear_supported
+from .models.elementwise import select_ops
 from .models.layers import RotaryEmbedding
 
 
@@ -58,4 +59,5 @@ def load_model(folder: str, hf_config, max_positions: int, dtype: torch.dtype,
     model = model.eval().requires_grad_(False)
     if packed_linear_supported(device, dtype):
         model.pack_for_cpu()
+    model.use_ops(select_ops(device, dtype))
     return model

@@ -1,21 +1,25 @@
-"""The torch attention backend (the CPU path): its fused-decode and bucketed-matmul paths
-agree with the float64 reference on mixed steps, through the engine's metadata."""
+"""The torch attention backend (the CPU path): its C++-kernel and plain-torch paths agree
+with the float64 reference on mixed steps (padding rows included), through the engine's
+metadata."""
+import dataclasses
+
 import pytest
 import torch
 
 from paged_core.attention import AttentionMetadata, select_backend
-from paged_core.attention.cpu_kernels import cpu_decode_kernel_available
-from paged_core.attention.torch_backend import TorchAttentionBackend, _FusedDecodes
+from paged_core.cpu_extension import cpu_extension_available
+from paged_core.attention.torch_backend import TorchAttentionBackend
 from paged_core.kernels import reference
 
-needs_kernel = pytest.mark.skipif(not cpu_decode_kernel_available(),
-                                  reason="fused CPU decode kernel could not be built here")
+needs_kernel = pytest.mark.skipif(not cpu_extension_available(),
+                                  reason="the CPU attention kernel could not be built here")
 
 BLOCK_SIZE, KV_HEADS, HEADS, DIM = 8, 2, 6, 64
 
 
-def _step(seq_lens, query_lens, dtype, seed=0):
-    """A filled head-major paged cache (shuffled blocks) and the metadata of one packed step."""
+def _step(seq_lens, query_lens, dtype, pad=0, seed=0):
+    """A filled head-major paged cache (shuffled blocks) and the metadata of one packed step,
+    with ``pad`` padding rows (slot -1) after the real tokens."""
     gen = torch.Generator().manual_seed(seed)
     blocks_per_seq = [-(-n // BLOCK_SIZE) for n in seq_lens]
     num_blocks = sum(blocks_per_seq) + 2
@@ -32,13 +36,14 @@ def _step(seq_lens, query_lens, dtype, seed=0):
     for i, (n, q_len) in enumerate(zip(seq_lens, query_lens)):
         pos = torch.arange(n - q_len, n)
         slots.append(tables[i, pos // BLOCK_SIZE].long() * BLOCK_SIZE + pos % BLOCK_SIZE)
+    slots.append(torch.full((pad,), -1))
     starts = torch.tensor([0] + list(query_lens)).cumsum(0).to(torch.int32)
     meta = AttentionMetadata(
         slot_mapping=torch.cat(slots), block_tables=tables,
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32), query_start_loc=starts,
         max_query_len=max(query_lens), max_seq_len=max(seq_lens),
         seq_lens_cpu=list(seq_lens), query_lens_cpu=list(query_lens))
-    query = torch.randn(int(starts[-1]), HEADS, DIM, generator=gen).to(dtype)
+    query = torch.randn(int(starts[-1]) + pad, HEADS, DIM, generator=gen).to(dtype)
     return query, k_cache, v_cache, meta
 
 
@@ -59,26 +64,27 @@ STEPS = {
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [None, 10])
 @pytest.mark.parametrize("step", list(STEPS))
-def test_fused_and_bucketed_decodes_match_the_reference(step, window, dtype):
-    query, k_cache, v_cache, meta = _step(*STEPS[step], dtype)
-    expected = _expected(query, k_cache, v_cache, meta, window).float()
+def test_kernel_and_plain_torch_paths_match_the_reference(step, window, dtype):
+    query, k_cache, v_cache, meta = _step(*STEPS[step], dtype, pad=3)
+    real = meta.num_scheduled_tokens
+    expected = _expected(query, k_cache, v_cache, meta, window).float()[:real]
     tolerance = {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
-    for fused in (True, False):
-        backend = TorchAttentionBackend(fused_cpu_decode=fused)
-        step_meta = AttentionMetadata(**{**meta.__dict__, "backend_plans": {}})
+    for cpu_kernel in (True, False):
+        backend = TorchAttentionBackend(cpu_kernel=cpu_kernel)
+        assert backend.uses_cpu_kernel(k_cache) == cpu_kernel
+        step_meta = dataclasses.replace(meta, backend_plans={})
         out = backend.attend(query, k_cache, v_cache, step_meta, DIM ** -0.5, window)
-        (plan,) = step_meta.backend_plans.values()
-        assert any(isinstance(item, _FusedDecodes) for item in plan) == fused
-        torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
+        assert bool(step_meta.backend_plans) != cpu_kernel  # the kernel needs no per-step plan
+        torch.testing.assert_close(out[:real].float(), expected, atol=tolerance, rtol=tolerance)
+        assert (out[real:] == 0).all()
 
 
 @needs_kernel
-def test_float16_and_the_cpu_default():
-    """float16 has no fused kernel and takes the matmul path; CPU engines get the kernel."""
-    assert select_backend("torch", torch.device("cpu")).fused_cpu_decode
+def test_float16_takes_the_plain_torch_path_and_cpu_engines_get_the_kernel():
+    assert select_backend("torch", torch.device("cpu")).cpu_kernel
     query, k_cache, v_cache, meta = _step(*STEPS["mixed"], torch.float16)
-    out = TorchAttentionBackend().attend(query, k_cache, v_cache, meta, DIM ** -0.5)
-    (plan,) = meta.backend_plans.values()
-    assert not any(isinstance(item, _FusedDecodes) for item in plan)
+    backend = TorchAttentionBackend()
+    assert not backend.uses_cpu_kernel(k_cache)
+    out = backend.attend(query, k_cache, v_cache, meta, DIM ** -0.5)
     torch.testing.assert_close(out.float(), _expected(query, k_cache, v_cache, meta, None).float(),
                                atol=4e-3, rtol=4e-3)

@@ -13,7 +13,7 @@ def select_backend(name: str, device: torch.device) -> AttentionBackend:
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
         from .torch_backend import TorchAttentionBackend
-        return TorchAttentionBackend(fused_cpu_decode=device.type == "cpu")
+        return TorchAttentionBackend(cpu_kernel=device.type == "cpu")
     if name == "triton":
         from .triton_backend import TritonAttentionBackend
         return TritonAttentionBackend()

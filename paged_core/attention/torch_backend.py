@@ -5,19 +5,20 @@ Cache layout (this backend's own, chosen for CPU matmuls): per layer
 blocks with one ``index_select`` then yields ``[kv_heads, S, L, D]`` with every
 ``[L, D]`` matrix contiguous, ready for batched matmuls without a copy.
 
-Per step a *plan* is built once (shared by all layers): decodes (one query)
-and prefills (several queries, possibly after a cached prefix). Per layer:
+On the CPU, in float32 and bfloat16, the whole step goes to one call of the C++
+kernel (``cpu_kernels.py``: reads K/V straight from the paged cache, each query
+only the keys it sees, online softmax in float32) when it builds here.
 
-- decodes, when the cache is on the CPU in float32 or bfloat16 and the fused
-  kernel (``cpu_kernels.py``) is built: one call of that kernel for every
-  decode of the step, reading K/V straight from the paged cache;
-- otherwise decodes grouped into up to ``_MAX_BUCKETS`` buckets of similar
-  context length (short contexts are not padded to the longest one): the query
-  heads of one KV head ride along a short query axis (grouped-query attention
-  needs no K/V expansion); two matmuls around a float32 softmax;
-- prefills, bucketed by chunk length likewise: queries padded to the longest
-  chunk of their bucket, a causal + length
-  (+ sliding-window) mask by absolute position, and
+Otherwise (float16, another device, no compiler) a *plan* is built once per step
+(shared by all layers): decodes (one query) and prefills (several queries,
+possibly after a cached prefix), each grouped into up to ``_MAX_BUCKETS``
+buckets of similar length (short ones are not padded to the longest). Per layer:
+
+- decode buckets: the query heads of one KV head ride along a short query
+  axis (grouped-query attention needs no K/V expansion); two matmuls around a
+  float32 softmax;
+- prefill buckets: queries padded to the longest chunk of their bucket, a
+  causal + length (+ sliding-window) mask by absolute position, and
   ``scaled_dot_product_attention`` (memory-efficient for long prompts).
 """
 from __future__ import annotations
@@ -27,12 +28,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .cpu_kernels import cpu_decode_kernel_available, paged_decode_attention
+from ..cpu_extension import cpu_extension_available
+from .cpu_kernels import cpu_paged_attention
 from .metadata import AttentionMetadata
 
 _MAX_BUCKETS = 4
 _MIN_BUCKET_SEQS = 32
-_FUSED_DECODE_DTYPES = (torch.float32, torch.bfloat16)
+_CPU_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @dataclass
@@ -46,29 +48,19 @@ class _Group:
     masked_out: torch.Tensor  # ~mask
 
 
-@dataclass
-class _FusedDecodes:
-    """Every decode of the step, for one call of the fused CPU kernel."""
-
-    token_index: torch.Tensor | None  # [S] flat token of each row; None: row i is token i
-    block_tables: torch.Tensor  # [S, max_blocks] int32, contiguous
-    seq_lens: torch.Tensor  # [S] int32
-
-
 class TorchAttentionBackend:
-    """Plain-torch attention over the paged cache (head-major layout, see the module doc).
+    """Attention over the paged cache in its head-major layout (see the module doc).
 
-    ``fused_cpu_decode`` (default: on) lets decodes use the fused C++ kernel
-    when the cache is a CPU float32/bfloat16 tensor and the kernel builds here;
-    off, or where it cannot be used, decodes take the bucketed matmul path.
-    Both paths compute the same attention (the kernel in float32 throughout).
+    ``cpu_kernel`` (default: on) sends each step to the C++ kernel when the cache
+    is a CPU float32/bfloat16 tensor and the kernel builds here; off, or where it
+    cannot be used, the plain-torch path runs. Both compute the same attention.
     """
 
     name = "torch"
 
-    def __init__(self, fused_cpu_decode: bool = True) -> None:
+    def __init__(self, cpu_kernel: bool = True) -> None:
         # Build the kernel now (once per machine, then cached) rather than in the first step.
-        self.fused_cpu_decode = fused_cpu_decode and cpu_decode_kernel_available()
+        self.cpu_kernel = cpu_kernel and cpu_extension_available()
 
     @staticmethod
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,
@@ -88,43 +80,29 @@ class TorchAttentionBackend:
     def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                meta: AttentionMetadata, scale: float,
                sliding_window: int | None = None) -> torch.Tensor:
-        key = (self.name, sliding_window)
-        plan = meta.backend_plans.get(key)
-        if plan is None:
-            fused = self._can_fuse_decodes(k_cache)
-            plan = meta.backend_plans[key] = _make_plan(meta, k_cache.shape[2], sliding_window,
-                                                        fused)
         out = torch.empty_like(query)
         if meta.has_padding:
             out[meta.num_scheduled_tokens:] = 0
-        for item in plan:
-            if isinstance(item, _FusedDecodes):
-                _attend_fused_decodes(query, k_cache, v_cache, item, scale, sliding_window, out)
-            else:
-                _attend_group(query, k_cache, v_cache, item, scale, out)
+        if self.uses_cpu_kernel(k_cache):
+            return cpu_paged_attention(query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                                       meta.query_start_loc, scale, sliding_window, out=out)
+        key = (self.name, sliding_window)
+        plan = meta.backend_plans.get(key)
+        if plan is None:
+            plan = meta.backend_plans[key] = _make_plan(meta, k_cache.shape[2], sliding_window)
+        for group in plan:
+            _attend_group(query, k_cache, v_cache, group, scale, out)
         return out
 
-    def _can_fuse_decodes(self, k_cache: torch.Tensor) -> bool:
-        return (self.fused_cpu_decode and k_cache.device.type == "cpu"
-                and k_cache.dtype in _FUSED_DECODE_DTYPES)
+    def uses_cpu_kernel(self, k_cache: torch.Tensor) -> bool:
+        """True if attention over this cache goes to the C++ kernel."""
+        return (self.cpu_kernel and k_cache.device.type == "cpu"
+                and k_cache.dtype in _CPU_KERNEL_DTYPES)
 
     def copy_blocks(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
                     src: torch.Tensor, dst: torch.Tensor) -> None:
         for cache in (*k_caches, *v_caches):
             cache[:, dst] = cache[:, src]
-
-
-def _attend_fused_decodes(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                          decodes: _FusedDecodes, scale: float, sliding_window: int | None,
-                          out: torch.Tensor) -> None:
-    if decodes.token_index is None:  # a pure decode step: write straight into ``out``
-        num_seqs = decodes.seq_lens.shape[0]
-        paged_decode_attention(query[:num_seqs], k_cache, v_cache, decodes.block_tables,
-                               decodes.seq_lens, scale, sliding_window, out=out[:num_seqs])
-        return
-    out[decodes.token_index] = paged_decode_attention(
-        query[decodes.token_index], k_cache, v_cache, decodes.block_tables, decodes.seq_lens,
-        scale, sliding_window)
 
 
 def _attend_group(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -154,28 +132,13 @@ def _attend_group(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     out[group.token_index[group.valid]] = o[group.valid]
 
 
-def _make_plan(meta: AttentionMetadata, block_size: int, sliding_window: int | None,
-               fuse_decodes: bool) -> list[_Group | _FusedDecodes]:
+def _make_plan(meta: AttentionMetadata, block_size: int,
+               sliding_window: int | None) -> list[_Group]:
     query_lens, seq_lens = meta.query_lens_cpu, meta.seq_lens_cpu
-    decode_rows = [i for i, n in enumerate(query_lens) if n == 1]
+    decode_rows = sorted((i for i, n in enumerate(query_lens) if n == 1), key=seq_lens.__getitem__)
     prefill_rows = sorted((i for i, n in enumerate(query_lens) if n > 1), key=query_lens.__getitem__)
-    plan: list[_Group | _FusedDecodes] = []
-    if fuse_decodes and decode_rows:
-        plan.append(_fused_decodes(meta, decode_rows))
-        decode_rows = []
-    decode_rows.sort(key=seq_lens.__getitem__)
     row_sets = _buckets(decode_rows, _MIN_BUCKET_SEQS) + _buckets(prefill_rows, 2)
-    return plan + [_make_group(meta, rows, block_size, sliding_window) for rows in row_sets]
-
-
-def _fused_decodes(meta: AttentionMetadata, rows: list[int]) -> _FusedDecodes:
-    if len(rows) == meta.num_scheduled_tokens:  # only decodes: token i is row i
-        return _FusedDecodes(None, meta.block_tables.contiguous(), meta.seq_lens)
-    device = meta.slot_mapping.device
-    starts = meta.query_start_loc_cpu
-    row_index = torch.tensor(rows, device=device)
-    return _FusedDecodes(torch.tensor([starts[i] for i in rows], device=device),
-                         meta.block_tables[row_index].contiguous(), meta.seq_lens[row_index])
+    return [_make_group(meta, rows, block_size, sliding_window) for rows in row_sets]
 
 
 def _buckets(sorted_rows: list[int], min_per_bucket: int) -> list[list[int]]:

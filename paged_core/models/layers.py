@@ -4,20 +4,25 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .elementwise import TORCH_OPS
+
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm computed in float32, as Hugging Face's Llama does."""
+    """Root-mean-square norm computed in float32, as Hugging Face's Llama does (see ``elementwise``)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.ops = TORCH_OPS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return self.ops.rms_norm(x, self.weight, self.eps)
+
+    def add_and_norm(self, residual: torch.Tensor,
+                     x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(residual + x, norm(residual + x))``; ``residual`` may be updated in place."""
+        return self.ops.add_rms_norm(residual, x, self.weight, self.eps)
 
 
 def rope_inverse_frequencies(hf_config) -> tuple[torch.Tensor, float]:
@@ -41,7 +46,8 @@ def rope_inverse_frequencies(hf_config) -> tuple[torch.Tensor, float]:
 
 
 class RotaryEmbedding(nn.Module):
-    """Precomputed cos/sin tables indexed by absolute position (rotate-half convention)."""
+    """Precomputed cos/sin tables ``[max_positions, head_dim]`` by absolute position
+    (rotate-half convention); the model's ops apply them (see ``elementwise``)."""
 
     def __init__(self, hf_config, max_positions: int, dtype: torch.dtype) -> None:
         super().__init__()
@@ -50,18 +56,3 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", (emb.cos() * scaling).to(dtype), persistent=False)
         self.register_buffer("sin", (emb.sin() * scaling).to(dtype), persistent=False)
-
-    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin rows ``[T, 1, D]`` for token positions ``[T]``; computed once per step."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-
-    @staticmethod
-    def rotate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-               sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate ``q`` ``[T, Hq, D]`` and ``k`` ``[T, Hk, D]`` with tables from ``tables``."""
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

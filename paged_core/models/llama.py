@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import AttentionBackend, AttentionMetadata
+from .elementwise import TORCH_OPS, FusedCpuOps, TorchOps
 from .layers import RMSNorm, RotaryEmbedding
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -87,8 +88,9 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.scale = spec.head_dim ** -0.5
         self.sliding_window = sliding_window
+        self.ops = TORCH_OPS
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...],
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
                 backend: AttentionBackend) -> torch.Tensor:
         num_tokens = x.shape[0]
@@ -98,7 +100,7 @@ class LlamaAttention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = RotaryEmbedding.rotate(q, k, *rope)
+        q, k = self.ops.rotate(q, k, rope)
         k_cache, v_cache = kv_cache
         backend.write_kv(k, v, k_cache, v_cache, meta)
         out = backend.attend(q, k_cache, v_cache, meta, self.scale, self.sliding_window)
@@ -108,13 +110,12 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, spec: LlamaFamilySpec) -> None:
         super().__init__()
-        self.intermediate_size = spec.intermediate_size
         self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=spec.mlp_bias)
         self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
+        self.ops = TORCH_OPS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -138,6 +139,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None if spec.tie_word_embeddings else nn.Linear(
             spec.hidden_size, spec.vocab_size, bias=False)
         self.rotary: RotaryEmbedding | None = None  # set by attach_rotary once weights are real
+        self.ops = TORCH_OPS
         # True once projections are prepacked oneDNN linears: oneDNN builds a kernel per
         # distinct row count, so the runner then rounds batches up to a few bucketed sizes.
         self.prefers_bucketed_batches = False
@@ -149,13 +151,21 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
                 backend: AttentionBackend) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        rope = self.rotary.tables(positions)
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            attn_out = layer.self_attn(layer.input_layernorm(hidden), rope, kv_cache, meta, backend)
-            hidden = hidden + attn_out
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        return self.norm(hidden)
+        residual = self.embed_tokens(input_ids)
+        rope = self.ops.rope_tables(self.rotary, positions)
+        hidden = self.layers[0].input_layernorm(residual)
+        next_norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+        for layer, kv_cache, next_norm in zip(self.layers, kv_caches, next_norms):
+            attn_out = layer.self_attn(hidden, rope, kv_cache, meta, backend)
+            residual, hidden = layer.post_attention_layernorm.add_and_norm(residual, attn_out)
+            residual, hidden = next_norm.add_and_norm(residual, layer.mlp(hidden))
+        return hidden  # the final norm of the last residual
+
+    def use_ops(self, ops: TorchOps | FusedCpuOps) -> None:
+        """Route every elementwise step (norms, rotary) through ``ops``."""
+        for module in self.modules():
+            if hasattr(module, "ops"):
+                module.ops = ops
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is None:  # tied to the embedding

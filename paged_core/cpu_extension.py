@@ -1,0 +1,89 @@
+"""The C++ CPU kernels of paged-core, built on first use and loaded as ``torch.ops.paged_core_cpu``.
+
+Sources live in ``paged_core/csrc``: ``paged_attention.cpp`` (attention of a
+packed step over the paged cache) and ``fused_ops.cpp`` (RMSNorm, add +
+RMSNorm, rotary embedding, SiLU-and-multiply). They are compiled with
+``torch.utils.cpp_extension.load`` (a C++ compiler and ``ninja``, which the
+``ninja`` wheel brings; a few seconds once per machine, then cached under
+``~/.cache/torch_extensions`` or ``$TORCH_EXTENSIONS_DIR``).
+``cpu_extension_available()`` says whether that worked; on failure it logs one
+warning with the reason, and every caller keeps its plain-torch path.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import platform
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_CSRC = Path(__file__).with_name("csrc")
+_SOURCES = ("paged_attention.cpp", "fused_ops.cpp")
+_EXTENSION_NAME = "paged_core_cpu"
+
+
+def _has_avx2_fma_f16c() -> bool:
+    caps = torch.cpu.get_capabilities()
+    return all(caps.get(flag) is True for flag in ("avx2", "fma3", "f16c"))
+
+
+def _ensure_ninja_on_path() -> None:
+    """torch runs ``ninja`` from PATH; a venv used without activation has it only in its bin."""
+    if shutil.which("ninja"):
+        return
+    try:
+        import ninja
+    except ImportError:
+        return  # the build then says that ninja is missing
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+@functools.lru_cache(maxsize=None)
+def _load() -> str | None:
+    """Build and load the extension once; return None on success, else why not."""
+    if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"needs x86-64 Linux, this is {sys.platform}/{platform.machine()}"
+    try:
+        from torch.utils.cpp_extension import load
+
+        _ensure_ninja_on_path()
+        # No implicit FMA contraction: the fused ops round where torch rounds.
+        # AVX2+FMA+F16C where the CPU has them (the name keeps the two builds apart in the cache);
+        # never -march=native, so a build cache shared between machines stays safe.
+        isa = ["-mavx2", "-mfma", "-mf16c"] if _has_avx2_fma_f16c() else []
+        load(
+            name=_EXTENSION_NAME + ("_avx2" if isa else "_generic"),
+            sources=[str(_CSRC / name) for name in _SOURCES],
+            extra_include_paths=[str(_CSRC)],
+            extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off", *isa],
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+            verbose=False,
+        )
+        ops = torch.ops.paged_core_cpu
+        ops.paged_attention, ops.rms_norm, ops.add_rms_norm, ops.rotary_embedding, ops.silu_and_mul  # noqa: B018
+    except Exception as exc:  # noqa: BLE001 - reported, not swallowed
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_extension_available() -> bool:
+    """True if the C++ kernels are built and loaded (builds them on the first call)."""
+    reason = _load()
+    if reason is not None:
+        logger.warning("paged-core's C++ CPU kernels are unavailable, using plain-torch code: %s",
+                       reason)
+        return False
+    return True
+
+
+def cpu_extension_error() -> str | None:
+    """Why the C++ kernels could not be loaded, or None if they are."""
+    return _load()

@@ -1,0 +1,56 @@
+// AVX2 helpers shared by the CPU kernels; PAGED_CORE_AVX2 says whether they exist
+// (built with -mavx2 -mfma), else the kernels use their scalar loops.
+#pragma once
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+#include <cstdint>
+#define PAGED_CORE_AVX2 1
+
+namespace paged_core_cpu {
+
+// 8 lanes of float32 or bfloat16 (its uint16_t bits) -> float32.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// exp(x) for x <= 0 (Cephes-style: 2^n * p(r)); relative error ~2e-7, exp(-inf) -> 0.
+inline __m256 exp8(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.3f);
+  const __m256 is_tiny = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lo);
+  const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  return _mm256_andnot_ps(is_tiny, y);
+}
+
+// silu(x) = x * sigmoid(x), with exp only of -|x| (no overflow): sigmoid = 1/(1+t) for
+// x >= 0 and t/(1+t) for x < 0, t = exp(-|x|).
+inline __m256 silu8(__m256 x) {
+  const __m256 abs_x = _mm256_andnot_ps(_mm256_set1_ps(-0.f), x);
+  const __m256 t = exp8(_mm256_sub_ps(_mm256_setzero_ps(), abs_x));
+  const __m256 inv = _mm256_div_ps(_mm256_set1_ps(1.f), _mm256_add_ps(_mm256_set1_ps(1.f), t));
+  const __m256 negative = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
+  const __m256 sigmoid = _mm256_blendv_ps(inv, _mm256_mul_ps(t, inv), negative);
+  return _mm256_mul_ps(x, sigmoid);
+}
+
+}  // namespace paged_core_cpu
+
+#else
+#define PAGED_CORE_AVX2 0
+#endif

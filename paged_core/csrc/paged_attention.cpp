@@ -1,0 +1,397 @@
+// Paged attention for CPU: every sequence of a packed step (decodes, prefills,
+// prefill chunks after a cached prefix) in one call, straight from the paged cache.
+//
+// Cache layout per layer: [num_kv_heads, num_blocks, block_size, head_dim],
+// K and V separate, contiguous. Queries are packed: sequence s owns query rows
+// query_start_loc[s] .. query_start_loc[s+1]-1, its last new tokens, at
+// positions seq_lens[s] - q_len .. seq_lens[s] - 1. Query i at position p sees
+// keys k <= p (and, with a window w > 0, k > p - w).
+//
+// Work is split into tasks of (sequence, kv head, tile of up to TILE queries),
+// longest first, handed out dynamically to OpenMP threads. A task walks the key
+// blocks its tile can see; inside a block every query row (TILE x G query heads
+// of the kv head) scores only its own visible key range (no masks), keeps an
+// online softmax in float32 and accumulates p * v in float32. bfloat16 inputs
+// are widened on load; the output has the input dtype. Rows past
+// query_start_loc[num_seqs] (padding) are not written.
+//
+// Registered as torch.ops.paged_core_cpu.paged_attention (no pybind needed).
+#include <ATen/core/Tensor.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "cpu_common.h"
+
+#include "cpu_simd.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using paged_core_cpu::Row;
+#if PAGED_CORE_AVX2
+using paged_core_cpu::exp8;
+using paged_core_cpu::load8;
+#endif
+
+#if PAGED_CORE_AVX2
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// scores[j] = q . k[j] for j < cnt (keys rows of D floats/bf16 at k, stride D); D % 8 == 0.
+template <typename T>
+inline void qk_avx2(const float* q, const T* k, int cnt, int D, float* scores) {
+  int j = 0;
+  for (; j + 4 <= cnt; j += 4) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    const T* k0 = k + static_cast<int64_t>(j) * D;
+    for (int d = 0; d < D; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + d);
+      a0 = _mm256_fmadd_ps(qv, load8(k0 + d), a0);
+      a1 = _mm256_fmadd_ps(qv, load8(k0 + D + d), a1);
+      a2 = _mm256_fmadd_ps(qv, load8(k0 + 2 * D + d), a2);
+      a3 = _mm256_fmadd_ps(qv, load8(k0 + 3 * D + d), a3);
+    }
+    // Reduce the four accumulators into four scores.
+    __m256 h01 = _mm256_hadd_ps(a0, a1), h23 = _mm256_hadd_ps(a2, a3);
+    __m256 h = _mm256_hadd_ps(h01, h23);  // lanes: [s0 s1 s2 s3 | s0' s1' s2' s3']
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    _mm_storeu_ps(scores + j, r);
+  }
+  for (; j < cnt; ++j) {
+    __m256 a = _mm256_setzero_ps();
+    const T* kr = k + static_cast<int64_t>(j) * D;
+    for (int d = 0; d < D; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(kr + d), a);
+    scores[j] = hsum8(a);
+  }
+}
+
+// acc[0:D] += sum_j p[j] * v[j]; D % 8 == 0; accumulators held in registers 64 lanes at a time.
+template <typename T>
+inline void pv_avx2(const float* p, const T* v, int cnt, int D, float* acc) {
+  int d0 = 0;
+  for (; d0 + 64 <= D; d0 += 64) {
+    __m256 a[8];
+    for (int c = 0; c < 8; ++c) a[c] = _mm256_loadu_ps(acc + d0 + 8 * c);
+    for (int j = 0; j < cnt; ++j) {
+      const __m256 pj = _mm256_set1_ps(p[j]);
+      const T* vr = v + static_cast<int64_t>(j) * D + d0;
+      for (int c = 0; c < 8; ++c) a[c] = _mm256_fmadd_ps(pj, load8(vr + 8 * c), a[c]);
+    }
+    for (int c = 0; c < 8; ++c) _mm256_storeu_ps(acc + d0 + 8 * c, a[c]);
+  }
+  for (; d0 < D; d0 += 8) {
+    __m256 a = _mm256_loadu_ps(acc + d0);
+    for (int j = 0; j < cnt; ++j)
+      a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), load8(v + static_cast<int64_t>(j) * D + d0), a);
+    _mm256_storeu_ps(acc + d0, a);
+  }
+}
+#endif  // PAGED_CORE_AVX2
+
+// scores[j] = q . k[j] for j < cnt (key rows of D elements at k, stride D).
+template <typename T>
+inline void score_keys(const float* q, const T* k, int cnt, int D, float* scores, float* rowbuf) {
+#if PAGED_CORE_AVX2
+  if (D % 8 == 0) {
+    qk_avx2(q, k, cnt, D, scores);
+    return;
+  }
+#endif
+  for (int j = 0; j < cnt; ++j) {
+    const float* kr = Row<T>::load(k + static_cast<int64_t>(j) * D, rowbuf, D);
+    float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+    for (int d = 0; d < D; ++d) dot += q[d] * kr[d];
+    scores[j] = dot;
+  }
+}
+
+// scores[j] = exp(scores[j] - m) for j < cnt; returns their sum.
+inline float exp_shifted(float* scores, int cnt, float m) {
+  float total = 0.f;
+  int j0 = 0;
+#if PAGED_CORE_AVX2
+  const __m256 mv = _mm256_set1_ps(m);
+  for (; j0 + 8 <= cnt; j0 += 8)
+    _mm256_storeu_ps(scores + j0, exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + j0), mv)));
+  for (int j = 0; j < j0; ++j) total += scores[j];
+#endif
+  for (int j = j0; j < cnt; ++j) {
+    scores[j] = std::exp(scores[j] - m);
+    total += scores[j];
+  }
+  return total;
+}
+
+// acc[0:D] += sum_j p[j] * v[j] for j < cnt (value rows of D elements at v, stride D).
+template <typename T>
+inline void accumulate_values(const float* p, const T* v, int cnt, int D, float* acc,
+                              float* rowbuf) {
+#if PAGED_CORE_AVX2
+  if (D % 8 == 0) {
+    pv_avx2(p, v, cnt, D, acc);
+    return;
+  }
+#endif
+  for (int j = 0; j < cnt; ++j) {
+    const float* vr = Row<T>::load(v + static_cast<int64_t>(j) * D, rowbuf, D);
+#pragma omp simd
+    for (int d = 0; d < D; ++d) acc[d] += p[j] * vr[d];
+  }
+}
+
+constexpr int64_t TILE = 16;  // queries of one sequence per task
+
+struct Task {
+  int64_t seq, first_query, num_queries, cost;
+};
+
+// Tasks of every sequence, longest (most keys to read) first, so the dynamic
+// schedule does not end with one long task on one thread.
+std::vector<Task> make_tasks(const int32_t* seq_lens, const int32_t* qsl, int64_t num_seqs,
+                             int64_t window) {
+  std::vector<Task> tasks;
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t q_len = qsl[s + 1] - qsl[s];
+    for (int64_t q0 = 0; q0 < q_len; q0 += TILE) {
+      const int64_t nq = std::min<int64_t>(TILE, q_len - q0);
+      const int64_t last = seq_lens[s] - q_len + q0 + nq;  // keys of the tile's last query
+      const int64_t keys = window > 0 ? std::min<int64_t>(last, window + nq) : last;
+      tasks.push_back({s, q0, nq, keys * nq});
+    }
+  }
+  std::stable_sort(tasks.begin(), tasks.end(),
+                   [](const Task& a, const Task& b) { return a.cost > b.cost; });
+  return tasks;
+}
+
+// KD > 0: head_dim known at compile time (full unrolling); KD == 0: runtime head_dim.
+template <typename T, int KD>
+void attention_kernel(const T* __restrict q_ptr, int64_t q_t_stride, int64_t q_h_stride,
+                      const T* __restrict k_ptr, const T* __restrict v_ptr,
+                      const int32_t* __restrict block_tables, int64_t bt_stride,
+                      const int32_t* __restrict seq_lens, const int32_t* __restrict qsl,
+                      T* __restrict out_ptr, const std::vector<Task>& tasks,
+                      int64_t num_kv_heads, int64_t num_blocks, int64_t block_size, int64_t group,
+                      int64_t head_dim_rt, float scale, int64_t window, int* error_flag) {
+  const int D = KD > 0 ? KD : static_cast<int>(head_dim_rt);
+  const int G = static_cast<int>(group);
+  const int bs = static_cast<int>(block_size);
+  const int64_t head_stride = num_blocks * block_size * D;  // cache stride of one kv head
+  const int64_t block_stride = block_size * D;
+  const int64_t num_heads = num_kv_heads * G;
+  const int64_t num_work = static_cast<int64_t>(tasks.size()) * num_kv_heads;
+  const int nthreads = std::max(1, at::get_num_threads());
+  const int max_rows = static_cast<int>(TILE) * G;
+
+#pragma omp parallel num_threads(nthreads)
+  {
+    std::vector<float> qf(static_cast<size_t>(max_rows) * D);
+    std::vector<float> acc(static_cast<size_t>(max_rows) * D);
+    const int bs_pad = (bs + 7) / 8 * 8;
+    std::vector<float> scores(bs_pad);
+    std::vector<float> mx(max_rows), sum(max_rows);
+    std::vector<float> rowbuf(D);
+
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t w = 0; w < num_work; ++w) {
+      const Task& task = tasks[w / num_kv_heads];
+      const int64_t h = w % num_kv_heads;
+      const int64_t s = task.seq;
+      const int64_t n = seq_lens[s];
+      const int64_t q_len = qsl[s + 1] - qsl[s];
+      const int64_t pos0 = n - q_len + task.first_query;  // position of the tile's first query
+      const int nq = static_cast<int>(task.num_queries);
+      const int rows = nq * G;
+      // Query rows r = i * G + g: token qsl[s] + first_query + i, head h * G + g; pre-scaled.
+      for (int i = 0; i < nq; ++i) {
+        const int64_t token = qsl[s] + task.first_query + i;
+        for (int g = 0; g < G; ++g) {
+          const int r = i * G + g;
+          const T* qrow = q_ptr + token * q_t_stride + (h * G + g) * q_h_stride;
+          const float* src = Row<T>::load(qrow, rowbuf.data(), D);
+          float* dst = qf.data() + static_cast<size_t>(r) * D;
+#pragma omp simd
+          for (int d = 0; d < D; ++d) dst[d] = src[d] * scale;
+          mx[r] = -std::numeric_limits<float>::infinity();
+          sum[r] = 0.f;
+        }
+      }
+      std::fill(acc.begin(), acc.begin() + static_cast<size_t>(rows) * D, 0.f);
+
+      const int32_t* table = block_tables + s * bt_stride;
+      const T* k_head = k_ptr + h * head_stride;
+      const T* v_head = v_ptr + h * head_stride;
+      const int64_t first_key = window > 0 ? std::max<int64_t>(0, pos0 - window + 1) : 0;
+      const int64_t last_key = pos0 + nq - 1;
+      bool bad = false;
+      for (int64_t b = first_key / block_size; b * block_size <= last_key; ++b) {
+        const int64_t phys = table[b];
+        if (phys < 0 || phys >= num_blocks) { bad = true; break; }
+        const int64_t block_start = b * block_size;
+        const T* kb = k_head + phys * block_stride;
+        const T* vb = v_head + phys * block_stride;
+#if PAGED_CORE_AVX2
+        // Blocks are scattered: prefetch the next one's K and V while this one is computed.
+        if ((b + 1) * block_size <= last_key) {
+          const int64_t nphys = table[b + 1];
+          if (nphys >= 0 && nphys < num_blocks) {
+            const char* nk = reinterpret_cast<const char*>(k_head + nphys * block_stride);
+            const char* nv = reinterpret_cast<const char*>(v_head + nphys * block_stride);
+            const int64_t bytes = block_stride * static_cast<int64_t>(sizeof(T));
+            for (int64_t off = 0; off < bytes; off += 64) {
+              _mm_prefetch(nk + off, _MM_HINT_T0);
+              _mm_prefetch(nv + off, _MM_HINT_T0);
+            }
+          }
+        }
+#endif
+        for (int i = 0; i < nq; ++i) {
+          // Query i (position pos0 + i) sees keys [lo, hi) of this block.
+          const int64_t p = pos0 + i;
+          const int64_t lo_key = window > 0 ? std::max<int64_t>(block_start, p - window + 1) : block_start;
+          const int64_t hi_key = std::min<int64_t>(block_start + block_size, p + 1);
+          if (hi_key <= lo_key) continue;
+          const int lo = static_cast<int>(lo_key - block_start);
+          const int cnt = static_cast<int>(hi_key - lo_key);
+          for (int g = 0; g < G; ++g) {
+            const int r = i * G + g;
+            const float* qr = qf.data() + static_cast<size_t>(r) * D;
+            float* ar = acc.data() + static_cast<size_t>(r) * D;
+            score_keys<T>(qr, kb + static_cast<int64_t>(lo) * D, cnt, D, scores.data(), rowbuf.data());
+            // Online softmax update.
+            float bm = scores[0];
+            for (int j = 1; j < cnt; ++j) bm = std::max(bm, scores[j]);
+            const float m_new = std::max(mx[r], bm);
+            if (m_new > mx[r]) {
+              const float alpha = std::exp(mx[r] - m_new);  // 0 on the first block
+              sum[r] *= alpha;
+#pragma omp simd
+              for (int d = 0; d < D; ++d) ar[d] *= alpha;
+              mx[r] = m_new;
+            }
+            sum[r] += exp_shifted(scores.data(), cnt, m_new);
+            accumulate_values<T>(scores.data(), vb + static_cast<int64_t>(lo) * D, cnt, D, ar,
+                                 rowbuf.data());
+          }
+        }
+      }
+      if (bad) {
+        __atomic_store_n(error_flag, 2, __ATOMIC_RELAXED);
+        continue;
+      }
+      for (int i = 0; i < nq; ++i) {
+        const int64_t token = qsl[s] + task.first_query + i;
+        for (int g = 0; g < G; ++g) {
+          const int r = i * G + g;
+          Row<T>::store(out_ptr + (token * num_heads + h * G + g) * D,
+                        acc.data() + static_cast<size_t>(r) * D, 1.f / sum[r], D);
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+void dispatch_dim(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                  const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                  const at::Tensor& query_start_loc, at::Tensor& out, const std::vector<Task>& tasks,
+                  int64_t group, double scale, int64_t window, int* error_flag) {
+  const T* q = reinterpret_cast<const T*>(query.const_data_ptr());
+  const T* k = reinterpret_cast<const T*>(k_cache.const_data_ptr());
+  const T* v = reinterpret_cast<const T*>(v_cache.const_data_ptr());
+  T* o = reinterpret_cast<T*>(out.mutable_data_ptr());
+  const int64_t D = query.size(2);
+#define PAGED_ATTENTION_CALL(KD)                                                               \
+  attention_kernel<T, KD>(q, query.stride(0), query.stride(1), k, v,                           \
+                          block_tables.const_data_ptr<int32_t>(), block_tables.stride(0),      \
+                          seq_lens.const_data_ptr<int32_t>(),                                  \
+                          query_start_loc.const_data_ptr<int32_t>(), o, tasks, k_cache.size(0), \
+                          k_cache.size(1), k_cache.size(2), group, D, static_cast<float>(scale), \
+                          window, error_flag)
+  switch (D) {
+    case 64: PAGED_ATTENTION_CALL(64); break;
+    case 128: PAGED_ATTENTION_CALL(128); break;
+    default: PAGED_ATTENTION_CALL(0); break;
+  }
+#undef PAGED_ATTENTION_CALL
+}
+
+void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                     const at::Tensor& query_start_loc, double scale, int64_t sliding_window,
+                     at::Tensor& out) {
+  TORCH_CHECK(query.dim() == 3, "query must be [num_tokens, num_heads, head_dim]");
+  TORCH_CHECK(k_cache.dim() == 4 && v_cache.dim() == 4,
+              "caches must be [num_kv_heads, num_blocks, block_size, head_dim]");
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k_cache and v_cache shapes differ");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  TORCH_CHECK(query.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu(),
+              "paged_attention here is a CPU kernel");
+  const auto dtype = query.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
+              "paged_attention supports float32 and bfloat16, got ", dtype);
+  TORCH_CHECK(k_cache.scalar_type() == dtype && v_cache.scalar_type() == dtype &&
+                  out.scalar_type() == dtype,
+              "query, caches and out must share a dtype");
+  const int64_t num_tokens = query.size(0), Hq = query.size(1), D = query.size(2);
+  const int64_t Hk = k_cache.size(0), S = seq_lens.size(0);
+  TORCH_CHECK(k_cache.size(3) == D, "head_dim of query and cache differ");
+  TORCH_CHECK(Hk > 0 && Hq % Hk == 0, "num query heads must be a multiple of num kv heads");
+  TORCH_CHECK(query.stride(2) == 1, "query's last dim must be contiguous");
+  TORCH_CHECK(out.is_contiguous() && out.sizes() == query.sizes(), "out must be contiguous, like query");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == S &&
+                  block_tables.scalar_type() == at::kInt && block_tables.stride(1) == 1,
+              "block_tables must be int32 [num_seqs, max_blocks] with contiguous rows");
+  TORCH_CHECK(seq_lens.dim() == 1 && seq_lens.scalar_type() == at::kInt && seq_lens.is_contiguous(),
+              "seq_lens must be contiguous int32 [num_seqs]");
+  TORCH_CHECK(query_start_loc.dim() == 1 && query_start_loc.size(0) == S + 1 &&
+                  query_start_loc.scalar_type() == at::kInt && query_start_loc.is_contiguous(),
+              "query_start_loc must be contiguous int32 [num_seqs + 1]");
+  const int32_t* sl = seq_lens.const_data_ptr<int32_t>();
+  const int32_t* qsl = query_start_loc.const_data_ptr<int32_t>();
+  const int64_t max_keys = block_tables.size(1) * k_cache.size(2);
+  TORCH_CHECK(qsl[0] == 0 && qsl[S] <= num_tokens,
+              "query_start_loc must start at 0 and end within the query rows");
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t q_len = qsl[s + 1] - qsl[s];
+    TORCH_CHECK(q_len >= 0 && q_len <= sl[s], "sequence ", s, " has ", q_len,
+                " new tokens but a context of ", sl[s], " (query_start_loc must be "
+                "non-decreasing and seq_lens >= new tokens)");
+    TORCH_CHECK(sl[s] <= max_keys, "seq_len ", sl[s], " of sequence ", s,
+                " exceeds block_tables.size(1) * block_size = ", max_keys);
+  }
+  if (S == 0 || Hq == 0 || D == 0) return;
+  const std::vector<Task> tasks = make_tasks(sl, qsl, S, sliding_window);
+  int error_flag = 0;
+  if (dtype == at::kFloat) {
+    dispatch_dim<float>(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, tasks,
+                        Hq / Hk, scale, sliding_window, &error_flag);
+  } else {
+    dispatch_dim<uint16_t>(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
+                           tasks, Hq / Hk, scale, sliding_window, &error_flag);
+  }
+  TORCH_CHECK(error_flag != 2, "paged_attention: a block table entry is outside [0, num_blocks)");
+}
+
+}  // namespace
+
+TORCH_LIBRARY(paged_core_cpu, m) {
+  m.def(
+      "paged_attention(Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+      "Tensor seq_lens, Tensor query_start_loc, float scale, int sliding_window, "
+      "Tensor(a!) out) -> ()");
+  m.impl("paged_attention", c10::DispatchKey::CPU, TORCH_FN(paged_attention));
+}

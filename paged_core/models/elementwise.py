@@ -1,0 +1,99 @@
+"""The model's elementwise steps behind one seam: RMSNorm, residual add + RMSNorm, rotary
+embedding, the MLP's SiLU-and-multiply.
+
+``TORCH_OPS`` is plain torch, computed as Hugging Face's Llama computes them:
+the reference, and the path wherever the C++ kernels cannot run.
+``FUSED_CPU_OPS`` does each step in one pass over the rows with the C++ kernels
+(``paged_core/csrc/fused_ops.cpp``), rounding where torch rounds, so both give
+the same numbers up to the last bit of RMSNorm's float32 sum of squares and of
+SiLU's exp. CPU
+models in float32 or bfloat16 use it when the kernels build (``select_ops``).
+
+Both implement:
+
+- ``rms_norm(x, weight, eps)``: ``weight * dtype(x * rsqrt(mean(x^2) + eps))``, float32 inside;
+- ``add_rms_norm(residual, x, weight, eps)``: ``(r, rms_norm(r))`` with ``r = residual + x``;
+  ``residual`` (the model's own running hidden state) may be updated in place;
+- ``rope_tables(rotary, positions)``: what ``rotate`` needs for this step's positions
+  (made once per step, shared by every layer);
+- ``rotate(q, k, tables)``: rotary embedding (rotate-half convention) of ``q``
+  ``[T, Hq, D]`` and ``k`` ``[T, Hk, D]``; may work in place;
+- ``silu_and_mul(gate_up)``: ``silu(gate) * up`` for ``gate_up = [gate | up]`` ``[T, 2 * I]``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class TorchOps:
+    name = "torch"
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * x32.to(x.dtype)
+
+    def add_rms_norm(self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        residual = residual + x
+        return residual, self.rms_norm(residual, weight, eps)
+
+    def rope_tables(self, rotary, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rotary.cos[positions].unsqueeze(1), rotary.sin[positions].unsqueeze(1)
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor,
+               tables: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = tables
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class FusedCpuOps:
+    name = "fused-cpu"
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1]).contiguous()
+        out = torch.empty_like(rows)
+        torch.ops.paged_core_cpu.rms_norm(rows, weight, eps, out)
+        return out.view(x.shape)
+
+    def add_rms_norm(self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        out = torch.empty_like(residual)
+        torch.ops.paged_core_cpu.add_rms_norm(residual, x.contiguous(), weight, eps, out)
+        return residual, out
+
+    def rope_tables(self, rotary, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return positions, rotary.cos, rotary.sin
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor,
+               tables: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        torch.ops.paged_core_cpu.rotary_embedding(q, k, *tables)
+        return q, k
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        out = gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
+        torch.ops.paged_core_cpu.silu_and_mul(gate_up.contiguous(), out)
+        return out
+
+
+TORCH_OPS = TorchOps()
+FUSED_CPU_OPS = FusedCpuOps()
+
+
+def select_ops(device: torch.device, dtype: torch.dtype) -> TorchOps | FusedCpuOps:
+    """The fused C++ ops for CPU float32/bfloat16 models when they build here, else plain torch."""
+    from ..cpu_extension import cpu_extension_available
+
+    if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and cpu_extension_available():
+        return FUSED_CPU_OPS
+    return TORCH_OPS

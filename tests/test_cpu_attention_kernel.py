@@ -1,0 +1,115 @@
+"""The C++ CPU paged-attention kernel matches the kernels' float64 reference on packed steps:
+decodes, fresh prefills and chunks after a cached prefix mixed, GQA, sliding windows,
+shuffled blocks, NaN in every slot no sequence owns, padding rows, bad arguments."""
+import math
+
+import pytest
+import torch
+
+from paged_core.attention.cpu_kernels import cpu_paged_attention
+from paged_core.cpu_extension import cpu_extension_available
+from paged_core.kernels import reference
+
+pytestmark = pytest.mark.skipif(not cpu_extension_available(),
+                                reason="the CPU attention kernel could not be built here "
+                                       "(see the logged warning for why)")
+
+
+def _step(seq_lens, query_lens, num_kv_heads, group, head_dim, block_size, dtype, pad=0, seed=0):
+    """A head-major cache with shuffled blocks (NaN in unowned slots) and a packed query."""
+    gen = torch.Generator().manual_seed(seed)
+    needed = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(needed) + 3  # a few blocks nobody owns
+    shape = (num_kv_heads, num_blocks, block_size, head_dim)
+    k_cache = torch.full(shape, float("nan"), dtype=dtype)
+    v_cache = torch.full(shape, float("nan"), dtype=dtype)
+    perm = torch.randperm(num_blocks, generator=gen)
+    block_tables = torch.zeros(len(seq_lens), max(needed) + 2, dtype=torch.int32)
+    used = 0
+    for i, (n, nb) in enumerate(zip(seq_lens, needed)):
+        phys = perm[used:used + nb]
+        used += nb
+        block_tables[i, :nb] = phys.int()
+        pos = torch.arange(n)
+        for cache in (k_cache, v_cache):
+            cache[:, phys[pos // block_size], pos % block_size] = \
+                torch.randn(num_kv_heads, n, head_dim, generator=gen).to(dtype)
+    starts = torch.tensor([0] + list(query_lens)).cumsum(0).to(torch.int32)
+    query = (torch.randn(int(starts[-1]) + pad, num_kv_heads * group, head_dim, generator=gen)
+             * 2).to(dtype)
+    return query, k_cache, v_cache, block_tables, torch.tensor(seq_lens, dtype=torch.int32), starts
+
+
+def _reference(query, k_cache, v_cache, block_tables, seq_lens, starts, scale, window):
+    """The Triton kernels' float64 reference, on a token-major view of the head-major cache."""
+    return reference.paged_attention(
+        query.double(), k_cache.permute(1, 2, 0, 3).double(), v_cache.permute(1, 2, 0, 3).double(),
+        block_tables, seq_lens, starts, scale, window)
+
+
+# (context lengths, new tokens): decodes, fresh prefills, prefixes ending mid-block, long tiles.
+STEPS = {
+    "decodes": ([1, 7, 16, 17, 33, 130, 700, 2, 64], [1] * 9),
+    "mixed": ([40, 5, 70, 12, 300, 2], [1, 5, 37, 1, 45, 2]),
+    "prefills": ([3, 33, 100], [3, 33, 100]),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 5, 40])
+@pytest.mark.parametrize("block_size", [8, 16])
+@pytest.mark.parametrize("head_dim", [64, 128, 80])
+@pytest.mark.parametrize("num_kv_heads,group", [(2, 1), (2, 3), (1, 4)])
+@pytest.mark.parametrize("step", list(STEPS))
+def test_matches_reference(step, num_kv_heads, group, head_dim, block_size, window, dtype):
+    seq_lens, query_lens = STEPS[step]
+    query, k_cache, v_cache, tables, lens, starts = _step(
+        seq_lens, query_lens, num_kv_heads, group, head_dim, block_size, dtype)
+    scale = 1 / math.sqrt(head_dim)
+    out = cpu_paged_attention(query, k_cache, v_cache, tables, lens, starts, scale, window)
+    assert out.dtype == dtype and out.shape == query.shape
+    assert torch.isfinite(out).all()
+    expected = _reference(query, k_cache, v_cache, tables, lens, starts, scale, window)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    else:  # values are O(1); bf16 output rounding alone is ~4e-3 relative
+        torch.testing.assert_close(out.double(), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_out_argument_padding_rows_threads_and_strided_query():
+    query, k_cache, v_cache, tables, lens, starts = _step([5, 300, 41], [5, 20, 1], 2, 2, 64, 16,
+                                                          torch.float32, pad=3, seed=1)
+    expected = _reference(query, k_cache, v_cache, tables, lens, starts, 0.125, None)
+    # The query as a view of a wider [T, 2 * Hq, D] tensor (a slice of a fused qkv output).
+    wide = torch.cat([query, torch.full_like(query, float("nan"))], dim=1)
+    strided = wide[:, :query.shape[1]]
+    real = int(starts[-1])
+    out = torch.empty_like(query)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, threads):
+            torch.set_num_threads(n)
+            out.fill_(7.0)
+            assert cpu_paged_attention(strided, k_cache, v_cache, tables, lens, starts, 0.125,
+                                       out=out) is out
+            torch.testing.assert_close(out[:real].double(), expected[:real], rtol=1e-5, atol=1e-5)
+            assert (out[real:] == 7.0).all()  # padding rows are left alone
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_inconsistent_arguments_raise():
+    query, k_cache, v_cache, tables, lens, starts = _step([20, 9], [4, 9], 1, 1, 64, 16,
+                                                          torch.float32)
+    bad_table = tables.clone()
+    bad_table[0, 1] = k_cache.shape[1]  # out of range
+    with pytest.raises(RuntimeError, match="outside"):
+        cpu_paged_attention(query, k_cache, v_cache, bad_table, lens, starts, 0.125)
+    with pytest.raises(RuntimeError, match="exceeds"):
+        cpu_paged_attention(query, k_cache, v_cache, tables[:, :1], lens, starts, 0.125)
+    with pytest.raises(RuntimeError, match="new tokens but a context of"):
+        cpu_paged_attention(query, k_cache, v_cache, tables, torch.tensor([20, 5]), starts, 0.125)
+    with pytest.raises(RuntimeError, match="end within the query rows"):
+        cpu_paged_attention(query[:5], k_cache, v_cache, tables, lens, starts, 0.125)
+    with pytest.raises(ValueError, match="sliding_window must be positive"):
+        cpu_paged_attention(query, k_cache, v_cache, tables, lens, starts, 0.125, 0)

@@ -1,0 +1,104 @@
+"""The fused C++ elementwise ops give the plain-torch ops' numbers: bit for bit where no
+float32 sum is involved (rotary, the residual add), within one rounding step of RMSNorm's
+sum of squares otherwise; and CPU engines use them."""
+import pytest
+import torch
+
+from paged_core.cpu_extension import cpu_extension_available
+from paged_core.models.elementwise import FUSED_CPU_OPS, TORCH_OPS, select_ops
+
+pytestmark = pytest.mark.skipif(not cpu_extension_available(),
+                                reason="the C++ CPU kernels could not be built here")
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _close_to_one_rounding(actual, expected):
+    """Equal, or off by at most one unit of the dtype's precision (a rounding flipped)."""
+    if actual.dtype == torch.float32:
+        torch.testing.assert_close(actual, expected, rtol=2e-6, atol=1e-6)
+        return
+    diff = (actual.float() - expected.float()).abs()
+    ulp = expected.float().abs().clamp_min(1e-30) * 2 ** -7
+    assert bool((diff <= ulp).all()), diff.max()
+    assert (diff == 0).float().mean() > 0.99  # flips are rare
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 5, 37])
+def test_rms_norm_and_add_rms_norm(rows, dtype):
+    gen = torch.Generator().manual_seed(rows)
+    x = (torch.randn(rows, 576, generator=gen) * 3).to(dtype)
+    weight = torch.randn(576, generator=gen).to(dtype)
+    _close_to_one_rounding(FUSED_CPU_OPS.rms_norm(x, weight, 1e-5), TORCH_OPS.rms_norm(x, weight, 1e-5))
+
+    residual = torch.randn(rows, 576, generator=gen).to(dtype)
+    expected_residual, expected = TORCH_OPS.add_rms_norm(residual, x, weight, 1e-5)
+    mine = residual.clone()
+    new_residual, normed = FUSED_CPU_OPS.add_rms_norm(mine, x, weight, 1e-5)
+    assert new_residual is mine  # updated in place
+    assert torch.equal(new_residual, expected_residual)
+    _close_to_one_rounding(normed, expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_of_a_strided_per_head_view(dtype):
+    """Qwen3's q/k norm runs over head_dim on a view of the fused qkv output."""
+    qkv = torch.randn(6, 3 * 4 * 32).to(dtype)
+    q = qkv[:, :128].view(6, 4, 32)
+    weight = torch.rand(32).to(dtype)
+    out = FUSED_CPU_OPS.rms_norm(q, weight, 1e-6)
+    assert out.shape == q.shape
+    _close_to_one_rounding(out, TORCH_OPS.rms_norm(q, weight, 1e-6))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_embedding_is_bit_identical_in_place(dtype):
+    gen = torch.Generator().manual_seed(0)
+    tokens, q_heads, kv_heads, dim = 9, 6, 2, 64
+
+    class Tables:
+        cos = torch.randn(100, dim, generator=gen).to(dtype)
+        sin = torch.randn(100, dim, generator=gen).to(dtype)
+
+    positions = torch.tensor([0, 5, 99, 3, 3, 17, 40, 41, 42])
+    qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * dim, generator=gen).to(dtype)
+    q = qkv[:, :q_heads * dim].view(tokens, q_heads, dim)  # strided views, as in the model
+    k = qkv[:, q_heads * dim:(q_heads + kv_heads) * dim].view(tokens, kv_heads, dim)
+    v_before = qkv[:, (q_heads + kv_heads) * dim:].clone()
+    expected_q, expected_k = TORCH_OPS.rotate(q, k, TORCH_OPS.rope_tables(Tables, positions))
+    out_q, out_k = FUSED_CPU_OPS.rotate(q, k, FUSED_CPU_OPS.rope_tables(Tables, positions))
+    assert out_q.data_ptr() == q.data_ptr() and out_k.data_ptr() == k.data_ptr()
+    assert torch.equal(out_q, expected_q) and torch.equal(out_k, expected_k)
+    assert torch.equal(qkv[:, (q_heads + kv_heads) * dim:], v_before)  # v untouched
+
+
+def test_bad_inputs_raise():
+    tables = torch.zeros(4, 8), torch.zeros(4, 8)
+    q, k = torch.zeros(2, 1, 8), torch.zeros(2, 1, 8)
+    with pytest.raises(RuntimeError, match="outside the 4-row rotary tables"):
+        FUSED_CPU_OPS.rotate(q, k, (torch.tensor([0, 4]), *tables))
+    with pytest.raises(RuntimeError, match="share x's dtype"):
+        FUSED_CPU_OPS.rms_norm(torch.zeros(2, 8), torch.zeros(8, dtype=torch.bfloat16), 1e-6)
+
+
+def test_cpu_engines_use_the_fused_ops():
+    assert select_ops(torch.device("cpu"), torch.float32) is FUSED_CPU_OPS
+    assert select_ops(torch.device("cpu"), torch.bfloat16) is FUSED_CPU_OPS
+    assert select_ops(torch.device("cpu"), torch.float16) is TORCH_OPS
+    assert select_ops(torch.device("cuda"), torch.bfloat16) is TORCH_OPS
+    from paged_core import LLM
+    model = LLM(dtype="float32", num_kv_blocks=8).engine.runner.model
+    assert model.ops is FUSED_CPU_OPS and model.layers[0].input_layernorm.ops is FUSED_CPU_OPS
+    assert model.layers[0].self_attn.ops is FUSED_CPU_OPS and model.layers[0].mlp.ops is FUSED_CPU_OPS
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 9])
+def test_silu_and_mul(rows, dtype):
+    gen = torch.Generator().manual_seed(rows)
+    gate_up = (torch.randn(rows, 2 * 1539, generator=gen) * 6).to(dtype)  # not a multiple of 8
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # exp overflow territory, zeros
+    out = FUSED_CPU_OPS.silu_and_mul(gate_up)
+    assert out.shape == (rows, 1539) and torch.isfinite(out).all()
+    _close_to_one_rounding(out, TORCH_OPS.silu_and_mul(gate_up))
