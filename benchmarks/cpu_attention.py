@@ -31,6 +31,7 @@ from paged_core.cpu_extension import cpu_extension_available  # noqa: E402
 from paged_core.attention.metadata import AttentionMetadata  # noqa: E402
 from paged_core.attention.torch_backend import TorchAttentionBackend  # noqa: E402
 from paged_core.bench.report import machine_info, new_figure, save_plot  # noqa: E402
+from paged_core.kernels.reference import shuffled_block_tables  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KV_HEADS, GROUP, HEAD_DIM, BLOCK_SIZE = 3, 3, 64, 16
@@ -55,14 +56,7 @@ def packed_step(kind: str, num_seqs: int, mean_len: int, dtype: torch.dtype,
     ``decode`` (one new token per sequence) or ``prefill`` (every token new)."""
     seq_lens = torch.randint(mean_len // 2, mean_len * 3 // 2 + 1, (num_seqs,), generator=gen)
     query_lens = torch.ones_like(seq_lens) if kind == "decode" else seq_lens.clone()
-    needed = [-(-n // BLOCK_SIZE) for n in seq_lens.tolist()]
-    num_blocks = sum(needed)
-    physical = torch.randperm(num_blocks, generator=gen).int()
-    tables = torch.zeros(num_seqs, max(needed), dtype=torch.int32)
-    used = 0
-    for i, nb in enumerate(needed):
-        tables[i, :nb] = physical[used:used + nb]
-        used += nb
+    tables, num_blocks = shuffled_block_tables(seq_lens.tolist(), BLOCK_SIZE, generator=gen)
     shape = TorchAttentionBackend.kv_cache_shape(num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
     k_cache = torch.randn(shape, generator=gen).to(dtype)
     v_cache = torch.randn(shape, generator=gen).to(dtype)

@@ -45,20 +45,14 @@ def copy_bandwidth_gbs(device: torch.device) -> float:
 def paged_batch(seq_lens: list[int], query_lens: list[int], block_size: int,
                 dtype: torch.dtype, device: torch.device) -> dict:
     """A filled cache with shuffled block tables, and the packed queries of one step."""
-    blocks = [-(-n // block_size) for n in seq_lens]
-    num_blocks = sum(blocks)
-    physical = torch.randperm(num_blocks, device=device).to(torch.int32)
-    tables = torch.zeros(len(seq_lens), max(blocks), dtype=torch.int32, device=device)
-    used = 0
-    for i, nb in enumerate(blocks):
-        tables[i, :nb] = physical[used:used + nb]
-        used += nb
+    from paged_core.kernels.reference import shuffled_block_tables
+    tables, num_blocks = shuffled_block_tables(seq_lens, block_size)
     shape = (num_blocks, block_size, NUM_KV_HEADS, HEAD_DIM)
     starts = torch.tensor([0] + query_lens, device=device).cumsum(0).to(torch.int32)
     return dict(
         q=torch.randn(sum(query_lens), NUM_HEADS, HEAD_DIM, dtype=dtype, device=device),
         k_cache=torch.randn(shape, dtype=dtype, device=device),
-        v_cache=torch.randn(shape, dtype=dtype, device=device), block_tables=tables,
+        v_cache=torch.randn(shape, dtype=dtype, device=device), block_tables=tables.to(device),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         query_start_loc=starts, scale=HEAD_DIM ** -0.5)
 

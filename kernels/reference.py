@@ -3,6 +3,7 @@
 Same arguments and semantics as :mod:`paged_core.kernels`; they read tensor
 values on the host, so they are for tests and debugging, not for serving.
 Attention is computed in float64 and cast to the query dtype.
+``shuffled_block_tables`` makes test inputs: block tables over scattered blocks.
 """
 from __future__ import annotations
 
@@ -58,3 +59,23 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         out[starts[i]:starts[i + 1]] = torch.einsum(
             "hqk,khd->qhd", scores.softmax(dim=-1), v).to(q.dtype)
     return out
+
+
+def shuffled_block_tables(seq_lens: list[int], block_size: int, extra_blocks: int = 0,
+                          generator: torch.Generator | None = None) -> tuple[torch.Tensor, int]:
+    """Block tables for sequences of ``seq_lens`` tokens over physical blocks in random order.
+
+    Every sequence owns ``ceil(seq_len / block_size)`` distinct blocks, no block
+    is shared, and ``extra_blocks`` blocks belong to no sequence. Returns the
+    ``int32`` tables ``[num_seqs, max blocks]`` (rows padded with 0) and the
+    number of physical blocks.
+    """
+    blocks_per_seq = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(blocks_per_seq) + extra_blocks
+    physical = torch.randperm(num_blocks, generator=generator).to(torch.int32)
+    tables = torch.zeros(len(seq_lens), max(blocks_per_seq), dtype=torch.int32)
+    used = 0
+    for i, nb in enumerate(blocks_per_seq):
+        tables[i, :nb] = physical[used:used + nb]
+        used += nb
+    return tables, num_blocks

@@ -18,18 +18,12 @@ pytestmark = pytest.mark.skipif(not cpu_extension_available(),
 def _step(seq_lens, query_lens, num_kv_heads, group, head_dim, block_size, dtype, pad=0, seed=0):
     """A head-major cache with shuffled blocks (NaN in unowned slots) and a packed query."""
     gen = torch.Generator().manual_seed(seed)
-    needed = [-(-n // block_size) for n in seq_lens]
-    num_blocks = sum(needed) + 3  # a few blocks nobody owns
+    block_tables, num_blocks = reference.shuffled_block_tables(seq_lens, block_size, 3, gen)
     shape = (num_kv_heads, num_blocks, block_size, head_dim)
     k_cache = torch.full(shape, float("nan"), dtype=dtype)
     v_cache = torch.full(shape, float("nan"), dtype=dtype)
-    perm = torch.randperm(num_blocks, generator=gen)
-    block_tables = torch.zeros(len(seq_lens), max(needed) + 2, dtype=torch.int32)
-    used = 0
-    for i, (n, nb) in enumerate(zip(seq_lens, needed)):
-        phys = perm[used:used + nb]
-        used += nb
-        block_tables[i, :nb] = phys.int()
+    for i, n in enumerate(seq_lens):
+        phys = block_tables[i].long()
         pos = torch.arange(n)
         for cache in (k_cache, v_cache):
             cache[:, phys[pos // block_size], pos % block_size] = \

@@ -21,14 +21,7 @@ def _step(seq_lens, query_lens, dtype, pad=0, seed=0):
     """A filled head-major paged cache (shuffled blocks) and the metadata of one packed step,
     with ``pad`` padding rows (slot -1) after the real tokens."""
     gen = torch.Generator().manual_seed(seed)
-    blocks_per_seq = [-(-n // BLOCK_SIZE) for n in seq_lens]
-    num_blocks = sum(blocks_per_seq) + 2
-    physical = torch.randperm(num_blocks, generator=gen).int()
-    tables = torch.zeros(len(seq_lens), max(blocks_per_seq), dtype=torch.int32)
-    used = 0
-    for i, nb in enumerate(blocks_per_seq):
-        tables[i, :nb] = physical[used:used + nb]
-        used += nb
+    tables, num_blocks = reference.shuffled_block_tables(seq_lens, BLOCK_SIZE, 2, gen)
     shape = TorchAttentionBackend.kv_cache_shape(num_blocks, BLOCK_SIZE, KV_HEADS, DIM)
     k_cache = torch.randn(shape, generator=gen).to(dtype)
     v_cache = torch.randn(shape, generator=gen).to(dtype)

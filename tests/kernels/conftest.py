@@ -47,17 +47,12 @@ def make_batch(device):
     def build(seq_lens, query_lens, *, num_heads=4, num_kv_heads=2, head_dim=32,
               block_size=16, dtype=torch.float32, extra_blocks=3, pad_tokens=0, seed=0):
         gen = torch.Generator().manual_seed(seed)
-        blocks_per_seq = [-(-n // block_size) for n in seq_lens]
-        num_blocks = sum(blocks_per_seq) + extra_blocks
-        physical = torch.randperm(num_blocks, generator=gen)
-        table = torch.zeros(len(seq_lens), max(blocks_per_seq), dtype=torch.int32)
+        table, num_blocks = reference.shuffled_block_tables(seq_lens, block_size, extra_blocks, gen)
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         k_cache = torch.full(shape, float("nan"), dtype=dtype)
         v_cache = torch.full(shape, float("nan"), dtype=dtype)
-        used = 0
-        for i, (n, nb) in enumerate(zip(seq_lens, blocks_per_seq)):
-            table[i, :nb] = physical[used:used + nb]
-            used += nb
+        for i, n in enumerate(seq_lens):
+            nb = -(-n // block_size)
             for cache in (k_cache, v_cache):
                 ctx = torch.randn(nb * block_size, num_kv_heads, head_dim, generator=gen)
                 ctx[n:] = float("nan")
