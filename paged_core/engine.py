@@ -49,7 +49,7 @@ class LLMEngine:
                                   num_blocks, config.block_size, self.device, self.dtype)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
-        self.sampler = Sampler(torch.Generator(device=self.device).manual_seed(config.seed))
+        self.sampler = Sampler(torch.Generator().manual_seed(config.seed))  # draws on the CPU
         self.max_total_tokens = min(self.max_model_len, num_blocks * config.block_size)
         self.eos_token_ids = eos_token_ids(folder, hf_config, self.tokenizer)
         self.requests: dict[str, Request] = {}

@@ -3,10 +3,15 @@
 Order of operations per row: block EOS/stop tokens until ``min_tokens``;
 repetition / presence / frequency penalties; log-probabilities (if asked) of
 the penalised distribution; then greedy argmax, or temperature, top-k, top-p,
-min-p and a draw. Draws use the exponential-race trick (``argmax(p / E)``,
-``E ~ Exp(1)``) with noise from the row's own ``torch.Generator`` when the
-request has a ``seed``: a seeded row's result does not depend on which other
-rows share the batch.
+min-p and a draw.
+
+Truncated rows (top-k or top-p) work on a few candidates, never on a sort of
+the whole vocabulary: ``topk`` gives each row's ``top_k`` best tokens, or, for
+top-p alone, the best ``_TOP_P_CANDIDATES`` with their full-vocabulary
+probabilities (a row whose nucleus is larger than that falls back to all
+tokens). A draw is one uniform number per row through the inverse CDF of the
+kept probabilities; a seeded request takes it from its own ``torch.Generator``
+(on the CPU), so its tokens do not depend on the batch or the device.
 """
 from __future__ import annotations
 
@@ -15,6 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from .sampling_params import SamplingParams
+
+_TOP_P_CANDIDATES = 1024  # top-p without top-k: the nucleus is looked for among these first
 
 
 @dataclass
@@ -52,18 +59,21 @@ class Sampler:
         random_rows = [r for r, row in enumerate(rows) if not row.params.greedy]
         if random_rows:
             index = torch.tensor(random_rows, device=logits.device)
-            probs = _filtered_probs(logits[index], [rows[r].params for r in random_rows])
-            noise = torch.empty_like(probs).exponential_(generator=self.default_generator)
-            for i, r in enumerate(random_rows):
-                generator = rows[r].generator
-                if generator is not None:  # a seeded request: CPU noise, the same on any device
-                    noise[i] = torch.empty(probs.shape[1]).exponential_(generator=generator)
-            tokens[index] = (probs / noise).argmax(dim=-1)
+            uniforms = self._uniforms([rows[r] for r in random_rows]).to(logits.device)
+            tokens[index] = _draw(logits[index], [rows[r].params for r in random_rows], uniforms)
         token_list = tokens.tolist()
         if logprobs is not None:
             return token_list, [_token_logprobs(lp, t, row) if lp is not None else None
                                 for lp, t, row in zip(logprobs, token_list, rows)]
         return token_list, [None] * len(rows)
+
+    def _uniforms(self, rows: list[SamplingRow]) -> torch.Tensor:
+        """One uniform number in [0, 1) per row: a seeded row's from its own generator."""
+        out = torch.rand(len(rows), generator=self.default_generator)
+        for i, row in enumerate(rows):
+            if row.generator is not None:
+                out[i] = torch.rand(1, generator=row.generator)[0]
+        return out
 
     @staticmethod
     def _logprobs(logits: torch.Tensor, rows: list[SamplingRow]) -> list[torch.Tensor | None] | None:
@@ -94,32 +104,74 @@ def _apply_penalties(logits: torch.Tensor, row: SamplingRow) -> None:
         logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
 
 
-def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Softmax after temperature, then zero what top-k, top-p and min-p exclude."""
-    device = logits.device
-    temps = torch.tensor([p.temperature for p in params], device=device, dtype=logits.dtype)
+def _draw(logits: torch.Tensor, params: list[SamplingParams], uniforms: torch.Tensor) -> torch.Tensor:
+    """Sample one token per row after temperature, top-k, top-p and min-p."""
+    temps = torch.tensor([p.temperature for p in params], device=logits.device, dtype=logits.dtype)
     logits = logits / temps[:, None]
-    top_ks = [p.top_k for p in params]
-    if any(top_ks):
-        k = torch.tensor([t if t > 0 else logits.shape[1] for t in top_ks], device=device)
-        k = k.clamp(max=logits.shape[1])
-        sorted_desc = logits.sort(dim=-1, descending=True).values
-        kth = sorted_desc.gather(1, (k - 1)[:, None])
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    top_ps = torch.tensor([p.top_p for p in params], device=device, dtype=probs.dtype)
-    if bool((top_ps < 1).any()):
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly above each token
-        drop_sorted = before >= top_ps[:, None]
-        drop_sorted[:, 0] = False
-        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
-    min_ps = torch.tensor([p.min_p for p in params], device=device, dtype=probs.dtype)
-    if bool((min_ps > 0).any()):
-        threshold = min_ps[:, None] * probs.max(dim=-1, keepdim=True).values
-        probs = probs.masked_fill(probs < threshold, 0.0)
-    return probs
+    tokens = torch.empty(len(params), dtype=torch.long, device=logits.device)
+    truncated = [i for i, p in enumerate(params) if p.top_k > 0 or p.top_p < 1]
+    whole = [i for i, p in enumerate(params) if not (p.top_k > 0 or p.top_p < 1)]
+    if whole:
+        index = torch.tensor(whole, device=logits.device)
+        probs = _apply_min_p(torch.softmax(logits[index], dim=-1), [params[i] for i in whole])
+        tokens[index] = _inverse_cdf(probs, uniforms[index])
+    if truncated:
+        index = torch.tensor(truncated, device=logits.device)
+        tokens[index] = _draw_truncated(logits[index], [params[i] for i in truncated],
+                                        uniforms[index])
+    return tokens
+
+
+def _draw_truncated(logits: torch.Tensor, params: list[SamplingParams],
+                    uniforms: torch.Tensor) -> torch.Tensor:
+    """Rows with top-k and/or top-p: candidates in descending order, then the kept ones' CDF."""
+    vocab = logits.shape[1]
+    top_ks = torch.tensor([p.top_k for p in params], device=logits.device)
+    wanted = max(p.top_k if p.top_k > 0 else _TOP_P_CANDIDATES for p in params)
+    probs, ids = _candidate_probs(logits, top_ks, min(wanted, vocab))
+    top_ps = torch.tensor([p.top_p for p in params], device=logits.device, dtype=probs.dtype)
+    # A top-p-only row whose candidates hold less mass than top_p needs more of them.
+    short = (top_ks == 0) & (probs.sum(dim=-1) < top_ps) if probs.shape[1] < vocab else None
+    if short is not None and bool(short.any()):
+        probs_all, ids_all = _candidate_probs(logits[short], top_ks[short], vocab)
+        probs = torch.nn.functional.pad(probs, (0, vocab - probs.shape[1]))
+        ids = torch.nn.functional.pad(ids, (0, vocab - ids.shape[1]))
+        probs[short], ids[short] = probs_all, ids_all
+    before = probs.cumsum(dim=-1) - probs  # mass strictly above each candidate
+    drop = before >= top_ps[:, None]
+    drop[:, 0] = False  # the most likely token always stays
+    probs = _apply_min_p(probs.masked_fill(drop, 0.0), params)
+    return ids.gather(1, _inverse_cdf(probs, uniforms)[:, None])[:, 0]
+
+
+def _candidate_probs(logits: torch.Tensor, top_ks: torch.Tensor,
+                     count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``count`` most likely tokens of each row, in descending order, with their
+    probabilities: renormalised over the row's ``top_k`` best (0 past them) when it has a
+    top-k, else the full-vocabulary probabilities."""
+    values, ids = logits.topk(count, dim=-1)
+    has_k = top_ks > 0
+    past_k = torch.arange(count, device=logits.device)[None, :] >= top_ks[:, None]
+    values = values.masked_fill(past_k & has_k[:, None], float("-inf"))
+    normaliser = torch.where(has_k, values.logsumexp(dim=-1), logits.logsumexp(dim=-1))
+    return (values - normaliser[:, None]).exp(), ids
+
+
+def _apply_min_p(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Zero tokens below ``min_p`` times the row's most likely token's probability."""
+    min_ps = torch.tensor([p.min_p for p in params], device=probs.device, dtype=probs.dtype)
+    if not bool((min_ps > 0).any()):
+        return probs
+    threshold = min_ps[:, None] * probs.max(dim=-1, keepdim=True).values
+    return probs.masked_fill(probs < threshold, 0.0)
+
+
+def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Index ``i`` with ``cdf[i-1] <= u * total < cdf[i]``: always a token with probability > 0."""
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[:, -1:]
+    target = torch.minimum(uniforms[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=probs.shape[1] - 1)
 
 
 def _token_logprobs(lp: torch.Tensor, token: int, row: SamplingRow) -> TokenLogprobs:

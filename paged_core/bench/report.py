@@ -32,7 +32,7 @@ def cpu_model() -> str:
             for line in f:
                 if line.startswith("model name"):
                     return line.split(":", 1)[1].strip()
-    except OSError:
+    except OSError:  # no /proc (not Linux): ask the platform module
         pass
     return platform.processor() or platform.machine()
 

@@ -38,7 +38,7 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
         try:
             if httpx.get(f"{url}/models", timeout=2).status_code == 200:
                 return
-        except httpx.HTTPError:
+        except httpx.HTTPError:  # not listening yet: poll again
             pass
         time.sleep(0.5)
     raise RuntimeError(f"the server at {url} was not ready after {timeout_s:.0f} s")
