@@ -1,6 +1,6 @@
 """CPU attention: the torch backend with its C++ kernel vs its plain-torch path.
 
-``python benchmarks/cpu_attention.py [--dtype bfloat16] [--reps 20]``
+``python benchmarks/cpu_attention.py [--dtype bfloat16] [--reps 20] [--quick]``
 
 Times one layer's attention exactly as the engine calls it
 (``TorchAttentionBackend.attend``; the plain-torch path with its per-step plan
@@ -91,6 +91,7 @@ def measure(kind: str, num_seqs: int, mean_len: int, dtype: torch.dtype, reps: i
 
 SHAPES = {"decode": [(8, 128), (8, 512), (8, 2048), (64, 128), (64, 512), (64, 2048)],
           "prefill": [(1, 128), (1, 512), (1, 2048), (8, 128), (8, 512)]}
+QUICK_SHAPES = {"decode": [(4, 32), (4, 64)], "prefill": [(1, 32), (2, 48)]}
 
 
 def plot(result: dict, out_dir: Path) -> None:
@@ -116,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--quick", action="store_true", help="tiny shapes (a smoke test)")
     args = parser.parse_args(argv)
     if not cpu_extension_available():
         print("the CPU attention kernel could not be built here (see the warning above); "
@@ -123,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     dtype = getattr(torch, args.dtype)
     rows = []
-    for kind, shapes in SHAPES.items():
+    for kind, shapes in (QUICK_SHAPES if args.quick else SHAPES).items():
         for num_seqs, mean_len in shapes:
             rows.append(measure(kind, num_seqs, mean_len, dtype, args.reps))
             r = rows[-1]
