@@ -13,8 +13,9 @@ Invariants:
 - on shutdown (``@bentoml.on_shutdown``) the engine is detached first, then shut
   down, so no request reaches a stopping engine.
 
-BentoML serves its own ``/metrics`` (framework metrics) at the root, so the
-engine's Prometheus metrics are at ``/engine/metrics``.
+BentoML serves ``/metrics`` itself; its ``__metrics__`` hook appends the engine's
+Prometheus metrics there (one scrape target), and ``/engine/metrics`` serves the
+engine's alone.
 """
 from __future__ import annotations
 
@@ -44,6 +45,10 @@ class PagedLLM:
 
     def __is_ready__(self) -> bool:
         return openai_app.state.holder.ready
+
+    def __metrics__(self, content: str) -> str:
+        """BentoML's ``/metrics`` text, followed by the engine's metrics."""
+        return content + openai_app.state.holder.metrics.render().decode()
 
     @bentoml.on_shutdown
     async def shutdown_engine(self) -> None:

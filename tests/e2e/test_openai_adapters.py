@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import signal
 
+import httpx
 import pytest
 
 from . import openai_checks as checks
@@ -16,7 +17,7 @@ def _launch(adapter: str, port: int) -> tuple[list[str], str, str]:
     if adapter == "bentoml":
         return (python_cmd("-m", "bentoml", "serve", "paged_core.adapters.bentoml.service:PagedLLM",
                            "--host", "127.0.0.1", "--port", str(port)),
-                "/readyz", "/engine/metrics")
+                "/readyz", "/metrics")
     return (python_cmd("-m", "paged_core.adapters.litserve", "--host", "127.0.0.1",
                        "--port", str(port)),
             "/health", "/metrics")
@@ -42,6 +43,18 @@ def test_streaming_concatenates_to_the_full_text(served, reference_texts):
 
 def test_16_streams_overlap_in_one_engine(served):
     checks.concurrency(served, 16)
+
+
+def test_prometheus_metrics_hold_engine_state_and_latencies(served):
+    text = httpx.get(served.base_url + served.metrics_path, timeout=10).text
+    for name in ("paged_core_kv_cache_usage_ratio", "paged_core_prefix_cache_hits_total",
+                 "paged_core_num_requests_running", "paged_core_time_to_first_token_seconds_bucket",
+                 "paged_core_inter_token_latency_seconds_bucket"):
+        assert name in text
+    if served.name == "bentoml":  # the engine's metrics join BentoML's own
+        assert "bentoml_service_request_total" in text
+        engine_only = httpx.get(served.base_url + "/engine/metrics", timeout=10).text
+        assert "paged_core_kv_blocks_total" in engine_only and "bentoml_" not in engine_only
 
 
 def test_client_disconnect_aborts_and_frees_blocks(served):
