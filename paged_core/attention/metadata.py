@@ -58,7 +58,3 @@ class AttentionMetadata:
         for n in self.query_lens_cpu:
             starts.append(starts[-1] + n)
         return starts
-
-    @property
-    def is_pure_decode(self) -> bool:
-        return self.max_query_len == 1

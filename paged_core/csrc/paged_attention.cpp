@@ -21,15 +21,11 @@
 #include <torch/library.h>
 
 #include "cpu_common.h"
-
 #include "cpu_simd.h"
-
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <vector>
 
