@@ -158,6 +158,10 @@ class LLMEngine:
             outputs.append(out)
         return outputs
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every prefix-cached block that no request holds."""
+        self.kv.reset_prefix_cache()
+
     def stats(self) -> dict[str, float]:
         """KV usage, prefix-cache counters (tokens), queue sizes, preemptions, generated tokens."""
         stats = self.kv.stats()

@@ -37,7 +37,7 @@ class LLM:
         Later prompts then recompute their prefixes: e.g. before each repeat of
         a benchmark, so a repeat does not hit on the blocks of the previous one.
         """
-        self.engine.kv.reset_prefix_cache()
+        self.engine.reset_prefix_cache()
 
     def generate(self, prompts: PromptInput | Sequence[PromptInput],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,

@@ -110,7 +110,7 @@ def _draw(logits: torch.Tensor, params: list[SamplingParams], uniforms: torch.Te
     logits = logits / temps[:, None]
     tokens = torch.empty(len(params), dtype=torch.long, device=logits.device)
     truncated = [i for i, p in enumerate(params) if p.top_k > 0 or p.top_p < 1]
-    whole = [i for i, p in enumerate(params) if not (p.top_k > 0 or p.top_p < 1)]
+    whole = sorted(set(range(len(params))) - set(truncated))
     if whole:
         index = torch.tensor(whole, device=logits.device)
         probs = _apply_min_p(torch.softmax(logits[index], dim=-1), [params[i] for i in whole])
@@ -153,7 +153,9 @@ def _candidate_probs(logits: torch.Tensor, top_ks: torch.Tensor,
     has_k = top_ks > 0
     past_k = torch.arange(count, device=logits.device)[None, :] >= top_ks[:, None]
     values = values.masked_fill(past_k & has_k[:, None], float("-inf"))
-    normaliser = torch.where(has_k, values.logsumexp(dim=-1), logits.logsumexp(dim=-1))
+    normaliser = values.logsumexp(dim=-1)
+    if not bool(has_k.all()):  # top-p-only rows: full-vocabulary probabilities
+        normaliser[~has_k] = logits[~has_k].logsumexp(dim=-1)
     return (values - normaliser[:, None]).exp(), ids
 
 

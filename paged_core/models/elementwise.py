@@ -6,8 +6,8 @@ the reference, and the path wherever the C++ kernels cannot run.
 ``FUSED_CPU_OPS`` does each step in one pass over the rows with the C++ kernels
 (``paged_core/csrc/fused_ops.cpp``), rounding where torch rounds, so both give
 the same numbers up to the last bit of RMSNorm's float32 sum of squares and of
-SiLU's exp. CPU
-models in float32 or bfloat16 use it when the kernels build (``select_ops``).
+SiLU's exp. CPU models in float32 or bfloat16 use it when the kernels build
+(``select_ops``).
 
 Both implement:
 

@@ -162,7 +162,7 @@ class LlamaForCausalLM(nn.Module):
         return hidden  # the final norm of the last residual
 
     def use_ops(self, ops: TorchOps | FusedCpuOps) -> None:
-        """Route every elementwise step (norms, rotary) through ``ops``."""
+        """Route every elementwise step (norms, rotary, SiLU-and-mul) through ``ops``."""
         for module in self.modules():
             if hasattr(module, "ops"):
                 module.ops = ops
