@@ -27,7 +27,44 @@ def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
 
     EOS does not stop it (like ``ignore_eos=True``) and is not suppressed either.
     """
-    ids = torch.tensor([prompt_ids])
+    ids = torch.tensor([prompt_ids], device=model.device)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), eos_token_id=[],
                          max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
     return out[0, len(prompt_ids):].tolist()
+
+
+@torch.no_grad()
+def hf_greedy_top_logprobs(model, prompt_ids: list[int], max_new_tokens: int,
+                           k: int) -> tuple[list[int], list[set[int]]]:
+    """Greedy tokens of ``transformers.generate`` and, per step, the ids of its ``k`` most
+    likely tokens (EOS neither stops nor is suppressed, like ``hf_greedy``)."""
+    ids = torch.tensor([prompt_ids], device=model.device)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), eos_token_id=[],
+                         max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0,
+                         output_scores=True, return_dict_in_generate=True)
+    tokens = out.sequences[0, len(prompt_ids):].tolist()
+    tops = [set(scores[0].float().topk(k).indices.tolist()) for scores in out.scores]
+    return tokens, tops
+
+
+def assert_greedy_close(ours: list[int], our_tops: list[set[int]], theirs: list[int],
+                        their_tops: list[set[int]]) -> None:
+    """The tolerance rule for reduced-precision greedy parity (vLLM's ``check_logprobs_close``).
+
+    Outputs must be equal up to the first step where they differ; at that step
+    each side's token must be among the other side's top-k tokens (a near-tie
+    that reduced precision may break either way). After it the texts are
+    different prompts and are not compared.
+    """
+    assert len(ours) == len(theirs), (len(ours), len(theirs))
+    for step, (a, b) in enumerate(zip(ours, theirs)):
+        if a != b:
+            assert a in their_tops[step] and b in our_tops[step], (
+                f"step {step}: ours {a} is not a near-tie of theirs {b} "
+                f"(their top-k {sorted(their_tops[step])}, ours {sorted(our_tops[step])})")
+            return
+
+
+def engine_top_logprobs(completion) -> list[set[int]]:
+    """Per generated token, the ids of the engine's top tokens (``SamplingParams.logprobs=k``)."""
+    return [set(step) for step in completion.logprobs]
