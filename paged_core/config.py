@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _BACKENDS = ("auto", "torch", "triton")
+_EXECUTOR_BACKENDS = (None, "uni", "mp", "external_launcher")
 _SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6,
                "g": 10**9, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30,
                "tib": 2**40, "t": 10**12, "tb": 10**12}
@@ -42,7 +43,14 @@ class EngineConfig:
     ``model`` is a Hugging Face folder, a ``.gguf`` file, or ``None`` for the
     embedded SmolLM2-135M-Instruct. The KV cache is sized by ``num_kv_blocks``
     if given, else ``kv_cache_memory`` bytes, else (CUDA) a fraction
-    ``gpu_memory_utilization`` of free device memory, else 1 GiB on CPU.
+    ``gpu_memory_utilization`` of free device memory, else 1 GiB on CPU (per
+    rank under tensor parallelism).
+
+    ``tensor_parallel_size`` shards the model over that many ranks (processes,
+    one device each); ``distributed_executor_backend`` says how they start:
+    ``None`` (automatic), ``"uni"`` (one rank, in process), ``"mp"`` (spawned
+    workers on this machine) or ``"external_launcher"`` (``torchrun`` started
+    them, possibly on several machines; see ``paged_core.worker``).
     """
 
     model: str | None = None
@@ -60,6 +68,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"
     seed: int = 0
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -71,6 +81,10 @@ class EngineConfig:
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
         _positive("max_num_seqs", self.max_num_seqs)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive("tensor_parallel_size", self.tensor_parallel_size)
+        if self.distributed_executor_backend not in _EXECUTOR_BACKENDS:
+            raise ValueError(f"distributed_executor_backend must be one of {_EXECUTOR_BACKENDS}, "
+                             f"got {self.distributed_executor_backend!r}")
         if self.num_kv_blocks is not None:
             _positive("num_kv_blocks", self.num_kv_blocks)
         if self.max_model_len is not None:

@@ -8,24 +8,26 @@ disturbs the others.
 from __future__ import annotations
 
 import time
+import weakref
 
 import torch
 
 from .block_manager import KVCacheManager
 from .config import EngineConfig
-from .model_loader import load_hf_config, load_model, load_tokenizer, resolve_model_folder
-from .model_runner import ModelRunner, StepInput, kv_cache_bytes_per_block
+from .distributed.executor import make_executor
+from .distributed.worker import RankSpec
+from .model_loader import load_hf_config, load_tokenizer, resolve_model_folder
+from .models.llama import LlamaFamilySpec
+from .models.sharding import ShardPlan
+from .packed_batch import StepInput, pack_batch
 from .outputs import RequestOutput
 from .prompts import PromptInput, tokenize_prompt
 from .request import Request
 from .sampler import Sampler
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
-from .attention import select_backend
 from .devices import resolve_device, resolve_dtype
 from .eos import eos_token_ids
-
-_CPU_DEFAULT_KV_BYTES = 1 << 30
 
 
 class LLMEngine:
@@ -42,11 +44,15 @@ class LLMEngine:
                 f"max_model_len={config.max_model_len} exceeds the model's context of {context} "
                 f"tokens (max_position_embeddings); lower max_model_len")
         self.max_model_len = config.max_model_len or context
-        model = load_model(folder, hf_config, self.max_model_len, self.dtype, self.device)
-        self.vocab_size = model.spec.vocab_size
-        num_blocks = self._num_kv_blocks(model)
-        self.runner = ModelRunner(model, select_backend(config.attention_backend, self.device),
-                                  num_blocks, config.block_size, self.device, self.dtype)
+        spec = LlamaFamilySpec.from_hf_config(hf_config)
+        ShardPlan(spec, 0, config.tensor_parallel_size)  # refuse a bad size before any process starts
+        self.vocab_size = spec.vocab_size
+        self.executor = make_executor(
+            RankSpec(config, folder, self.max_model_len, self.device, self.dtype),
+            config.tensor_parallel_size, config.distributed_executor_backend)
+        self._finalizer = weakref.finalize(self, self.executor.shutdown)
+        self.runner = self.executor.runner  # rank 0's
+        num_blocks = self.executor.num_blocks
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.sampler = Sampler(torch.Generator().manual_seed(config.seed))  # draws on the CPU
@@ -112,7 +118,9 @@ class LLMEngine:
             batch.append(StepInput(
                 seq.token_ids, seq.num_computed_tokens, item.num_new_tokens, self.kv.block_ids(seq),
                 needs_logits=seq.num_computed_tokens + item.num_new_tokens == seq.num_tokens))
-        logits = self.runner.execute(batch, sched.block_copies)
+        packed = pack_batch(batch, self.config.block_size,
+                            bucketed=self.runner.model.prefers_bucketed_batches)
+        logits = self.executor.execute_model(packed, sched.block_copies)
         now = time.monotonic()
 
         rows, targets, logit_rows = [], [], []
@@ -158,6 +166,14 @@ class LLMEngine:
             outputs.append(out)
         return outputs
 
+    def check_health(self) -> None:
+        """Raises if the engine can no longer run steps (e.g. a tensor-parallel worker died)."""
+        self.executor.check_health()
+
+    def shutdown(self) -> None:
+        """Stop the executor's worker processes (idempotent; also run when the engine is collected)."""
+        self._finalizer()
+
     def reset_prefix_cache(self) -> None:
         """Forget every prefix-cached block that no request holds."""
         self.kv.reset_prefix_cache()
@@ -173,23 +189,3 @@ class LLMEngine:
             generated_tokens=self.generated_tokens,
         )
         return stats
-
-    def _num_kv_blocks(self, model) -> int:
-        config = self.config
-        if config.num_kv_blocks is not None:
-            return config.num_kv_blocks
-        per_block = kv_cache_bytes_per_block(model, config.block_size, self.dtype)
-        if config.kv_cache_memory is not None:
-            budget = config.kv_cache_memory
-        elif self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            budget = int(free - total * (1 - config.gpu_memory_utilization))
-        else:
-            budget = _CPU_DEFAULT_KV_BYTES
-        num_blocks = budget // per_block
-        if num_blocks < 1:
-            raise ValueError(
-                f"the KV cache budget ({budget} bytes) is smaller than one block "
-                f"({per_block} bytes for block_size={config.block_size}); raise kv_cache_memory "
-                f"or gpu_memory_utilization")
-        return num_blocks

@@ -25,6 +25,16 @@ class LLM:
         self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
         self._ids = itertools.count()
 
+    def shutdown(self) -> None:
+        """Stop tensor-parallel worker processes now (otherwise when this ``LLM`` is collected)."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
     def get_tokenizer(self):
         return self.engine.tokenizer
 

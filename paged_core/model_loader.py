@@ -16,6 +16,8 @@ from .models.llama import LlamaForCausalLM
 from .models.cpu_linear import packed_linear_supported
 from .models.elementwise import select_ops
 from .models.layers import RotaryEmbedding
+from .models.sharding import ShardPlan
+from .distributed.group import SINGLE, TensorParallelGroup
 
 
 def resolve_model_folder(model: str | None) -> str:
@@ -40,20 +42,20 @@ def load_tokenizer(folder: str):
 
 
 def load_model(folder: str, hf_config, max_positions: int, dtype: torch.dtype,
-               device: torch.device) -> LlamaForCausalLM:
-    """Build the model without random init, then copy the checkpoint's weights in."""
-    from safetensors.torch import load_file
+               device: torch.device, tp: TensorParallelGroup = SINGLE) -> LlamaForCausalLM:
+    """Build the model without random init, then copy the checkpoint's weights in.
 
+    Under tensor parallelism each rank reads only its slices from the safetensors
+    files (``ShardPlan.slice_of``): no rank ever holds the whole model.
+    """
     files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     if not files:
         raise ValueError(f"no *.safetensors weights in {folder}")
     with torch.device("meta"):
-        model = LlamaForCausalLM(hf_config)
+        model = LlamaForCausalLM(hf_config, tp)
     model = model.to(dtype).to_empty(device=device)  # no fp32 copy: meta tensors are free to cast
     model.attach_rotary(RotaryEmbedding(hf_config, max_positions, dtype).to(device))
-    tensors: dict[str, torch.Tensor] = {}
-    for path in files:
-        tensors.update(load_file(path, device="cpu"))
+    tensors = _read_shard(files, model.shard)
     with torch.no_grad():
         model.load_hf_state_dict(tensors)
     model = model.eval().requires_grad_(False)
@@ -61,3 +63,17 @@ def load_model(folder: str, hf_config, max_positions: int, dtype: torch.dtype,
         model.pack_for_cpu()
     model.use_ops(select_ops(device, dtype))
     return model
+
+
+def _read_shard(files: list[str], shard: ShardPlan) -> dict[str, torch.Tensor]:
+    """Every checkpoint tensor, or only this rank's slice of it, read from disk."""
+    from safetensors import safe_open
+
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        with safe_open(path, framework="pt", device="cpu") as f:
+            for name in f.keys():
+                part = f.get_slice(name)
+                index = shard.slice_of(name, tuple(part.get_shape()))
+                tensors[name] = f.get_tensor(name) if index is None else part[index]
+    return tensors

@@ -35,8 +35,13 @@ class PackedLinear(nn.Module):
 
 
 def pack_linear_layers(model: nn.Module) -> None:
-    """Replace every ``nn.Linear`` inside ``model`` by a ``PackedLinear`` (in place)."""
+    """Replace every ``nn.Linear`` inside ``model`` by a ``PackedLinear`` (in place); a
+    row-parallel layer of a tensor-parallel group keeps its all-reduce and packs its product."""
+    from .parallel_layers import RowParallelLinear
+
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
+            if isinstance(child, RowParallelLinear) and child.tp.size > 1:
+                child.matmul = PackedLinear(child.weight, None)
+            elif isinstance(child, nn.Linear):
                 setattr(module, name, PackedLinear(child.weight, child.bias))

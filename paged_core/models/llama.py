@@ -5,6 +5,11 @@ The model works on one packed batch: ``input_ids`` and ``positions`` are flat
 back. It never sees block tables: attention goes through the backend with the
 step's ``AttentionMetadata``. Projections are fused (qkv, gate+up) to keep the
 number of kernel launches per layer small.
+
+Under tensor parallelism (``tp.size > 1``) each rank builds the same model with
+its share of heads, MLP channels and vocabulary (``sharding.ShardPlan``): two
+all-reduces per layer (after ``o_proj`` and ``down_proj``), one in the
+embedding, and the logits gathered to rank 0.
 """
 from __future__ import annotations
 
@@ -15,8 +20,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import AttentionBackend, AttentionMetadata
+from ..distributed.group import SINGLE, TensorParallelGroup
 from .elementwise import TORCH_OPS, FusedCpuOps, TorchOps
 from .layers import RMSNorm, RotaryEmbedding
+from .parallel_layers import RowParallelLinear, VocabParallelEmbedding
+from .sharding import ShardPlan
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -77,13 +85,14 @@ def _sliding_windows(cfg) -> tuple[int | None, ...]:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, spec: LlamaFamilySpec, sliding_window: int | None) -> None:
+    def __init__(self, spec: LlamaFamilySpec, shard: ShardPlan, tp: TensorParallelGroup,
+                 sliding_window: int | None) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
-        self.q_size = spec.num_heads * spec.head_dim
-        self.kv_size = spec.num_kv_heads * spec.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = shard.num_heads, shard.num_kv_heads, spec.head_dim
+        self.q_size = shard.num_heads * spec.head_dim
+        self.kv_size = shard.num_kv_heads * spec.head_dim
         self.qkv_proj = nn.Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, spec.hidden_size, bias=spec.o_bias)
+        self.o_proj = RowParallelLinear(self.q_size, spec.hidden_size, spec.o_bias, tp)
         self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.scale = spec.head_dim ** -0.5
@@ -108,10 +117,11 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, spec: LlamaFamilySpec) -> None:
+    def __init__(self, spec: LlamaFamilySpec, shard: ShardPlan, tp: TensorParallelGroup) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=spec.mlp_bias)
-        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
+        width = shard.intermediate_size
+        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * width, bias=spec.mlp_bias)
+        self.down_proj = RowParallelLinear(width, spec.hidden_size, spec.mlp_bias, tp)
         self.ops = TORCH_OPS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -119,25 +129,34 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, spec: LlamaFamilySpec, layer_index: int) -> None:
+    def __init__(self, spec: LlamaFamilySpec, shard: ShardPlan, tp: TensorParallelGroup,
+                 layer_index: int) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(spec, spec.sliding_windows[layer_index])
-        self.mlp = LlamaMLP(spec)
+        self.self_attn = LlamaAttention(spec, shard, tp, spec.sliding_windows[layer_index])
+        self.mlp = LlamaMLP(spec, shard, tp)
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
 
 class LlamaForCausalLM(nn.Module):
-    """Packed-batch forward over a paged KV cache; ``compute_logits`` on selected rows only."""
+    """Packed-batch forward over a paged KV cache; ``compute_logits`` on selected rows only.
 
-    def __init__(self, hf_config) -> None:
+    ``shard`` says which heads, channels and vocabulary rows this rank holds (all
+    of them without tensor parallelism); the KV cache holds ``shard.num_kv_heads``.
+    """
+
+    def __init__(self, hf_config, tp: TensorParallelGroup = SINGLE) -> None:
         super().__init__()
         self.spec = spec = LlamaFamilySpec.from_hf_config(hf_config)
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(spec, i) for i in range(spec.num_layers))
+        self.shard = shard = ShardPlan(spec, tp.rank, tp.size)
+        self.tp = tp
+        self.embed_tokens = VocabParallelEmbedding(shard.vocab_size, spec.hidden_size,
+                                                   shard.vocab_start, tp)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(spec, shard, tp, i)
+                                    for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.lm_head = None if spec.tie_word_embeddings else nn.Linear(
-            spec.hidden_size, spec.vocab_size, bias=False)
+            spec.hidden_size, shard.vocab_size, bias=False)
         self.rotary: RotaryEmbedding | None = None  # set by attach_rotary once weights are real
         self.ops = TORCH_OPS
         # True once projections are prepacked oneDNN linears: oneDNN builds a kernel per
@@ -167,10 +186,14 @@ class LlamaForCausalLM(nn.Module):
             if hasattr(module, "ops"):
                 module.ops = ops
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Logits ``[rows, vocab_size]`` on rank 0; ``None`` on the other ranks."""
         if self.lm_head is None:  # tied to the embedding
-            return F.linear(hidden, self.embed_tokens.weight)
-        return self.lm_head(hidden)
+            local = F.linear(hidden, self.embed_tokens.weight)
+        else:
+            local = self.lm_head(hidden)
+        logits = self.tp.gather_to_driver(local)
+        return None if logits is None else logits[:, :self.spec.vocab_size]
 
     def pack_for_cpu(self) -> None:
         """Switch every projection, the (tied) LM head included, to prepacked oneDNN weights."""
@@ -181,7 +204,8 @@ class LlamaForCausalLM(nn.Module):
         self.prefers_bucketed_batches = True
 
     def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Copy Hugging Face weights in, fusing q/k/v and gate/up projections."""
+        """Copy Hugging Face weights in (this rank's slices, ``shard.slice_of``), fusing q/k/v
+        and gate/up projections; vocabulary slices shorter than the shard are zero-padded."""
         own = dict(self.named_parameters())
         fused: dict[str, list[torch.Tensor]] = {}
         loaded: set[str] = set()
@@ -198,7 +222,10 @@ class LlamaForCausalLM(nn.Module):
                     if name == "lm_head.weight" and self.lm_head is None:
                         continue  # tied to the embedding
                     raise ValueError(f"unexpected weight {hf_name!r} in checkpoint")
-                own[name].data.copy_(tensor)
+                if name in _VOCAB_ROWS:
+                    _copy_padded(own[name].data, tensor)
+                else:
+                    own[name].data.copy_(tensor)
                 loaded.add(name)
         for name, parts in fused.items():
             own[name].data.copy_(torch.cat([t for _, t in sorted(parts, key=lambda p: p[0])], dim=0))
@@ -208,6 +235,14 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"checkpoint lacks weights: {sorted(missing)[:5]}")
 
 
+def _copy_padded(param: torch.Tensor, tensor: torch.Tensor) -> None:
+    """Copy ``tensor`` into the leading rows of ``param``; rows past it (vocabulary padding) are 0."""
+    if tensor.shape[0] < param.shape[0]:
+        param.zero_()
+    param[:tensor.shape[0]].copy_(tensor)
+
+
+_VOCAB_ROWS = ("embed_tokens.weight", "lm_head.weight")
 _FUSED_PARTS = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
                 "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
 _PART_ORDER = {"q_proj": 0, "k_proj": 1, "v_proj": 2, "gate_proj": 0, "up_proj": 1}

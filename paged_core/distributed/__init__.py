@@ -1,0 +1,6 @@
+"""Tensor parallelism over ``torch.distributed``: the process group, the workers, the executors.
+
+- ``group``: ``TensorParallelGroup`` (this rank's place and its collectives) and process-group set-up;
+- ``worker``: the loop a non-driver rank runs (load its shard, then execute what the driver broadcasts);
+- ``executor``: what the engine calls to run a step: in process, or over ``tensor_parallel_size`` ranks.
+"""

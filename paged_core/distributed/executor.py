@@ -1,0 +1,207 @@
+"""Executors: how the engine runs a step's forward (vLLM's ``Executor`` seam).
+
+The engine schedules, packs the step into a ``PackedBatch``, calls
+``execute_model(packed, block_copies)`` and samples from the logits it returns.
+Which processes do the forward is the executor's business:
+
+- ``UniProcExecutor`` (``tensor_parallel_size=1``): one ``Worker`` in this process.
+- ``MultiprocExecutor`` (``"mp"``): this process is rank 0 (the driver) and
+  spawns ``tensor_parallel_size - 1`` worker processes on this machine; they
+  meet over ``torch.distributed`` on a free port of 127.0.0.1.
+- ``ExternalLauncherExecutor`` (``"external_launcher"``): ``torchrun`` started
+  every rank (on one machine or several) with the same command; rank 0 becomes
+  the driver and returns, every other rank serves steps inside the constructor
+  and then exits the process (see ``paged_core.worker``).
+
+Per step the driver broadcasts the packed batch once (a pickled object: token
+ids, positions, slots, block tables, copies), every rank runs its shard, and
+the logits are gathered to rank 0, the only rank that samples.
+
+Failure: ``check_health`` raises ``WorkerDiedError`` once a worker process has
+exited (a watchdog thread notices within a second, and logs it); a collective
+with a dead peer fails at once, so a step in flight raises too.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import sys
+import threading
+
+import torch
+import torch.distributed as dist
+
+from ..packed_batch import PackedBatch
+from .group import SINGLE, free_port, init_process_group
+from .worker import RankSpec, Worker, broadcast_step, for_rank, run_rank, threads_per_rank, \
+    worker_main
+
+logger = logging.getLogger("paged_core.executor")
+
+
+class WorkerDiedError(RuntimeError):
+    """A tensor-parallel worker process exited while the engine was running."""
+
+
+class UniProcExecutor:
+    """Rank 0 of a group of one: the forward runs in this process."""
+
+    def __init__(self, spec: RankSpec) -> None:
+        self.worker = Worker(spec, SINGLE)
+
+    @property
+    def runner(self):
+        """Rank 0's ``ModelRunner`` (its model holds rank 0's shard)."""
+        return self.worker.runner
+
+    @property
+    def num_blocks(self) -> int:
+        return self.worker.num_blocks
+
+    def execute_model(self, packed: PackedBatch,
+                      block_copies: list[tuple[int, int]]) -> torch.Tensor:
+        return self.worker.execute_model(packed, block_copies)
+
+    def check_health(self) -> None:
+        """Raises if the executor can no longer run steps."""
+
+    def shutdown(self) -> None:
+        """Release every process and resource the executor holds (idempotent)."""
+
+
+class _DriverExecutor(UniProcExecutor):
+    """Rank 0 of a larger group: broadcasts each step, then runs its own shard."""
+
+    def __init__(self, spec: RankSpec, size: int, init_method: str) -> None:
+        self.size = size
+        self._closed = False
+        if dist.is_initialized():
+            raise RuntimeError(
+                "another tensor-parallel engine is running in this process; shut it down "
+                "first (LLM.shutdown() / AsyncEngine.shutdown())")
+        torch.set_num_threads(threads_per_rank(size))
+        spec = for_rank(spec, 0)
+        tp = init_process_group(0, size, spec.device, init_method)
+        self.worker = Worker(spec, tp)
+
+    def execute_model(self, packed: PackedBatch,
+                      block_copies: list[tuple[int, int]]) -> torch.Tensor:
+        self.check_health()
+        broadcast_step(self.worker.tp, (packed, block_copies))
+        return self.worker.execute_model(packed, block_copies)
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._workers_alive():
+                broadcast_step(self.worker.tp, None)
+        finally:
+            _destroy_group()
+
+    def _workers_alive(self) -> bool:
+        return True
+
+
+class MultiprocExecutor(_DriverExecutor):
+    """Rank 0 here; ranks 1 .. size-1 are spawned processes on this machine."""
+
+    def __init__(self, spec: RankSpec, size: int) -> None:
+        init_method = f"tcp://127.0.0.1:{free_port()}"
+        context = multiprocessing.get_context("spawn")
+        self.processes = [
+            context.Process(target=worker_main, name=f"paged-core-tp-worker-{rank}",
+                            args=(spec, rank, size, init_method, os.getpid()), daemon=True)
+            for rank in range(1, size)]
+        for process in self.processes:
+            process.start()
+        self.failure: str | None = None
+        self._stopping = threading.Event()
+        threading.Thread(target=self._watch_workers, name="paged-core-tp-watchdog",
+                         daemon=True).start()
+        try:
+            super().__init__(spec, size, init_method)
+        except BaseException:
+            self._reap()
+            raise
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [p.pid for p in self.processes]
+
+    def check_health(self) -> None:
+        if self.failure is not None:
+            raise WorkerDiedError(self.failure)
+
+    def shutdown(self) -> None:
+        self._stopping.set()
+        try:
+            super().shutdown()
+        finally:
+            self._reap()
+
+    def _workers_alive(self) -> bool:
+        return self.failure is None and all(p.is_alive() for p in self.processes)
+
+    def _watch_workers(self) -> None:
+        sentinels = {p.sentinel: rank for rank, p in enumerate(self.processes, start=1)}
+        ready = multiprocessing.connection.wait(list(sentinels))
+        if self._stopping.is_set():
+            return
+        process = self.processes[sentinels[ready[0]] - 1]
+        process.join(timeout=1)
+        self.failure = (f"tensor-parallel worker rank {sentinels[ready[0]]} (pid {process.pid}) "
+                        f"exited with code {process.exitcode}; see its traceback in the log above")
+        logger.error(self.failure)
+
+    def _reap(self, grace_s: float = 5.0) -> None:
+        """Join every worker; kill any that has not exited after ``grace_s``."""
+        for process in self.processes:
+            process.join(timeout=grace_s)
+        for process in self.processes:
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=grace_s)
+
+
+class ExternalLauncherExecutor(_DriverExecutor):
+    """``torchrun`` started every rank: rank 0 drives; any other rank serves and exits here."""
+
+    def __init__(self, spec: RankSpec, size: int) -> None:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        if world != size:
+            raise ValueError(
+                f"torchrun started WORLD_SIZE={world} processes but tensor_parallel_size={size}; "
+                f"give --tensor-parallel-size {world} (one rank per device)")
+        if rank != 0:
+            torch.set_num_threads(threads_per_rank(size))
+            run_rank(spec, rank, size, "env://")
+            sys.exit(0)
+        super().__init__(spec, size, "env://")
+
+
+def _destroy_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def launched_by_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def make_executor(spec: RankSpec, size: int, backend: str | None):
+    """The executor for ``distributed_executor_backend`` (``None``: ``external_launcher``
+    under torchrun, else ``uni`` for one rank and ``mp`` for more)."""
+    if backend is None:
+        backend = "external_launcher" if launched_by_torchrun() else ("uni" if size == 1 else "mp")
+    if backend == "uni":
+        if size != 1:
+            raise ValueError(f"distributed_executor_backend='uni' runs one rank; "
+                             f"tensor_parallel_size={size} needs 'mp' or 'external_launcher'")
+        return UniProcExecutor(spec)
+    if backend == "mp":
+        return MultiprocExecutor(spec, size)
+    return ExternalLauncherExecutor(spec, size)

@@ -1,0 +1,151 @@
+"""``Worker``: one rank's model shard, KV cache and runner; ``worker_main``: a non-driver rank's life.
+
+Every rank builds a ``Worker`` the same way: load its slice of the weights,
+size its KV cache, agree with the other ranks on one block count (the
+smallest, so block ids mean the same on every rank). The driver (rank 0)
+then calls ``execute_model`` once per step after broadcasting the step
+(``broadcast_step``); every other rank runs ``serve_steps``: receive the step,
+run the same forward (its part of every collective), until the driver
+broadcasts ``None`` (shut down).
+
+A non-driver rank never outlives its parent: ``watch_parent`` ends it when the
+process that started it is gone (also when that one was killed with SIGKILL).
+An exception in a worker is logged with its traceback and ends the process,
+which closes its sockets, so the driver's pending collective fails at once.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import traceback
+from dataclasses import dataclass, replace
+
+import torch
+import torch.distributed as dist
+
+from ..attention import select_backend
+from ..config import EngineConfig
+from ..model_loader import load_hf_config, load_model
+from ..model_runner import ModelRunner, kv_cache_bytes_per_block
+from ..packed_batch import PackedBatch
+from .group import TensorParallelGroup, init_process_group, rank_device
+
+logger = logging.getLogger("paged_core.worker")
+
+_CPU_DEFAULT_KV_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """What a rank needs to build its ``Worker`` (picklable: sent to spawned workers)."""
+
+    config: EngineConfig
+    folder: str
+    max_model_len: int
+    device: torch.device
+    dtype: torch.dtype
+
+
+def for_rank(spec: RankSpec, rank: int) -> RankSpec:
+    """``spec`` with rank ``rank``'s device (its own GPU; the CPU is shared)."""
+    return replace(spec, device=rank_device(spec.device, rank))
+
+
+class Worker:
+    def __init__(self, spec: RankSpec, tp: TensorParallelGroup) -> None:
+        config = spec.config
+        self.tp = tp
+        hf_config = load_hf_config(spec.folder)
+        model = load_model(spec.folder, hf_config, spec.max_model_len, spec.dtype, spec.device, tp)
+        num_blocks = _agree_on_min(tp, kv_cache_num_blocks(config, model, spec.device, spec.dtype))
+        backend = select_backend(config.attention_backend, spec.device)
+        self.runner = ModelRunner(model, backend, num_blocks, config.block_size, spec.device,
+                                  spec.dtype)
+        self.num_blocks = num_blocks
+
+    def execute_model(self, packed: PackedBatch,
+                      block_copies: list[tuple[int, int]]) -> torch.Tensor | None:
+        return self.runner.execute(packed, block_copies)
+
+
+def kv_cache_num_blocks(config: EngineConfig, model, device: torch.device,
+                        dtype: torch.dtype) -> int:
+    """Blocks for this rank: ``num_kv_blocks``, else ``kv_cache_memory`` (per rank) over the
+    bytes of one block of this rank's KV heads, else the free GPU memory share, else 1 GiB."""
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    per_block = kv_cache_bytes_per_block(model, config.block_size, dtype)
+    if config.kv_cache_memory is not None:
+        budget = config.kv_cache_memory
+    elif device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        budget = int(free - total * (1 - config.gpu_memory_utilization))
+    else:
+        budget = _CPU_DEFAULT_KV_BYTES
+    num_blocks = budget // per_block
+    if num_blocks < 1:
+        raise ValueError(
+            f"the KV cache budget ({budget} bytes) is smaller than one block "
+            f"({per_block} bytes for block_size={config.block_size}); raise kv_cache_memory "
+            f"or gpu_memory_utilization")
+    return num_blocks
+
+
+def _agree_on_min(tp: TensorParallelGroup, value: int) -> int:
+    if tp.size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
+def broadcast_step(tp: TensorParallelGroup, step: tuple | None) -> tuple | None:
+    """Rank 0 sends ``(packed, block_copies)`` (or ``None``: shut down); the others receive it."""
+    box = [step]
+    device = torch.device("cuda", torch.cuda.current_device()) \
+        if dist.get_backend() == "nccl" else None
+    dist.broadcast_object_list(box, src=0, device=device)
+    return box[0]
+
+
+def serve_steps(worker: Worker) -> None:
+    """A non-driver rank's loop: run each broadcast step until the driver says stop."""
+    while (step := broadcast_step(worker.tp, None)) is not None:
+        worker.execute_model(*step)
+
+
+def threads_per_rank(size: int) -> int:
+    return max(1, (os.cpu_count() or 1) // size)
+
+
+def watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
+    """End this process (at once, no clean-up) when ``parent_pid`` is no longer its parent."""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(interval_s)
+        os._exit(1)
+    threading.Thread(target=watch, name="paged-core-parent-watch", daemon=True).start()
+
+
+def worker_main(spec: RankSpec, rank: int, size: int, init_method: str, parent_pid: int) -> None:
+    """Entry point of a spawned worker process (rank ``rank`` of ``size``)."""
+    watch_parent(parent_pid)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank {rank} %(levelname)s %(message)s")
+    torch.set_num_threads(threads_per_rank(size))
+    run_rank(spec, rank, size, init_method)
+
+
+def run_rank(spec: RankSpec, rank: int, size: int, init_method: str) -> None:
+    """Join the group, build this rank's worker, serve steps; on any error log it and exit."""
+    try:
+        spec = for_rank(spec, rank)
+        tp = init_process_group(rank, size, spec.device, init_method)
+        serve_steps(Worker(spec, tp))
+        dist.destroy_process_group()
+    except BaseException:
+        logger.error("tensor-parallel worker rank %d failed:\n%s", rank, traceback.format_exc())
+        os._exit(1)  # skip clean-up that could wait on the other ranks; the driver sees the exit

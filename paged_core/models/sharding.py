@@ -1,0 +1,114 @@
+"""Which slice of every weight a tensor-parallel rank holds (Megatron-style).
+
+- column-parallel (output dimension split): ``q_proj`` by query heads,
+  ``k_proj``/``v_proj`` by KV heads, ``gate_proj``/``up_proj`` by intermediate
+  channels, ``embed_tokens``/``lm_head`` by vocabulary rows (padded to a multiple
+  of the group size);
+- row-parallel (input dimension split): ``o_proj`` and ``down_proj``; their
+  outputs are partial sums, all-reduced once per layer;
+- everything else (norms, q/k norms, the row-parallel biases) is replicated.
+
+KV heads: with ``num_kv_heads >= size`` each rank holds ``num_kv_heads / size``
+of them; with fewer KV heads than ranks each KV head is replicated on
+``size / num_kv_heads`` consecutive ranks (as vLLM does), so every rank's query
+heads find their KV head locally. Sizes that split neither way are refused.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .llama import LlamaFamilySpec
+
+# (HF weight name fragment, dimension split, what it is split by)
+_COLUMN_SPLITS = {"q_proj": "q", "k_proj": "kv", "v_proj": "kv", "gate_proj": "mlp",
+                  "up_proj": "mlp", "embed_tokens": "vocab", "lm_head": "vocab"}
+_ROW_SPLITS = {"o_proj": "q", "down_proj": "mlp"}
+
+
+def allowed_tensor_parallel_sizes(spec: LlamaFamilySpec, limit: int = 64) -> list[int]:
+    return [s for s in range(1, limit + 1) if _split_problem(spec, s) is None]
+
+
+def _split_problem(spec: LlamaFamilySpec, size: int) -> str | None:
+    if spec.num_heads % size:
+        return f"{spec.num_heads} attention heads"
+    if spec.num_kv_heads % size and size % spec.num_kv_heads:
+        return f"{spec.num_kv_heads} KV heads (neither divides the other)"
+    if spec.intermediate_size % size:
+        return f"an MLP width of {spec.intermediate_size}"
+    return None
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """Rank ``rank`` of ``size``: its heads, MLP channels and vocabulary rows."""
+
+    spec: LlamaFamilySpec
+    rank: int = 0
+    size: int = 1
+
+    def __post_init__(self) -> None:
+        problem = _split_problem(self.spec, self.size)
+        if problem:
+            raise ValueError(
+                f"tensor_parallel_size={self.size} does not divide this model's {problem}; "
+                f"allowed sizes: {allowed_tensor_parallel_sizes(self.spec)}")
+
+    @property
+    def num_heads(self) -> int:
+        return self.spec.num_heads // self.size
+
+    @property
+    def num_kv_heads(self) -> int:
+        return max(1, self.spec.num_kv_heads // self.size)
+
+    @property
+    def kv_head_start(self) -> int:
+        if self.spec.num_kv_heads >= self.size:
+            return self.rank * self.num_kv_heads
+        return self.rank // (self.size // self.spec.num_kv_heads)  # replicated KV head
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.spec.intermediate_size // self.size
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the embedding / LM head per rank (the last rank's tail is zero padding)."""
+        return -(-self.spec.vocab_size // self.size)
+
+    @property
+    def vocab_start(self) -> int:
+        return self.rank * self.vocab_size
+
+    def _range(self, split: str) -> tuple[int, int]:
+        """Start and length of this rank's slice along a split dimension, in rows."""
+        hd = self.spec.head_dim
+        if split == "q":
+            return self.rank * self.num_heads * hd, self.num_heads * hd
+        if split == "kv":
+            return self.kv_head_start * hd, self.num_kv_heads * hd
+        if split == "mlp":
+            return self.rank * self.intermediate_size, self.intermediate_size
+        return self.vocab_start, self.vocab_size
+
+    def slice_of(self, name: str, shape: tuple[int, ...]) -> tuple[slice, ...] | None:
+        """Index of this rank's part of checkpoint weight ``name`` (``None``: the whole weight).
+
+        Vocabulary slices may run past the end (the caller zero-pads to ``vocab_size`` rows).
+        """
+        if self.size == 1:
+            return None
+        parts = name.split(".")
+        kind = parts[-1]  # weight or bias
+        for fragment, split in _COLUMN_SPLITS.items():
+            if fragment in parts:
+                start, length = self._range(split)
+                return (slice(start, min(start + length, shape[0])),)
+        for fragment, split in _ROW_SPLITS.items():
+            if fragment in parts and kind == "weight":
+                start, length = self._range(split)
+                return (slice(None), slice(start, start + length))
+        return None

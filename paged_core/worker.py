@@ -1,0 +1,21 @@
+"""``python -m paged_core.worker``: the ``torchrun`` entry point (multi-node tensor parallelism).
+
+Every node runs the same command; ``torchrun`` gives each process its ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``::
+
+    torchrun --nnodes 2 --nproc-per-node 1 --node-rank R --master-addr A --master-port P \\
+        -m paged_core.worker serve --adapter litserve --tensor-parallel-size 2
+
+The arguments are those of the ``paged-core`` command line (``generate``,
+``serve``, ...). Rank 0 runs that command as the driver: it schedules, samples
+and (for ``serve``) answers HTTP. Every other rank loads its shard, serves the
+driver's steps and exits when the driver shuts down (see
+``distributed.executor.ExternalLauncherExecutor``). ``tensor_parallel_size``
+must equal the number of processes torchrun starts.
+"""
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
