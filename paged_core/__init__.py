@@ -10,15 +10,16 @@ Public API (vLLM-style names)::
     engine = AsyncEngine(EngineConfig())
     async for out in engine.generate("Hello", SamplingParams(max_tokens=8), request_id="r1"): ...
 """
-from .async_engine import AsyncEngine, EngineDeadError
+from .async_engine import AsyncEngine
 from .config import EngineConfig
 from .engine import LLMEngine
+from .exceptions import EngineDeadError, RequestFailedError
 from .llm import LLM
 from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from .sampling_params import SamplingParams
 
 __all__ = [
-    "LLM", "LLMEngine", "AsyncEngine", "EngineDeadError", "EngineConfig", "SamplingParams",
-    "RequestOutput", "CompletionOutput", "Logprob", "RequestMetrics",
+    "LLM", "LLMEngine", "AsyncEngine", "EngineConfig", "SamplingParams", "EngineDeadError",
+    "RequestFailedError", "RequestOutput", "CompletionOutput", "Logprob", "RequestMetrics",
 ]
 __version__ = "0.1.0"

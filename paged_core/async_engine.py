@@ -2,16 +2,26 @@
 request gets an async stream of ``RequestOutput`` deltas.
 
 Threading model: all engine state is touched only by the step-loop thread.
-Callers (any event loop, any thread) validate and tokenize requests themselves,
-then hand ``add`` / ``abort`` commands to the loop through a locked list; the
-loop applies them between steps and posts outputs back with
-``call_soon_threadsafe``. A stream whose consumer goes away (cancellation,
-``aclose``, a client disconnect) sends an abort, so its blocks are freed
-within one step.
+Callers (any event loop, any thread) validate and tokenize requests in a worker
+thread (so a huge prompt never stalls their event loop), then hand ``add`` /
+``abort`` commands to the loop through a locked list; the loop applies them
+between steps and posts outputs back with ``call_soon_threadsafe``. A stream
+whose consumer goes away (cancellation, ``aclose``, a client disconnect) sends
+an abort, so its blocks are freed within one step.
+
+Failures: a request that fails inside the engine ends its own stream with
+``RequestFailedError``; the loop goes on. If the loop itself fails, it logs the
+traceback, then ends every open stream with ``EngineDeadError`` (``__cause__``
+is the failure) *before* any clean-up that could raise, so no consumer is left
+waiting; from then on ``is_running`` is False, ``errored`` True, and ``generate`` raises
+``EngineDeadError``. A tensor-parallel worker that dies is such a failure, noticed
+within a second even while the engine is idle. When the loop ends (shutdown or
+failure) it reaps the engine's worker processes.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import uuid
 from typing import Any, AsyncIterator
@@ -19,13 +29,14 @@ from typing import Any, AsyncIterator
 from .chat import chat_prompt_token_ids
 from .config import EngineConfig
 from .engine import LLMEngine
+from .exceptions import EngineDeadError
 from .outputs import RequestOutput
 from .prompts import PromptInput
 from .sampling_params import SamplingParams
 
+logger = logging.getLogger(__name__)
 
-class EngineDeadError(RuntimeError):
-    """The step loop stopped (shutdown or an internal error); no request can be served."""
+_HEALTH_CHECK_INTERVAL_S = 0.5  # how often an idle loop checks the engine's workers
 
 
 class AsyncEngine:
@@ -56,7 +67,13 @@ class AsyncEngine:
 
     @property
     def is_running(self) -> bool:
-        return self._dead is None and self._thread.is_alive()
+        """True while requests are accepted: not shut down, not stopping, not dead."""
+        return not self._stopping and self._dead is None and self._thread.is_alive()
+
+    @property
+    def errored(self) -> bool:
+        """True once the step loop died of an error (vLLM's name); a clean shutdown is not one."""
+        return self._dead is not None
 
     def stats(self) -> dict[str, float]:
         return self.engine.stats()
@@ -67,17 +84,24 @@ class AsyncEngine:
     # -- requests --------------------------------------------------------------------
     async def generate(self, prompt: PromptInput, sampling_params: SamplingParams | None = None,
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Stream outputs of one request; raises ``ValueError`` before the first for bad input."""
+        """Stream outputs of one request.
+
+        Raises ``ValueError`` before the first output for bad input,
+        ``RequestFailedError`` if the request fails inside the engine, and
+        ``EngineDeadError`` if the engine is not running or stops.
+        """
         self._check_alive()
         request_id = request_id or uuid.uuid4().hex
+        request = await asyncio.to_thread(self.engine.make_request, request_id, prompt,
+                                          sampling_params)
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        request = self.engine.make_request(request_id, prompt, sampling_params)
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), queue)
-        self._submit("add", request)
         finished = False
         try:
+            self._check_alive()  # a loop that stops from now on ends this stream itself
+            self._submit("add", request)
             while not finished:
                 item = await queue.get()
                 if isinstance(item, BaseException):
@@ -110,27 +134,56 @@ class AsyncEngine:
 
     def _check_alive(self) -> None:
         if self._stopping or self._dead is not None:
-            raise EngineDeadError(f"the engine is not running ({self._dead or 'shut down'})")
+            raise self._dead_error()
+
+    def _dead_error(self) -> EngineDeadError:
+        """A fresh ``EngineDeadError`` (one per stream), chained to the loop's failure if any."""
+        if self._dead is None:
+            return EngineDeadError("the engine is shut down")
+        error = EngineDeadError(
+            f"the engine stopped after an internal error ({type(self._dead).__name__}: "
+            f"{self._dead}); it serves no more requests until it is restarted")
+        error.__cause__ = self._dead
+        return error
 
     def _run_loop(self) -> None:
         try:
             while not self._stopping:
                 self._apply_commands()
+                self.engine.check_health()  # a dead tensor-parallel worker ends the loop, idle too
                 if not self.engine.has_unfinished_requests():
-                    self._wake.wait()
+                    self._wake.wait(timeout=_HEALTH_CHECK_INTERVAL_S)
                     self._wake.clear()
                     continue
                 for out in self.engine.step():
-                    self._deliver(out.request_id, out)
+                    if not self._deliver(out.request_id, out.error or out):
+                        self.engine.abort_request(out.request_id)
         except BaseException as exc:  # surfaced to every stream and to later callers
             self._dead = exc
+            logger.error("the engine stopped: %s: %s; failing its %d open requests with "
+                         "EngineDeadError", type(exc).__name__, exc, len(self._streams),
+                         exc_info=exc)
         finally:
-            self._stopping = True
-            error = EngineDeadError(f"the engine stopped: {self._dead or 'shut down'}")
+            self._stopping = True  # before the streams are listed: see generate()
+            for request_id in list(self._streams):
+                self._deliver(request_id, self._dead_error())
+            self._free_all_requests()
+            self._stop_workers()
+
+    def _stop_workers(self) -> None:
+        """Reap the engine's tensor-parallel worker processes (none without tensor parallelism)."""
+        try:
+            self.engine.shutdown()
+        except Exception:
+            logger.exception("could not shut the engine's workers down cleanly")
+
+    def _free_all_requests(self) -> None:
+        """Abort what the engine still holds; after a failure its state may be broken."""
+        try:
             for request_id in list(self.engine.requests):
                 self.engine.abort_request(request_id)
-            for request_id in list(self._streams):
-                self._deliver(request_id, error)
+        except Exception:
+            logger.exception("could not free the requests of the stopped engine")
 
     def _apply_commands(self) -> None:
         with self._lock:
@@ -146,15 +199,20 @@ class AsyncEngine:
             else:
                 out = self.engine.abort_request(payload)
                 if out is not None:
-                    self._deliver(payload, out)
+                    self._deliver(payload, out.error or out)
 
-    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> bool:
+        """Post ``item`` to the request's stream; False if nobody will ever read it.
+
+        Never raises: a consumer whose event loop is closed loses its stream.
+        """
         stream = self._streams.get(request_id)
         if stream is None:
-            return
+            return False
         loop, queue = stream
         try:
             loop.call_soon_threadsafe(queue.put_nowait, item)
         except RuntimeError:  # the consumer's event loop is closed: nobody will read it
             self._streams.pop(request_id, None)
-            self.engine.abort_request(request_id)
+            return False
+        return True

@@ -38,12 +38,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     config = _engine_config(args)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                             top_p=args.top_p, seed=args.seed, n=args.n)
-    llm = LLM(**config.__dict__)
-    if args.chat:
-        outputs = llm.chat([{"role": "user", "content": p} for p in args.prompt][:1], params,
-                           use_tqdm=False)
-    else:
-        outputs = llm.generate(list(args.prompt), params, use_tqdm=len(args.prompt) > 8)
+    with LLM(**config.__dict__) as llm:
+        if args.chat:
+            outputs = llm.chat([{"role": "user", "content": p} for p in args.prompt][:1], params,
+                               use_tqdm=False)
+        else:
+            outputs = llm.generate(list(args.prompt), params, use_tqdm=len(args.prompt) > 8)
+        stats = llm.stats()
     for out in outputs:
         for completion in out.outputs:
             if args.json:
@@ -53,7 +54,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             else:
                 print(f"{out.prompt or ''}{completion.text}")
     if args.stats:
-        print(json.dumps(llm.stats()), file=sys.stderr)
+        print(json.dumps(stats), file=sys.stderr)
     return 0
 
 

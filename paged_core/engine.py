@@ -1,12 +1,16 @@
-"""``LLMEngine``: the synchronous core. ``step()`` = schedule, run, sample, update, free.
+"""``LLMEngine``: the synchronous core. ``step()`` = ``schedule`` -> ``execute_model`` ->
+``update_from_output`` (vLLM's names): schedule, run the forward through the executor
+(in process or on every tensor-parallel rank), then sample, append, free.
 
 Not thread-safe: the offline ``LLM`` calls it directly; ``AsyncEngine`` owns
 one on its step-loop thread. Requests are validated (and tokenized) by
 ``make_request`` before they touch any engine state, so a bad request never
-disturbs the others.
+disturbs the others; whatever still raises while handling one request's output
+fails that request only (``RequestOutput.error``).
 """
 from __future__ import annotations
 
+import logging
 import time
 import weakref
 
@@ -25,9 +29,12 @@ from .prompts import PromptInput, tokenize_prompt
 from .request import Request
 from .sampler import Sampler
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler
+from .scheduler import Scheduler, SchedulerOutput
 from .devices import resolve_device, resolve_dtype
 from .eos import eos_token_ids
+from .exceptions import RequestFailedError
+
+logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
@@ -82,6 +89,7 @@ class LLMEngine:
             raise ValueError(
                 f"prompt is too long: {len(token_ids)} tokens, but {limit} leaves room for at most "
                 f"{self.max_total_tokens - 1} prompt tokens plus one generated token; shorten the prompt")
+        params.verify_for_model(self.vocab_size, self.max_model_len, len(token_ids))
         return Request(request_id, text, token_ids, params, self.eos_token_ids,
                        self.max_total_tokens, self.tokenizer)
 
@@ -93,14 +101,14 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Finish a request at once, freeing its blocks; returns its final output."""
-        request = self.requests.pop(request_id, None)
+        request = self.requests.get(request_id)
         if request is None:
             return None
-        request.abort()
-        for seq in request.sequences:
-            if not seq.is_finished:
-                self.scheduler.finish(seq)
-        out = request.make_output()
+        self._finish(request, "abort")
+        try:
+            out = request.make_output()
+        except Exception as exc:
+            return self._fail_request(request, exc)
         out.finished = True
         return out
 
@@ -108,59 +116,95 @@ class LLMEngine:
         return bool(self.requests)
 
     def step(self) -> list[RequestOutput]:
-        """Run one iteration; returns outputs of requests that got new tokens (or finished)."""
+        """Run one iteration; returns outputs of requests that got new tokens (or finished).
+
+        An exception while handling one request (forking its samples, appending
+        a token: detokenizer, stop strings, log-probabilities; making its
+        output) fails that request only: its output carries the error (see
+        ``_fail_request``). Any other exception (the forward pass, the sampler)
+        leaves the whole step in doubt: it is logged with a one-line summary of
+        the step (sizes and request ids, never text) and raised.
+        """
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
-        batch = []
-        for item in sched.scheduled:
-            seq = item.seq
-            batch.append(StepInput(
-                seq.token_ids, seq.num_computed_tokens, item.num_new_tokens, self.kv.block_ids(seq),
-                needs_logits=seq.num_computed_tokens + item.num_new_tokens == seq.num_tokens))
+        try:
+            logits = self.execute_model(sched)
+            return self.update_from_output(sched, logits)
+        except Exception:
+            logger.error("engine step failed: %s", sched.describe())
+            raise
+
+    def execute_model(self, sched: SchedulerOutput) -> torch.Tensor:
+        """Pack the step and run its forward (on every rank, through the executor); returns
+        float32 logits of the rows to sample, in scheduling order."""
+        batch = [StepInput(item.seq.token_ids, item.seq.num_computed_tokens, item.num_new_tokens,
+                           self.kv.block_ids(item.seq), needs_logits=_is_sampled(item))
+                 for item in sched.scheduled]
         packed = pack_batch(batch, self.config.block_size,
                             bucketed=self.runner.model.prefers_bucketed_batches)
-        logits = self.executor.execute_model(packed, sched.block_copies)
-        now = time.monotonic()
+        return self.executor.execute_model(packed, sched.block_copies)
 
+    def update_from_output(self, sched: SchedulerOutput,
+                           logits: torch.Tensor) -> list[RequestOutput]:
+        """Advance every scheduled sequence, fork, sample, append tokens, free the finished."""
+        now = time.monotonic()
+        outputs: list[RequestOutput] = []
         rows, targets, logit_rows = [], [], []
         logit_row = -1
-        for item, step_input in zip(sched.scheduled, batch):
+        for item in sched.scheduled:
             seq = item.seq
+            sampled = _is_sampled(item)
             seq.num_computed_tokens += item.num_new_tokens
             request = seq.request
             if request.metrics.first_scheduled_time is None:
                 request.metrics.first_scheduled_time = now
-            if not step_input.needs_logits:
+            if not sampled:
                 continue
             logit_row += 1
             samples = [seq]
             if seq.num_output_tokens == 0 and seq.sample_index == 0:
                 request.num_cached_tokens = seq.num_cached_tokens
             if request.needs_fork:
-                for child in request.fork():
+                try:
+                    children = request.fork()
+                except Exception as exc:
+                    outputs.append(self._fail_request(request, exc))
+                    continue
+                for child in children:
                     self.kv.fork(seq, child)
                     self.scheduler.add_running(child)
-                    samples.append(child)
+                samples += children
             for target in samples:
                 rows.append(request.sampling_row(target))
                 targets.append(target)
                 logit_rows.append(logit_row)
         if not rows:
-            return []
+            return outputs
         if len(logit_rows) != logits.shape[0]:
             logits = logits[torch.tensor(logit_rows, device=logits.device)]
         tokens, logprobs = self.sampler(logits, rows)
+        self.generated_tokens += len(tokens)
         touched: dict[str, Request] = {}
         for seq, token, lp in zip(targets, tokens, logprobs):
             request = seq.request
-            if request.append_token(seq, token, lp):
+            if seq.is_finished:  # its request failed on an earlier sample of this step
+                continue
+            try:
+                finished = request.append_token(seq, token, lp)
+            except Exception as exc:
+                touched.pop(request.request_id, None)
+                outputs.append(self._fail_request(request, exc))
+                continue
+            if finished:
                 self.scheduler.finish(seq)
             touched[request.request_id] = request
-        self.generated_tokens += len(tokens)
-        outputs = []
         for request in touched.values():
-            out = request.make_output()
+            try:
+                out = request.make_output()
+            except Exception as exc:
+                outputs.append(self._fail_request(request, exc))
+                continue
             if out.finished:
                 del self.requests[request.request_id]
             outputs.append(out)
@@ -173,6 +217,31 @@ class LLMEngine:
     def shutdown(self) -> None:
         """Stop the executor's worker processes (idempotent; also run when the engine is collected)."""
         self._finalizer()
+
+    def _finish(self, request: Request, reason: str) -> None:
+        """Forget ``request``; its unfinished samples end with ``reason`` and free their blocks."""
+        self.requests.pop(request.request_id, None)
+        request.abort(reason)
+        for seq in request.sequences:
+            if not seq.is_finished:
+                self.scheduler.finish(seq)
+
+    def _fail_request(self, request: Request, exc: Exception) -> RequestOutput:
+        """Fail ``request`` after ``exc`` was raised handling it; no other request is touched.
+
+        Logs the traceback, frees the request's blocks and returns its final
+        output: finished, no completions, ``error`` a ``RequestFailedError``
+        whose ``__cause__`` is ``exc``.
+        """
+        logger.error("request %s failed; the engine goes on with the other requests",
+                     request.request_id, exc_info=exc)
+        self._finish(request, "error")
+        error = RequestFailedError(
+            request.request_id, f"request {request.request_id} failed inside the engine "
+                                f"({type(exc).__name__}: {exc}); the engine goes on serving other requests")
+        error.__cause__ = exc
+        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, [],
+                             True, request.metrics, request.num_cached_tokens, error=error)
 
     def reset_prefix_cache(self) -> None:
         """Forget every prefix-cached block that no request holds."""
@@ -189,3 +258,8 @@ class LLMEngine:
             generated_tokens=self.generated_tokens,
         )
         return stats
+
+
+def _is_sampled(item) -> bool:
+    """Whether this step computes the last known token of the sequence (so it samples the next)."""
+    return item.seq.num_computed_tokens + item.num_new_tokens == item.seq.num_tokens

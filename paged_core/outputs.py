@@ -2,10 +2,14 @@
 
 Text and token ids are cumulative; ``delta_text`` / ``delta_token_ids`` hold
 only what is new since the previous output of the same request (streaming).
+A request that failed inside the engine ends with one output that has
+``error`` set, ``finished`` true and no ``outputs``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from .exceptions import RequestFailedError
 
 
 @dataclass
@@ -58,3 +62,4 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
+    error: RequestFailedError | None = None  # set on the final output of a failed request

@@ -6,15 +6,36 @@ from typing import Any, Union
 PromptInput = Union[str, list[int], dict[str, Any]]
 
 
+def check_text(name: str, text: str) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``text`` is valid Unicode (encodable as UTF-8).
+
+    Python strings may hold lone surrogates (JSON's ``"\\ud800"`` without its
+    pair); tokenizers reject them, so they are refused before tokenization.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{name} is not valid Unicode: it holds a lone surrogate {text[exc.start]!r} at "
+            f"character {exc.start}; send a complete surrogate pair or plain UTF-8 text") from None
+
+
+def _encode(text: Any, tokenizer) -> list[int]:
+    if not isinstance(text, str):
+        raise ValueError(f"prompt must be a string, got {type(text).__name__}")
+    check_text("prompt", text)
+    return tokenizer.encode(text)
+
+
 def tokenize_prompt(prompt: PromptInput, tokenizer, vocab_size: int) -> tuple[str | None, list[int]]:
     """Return ``(text or None, token ids)``; raises ``ValueError`` for an unusable prompt."""
     if isinstance(prompt, str):
-        text, token_ids = prompt, tokenizer.encode(prompt)
+        text, token_ids = prompt, _encode(prompt, tokenizer)
     elif isinstance(prompt, dict):
         if "prompt_token_ids" in prompt:
             text, token_ids = prompt.get("prompt"), prompt["prompt_token_ids"]
         elif "prompt" in prompt:
-            text, token_ids = prompt["prompt"], tokenizer.encode(prompt["prompt"])
+            text, token_ids = prompt["prompt"], _encode(prompt["prompt"], tokenizer)
         else:
             raise ValueError("a prompt dict needs 'prompt_token_ids' or 'prompt'")
     elif isinstance(prompt, (list, tuple)):
@@ -22,6 +43,8 @@ def tokenize_prompt(prompt: PromptInput, tokenizer, vocab_size: int) -> tuple[st
     else:
         raise ValueError(f"a prompt must be a string, a list of token ids or a dict, "
                          f"got {type(prompt).__name__}")
+    if not isinstance(token_ids, (list, tuple)):
+        raise ValueError(f"prompt_token_ids must be a list of integers, got {type(token_ids).__name__}")
     token_ids = list(token_ids)
     if not token_ids:
         raise ValueError("prompt is empty: give at least one token")

@@ -74,13 +74,11 @@ class Request:
     def fork(self) -> list[Sequence]:
         """Create samples ``1..n-1`` as copies of sample 0's token list (blocks shared by caller)."""
         parent = self.samples[0].seq
-        children = []
-        for index in range(1, self.params.n):
-            sample = self._new_sample(list(parent.token_ids), index)
+        new = [self._new_sample(list(parent.token_ids), index) for index in range(1, self.params.n)]
+        for sample in new:
             sample.seq.num_computed_tokens = parent.num_computed_tokens
-            self.samples.append(sample)
-            children.append(sample.seq)
-        return children
+        self.samples.extend(new)  # all or nothing: a failure above leaves the request as it was
+        return [sample.seq for sample in new]
 
     def sample_of(self, seq: Sequence) -> Sample:
         return self.samples[seq.sample_index]
@@ -120,10 +118,11 @@ class Request:
         seq.finish_reason, seq.stop_reason = done
         return True
 
-    def abort(self) -> None:
+    def abort(self, reason: str = "abort") -> None:
+        """Give every unfinished sample ``finish_reason`` ``reason`` ("abort", or "error")."""
         for sample in self.samples:
             if sample.seq.finish_reason is None:
-                sample.seq.finish_reason = "abort"
+                sample.seq.finish_reason = reason
 
     def make_output(self) -> RequestOutput:
         """Snapshot with deltas since the previous snapshot; advances the streaming cursors."""
@@ -157,9 +156,8 @@ class Request:
 
     def _new_sample(self, token_ids: list[int], index: int) -> Sample:
         seq = Sequence(next(_seq_ids), self, token_ids, len(self.prompt_token_ids), index)
-        generator = None
-        if self.params.seed is not None:
-            generator = torch.Generator().manual_seed(self.params.seed + index)
+        seed = self.params.sample_seed(index)
+        generator = None if seed is None else torch.Generator().manual_seed(seed)
         detok = IncrementalDetokenizer(self.tokenizer, self.prompt_token_ids,
                                        self.params.skip_special_tokens)
         return Sample(seq, detok, generator,

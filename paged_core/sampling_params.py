@@ -2,14 +2,21 @@
 
 Names and defaults follow vLLM's ``SamplingParams`` so that its users feel at
 home. Every invalid value raises ``ValueError`` naming the field and the
-allowed range; servers turn that message into a 400 response as is.
+allowed range; servers turn that message into a 400 response as is. Values are
+checked twice: on their own at construction (types, ranges, finite numbers),
+and against the model and the prompt by ``verify_for_model`` (token ids in the
+vocabulary, lengths within the context), so nothing that reaches the engine
+can fail a whole step.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+import math
+from dataclasses import dataclass, fields
 from typing import Any
 
 _GREEDY_EPS = 1e-5
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1  # what torch.Generator.manual_seed takes
+_SEED_MODULUS = 1 << 64
 
 
 @dataclass
@@ -39,10 +46,8 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.stop = _as_list("stop", [self.stop] if isinstance(self.stop, str) else self.stop)
+        self.stop_token_ids = _as_list("stop_token_ids", self.stop_token_ids)
         if self.top_k == -1:
             self.top_k = 0
         self._validate()
@@ -60,6 +65,40 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < _GREEDY_EPS
+
+    def sample_seed(self, index: int) -> int | None:
+        """The seed of sample ``index`` (``0..n-1``): ``(seed + index) mod 2**64``.
+
+        Always inside ``[0, 2**64)``, which every ``torch.Generator`` accepts, so
+        ``n > 1`` never overflows, even for ``seed = 2**64 - 1``; for sample 0 it
+        gives the same generator as ``manual_seed(seed)``. ``None`` when unseeded.
+        """
+        return None if self.seed is None else (self.seed + index) % _SEED_MODULUS
+
+    def verify_for_model(self, vocab_size: int, max_model_len: int,
+                         num_prompt_tokens: int) -> None:
+        """The checks that need the model and the prompt; raises ``ValueError`` naming the field.
+
+        Token ids must be in the vocabulary and ``top_k`` at most its size; the
+        prompt plus ``max_tokens`` (and plus ``min_tokens``) must fit in
+        ``max_model_len``, as vLLM's server checks ``max_tokens``, so no request
+        can ask to hold a slot for more than the model's context.
+        """
+        for t in self.stop_token_ids:
+            if t >= vocab_size:
+                raise ValueError(f"stop_token_ids must be token ids in [0, {vocab_size}) "
+                                 f"(the model's vocabulary), got {t}")
+        if self.top_k > vocab_size:
+            raise ValueError(f"top_k must be at most the vocabulary size ({vocab_size}), or 0 / "
+                             f"-1 to disable it, got {self.top_k}")
+        room = max_model_len - num_prompt_tokens
+        for name in ("max_tokens", "min_tokens"):
+            value = getattr(self, name)
+            if value is not None and value > room:
+                raise ValueError(
+                    f"{name} is too large: {value}. This model's context is max_model_len="
+                    f"{max_model_len} tokens and the prompt has {num_prompt_tokens}, so at most "
+                    f"{room} tokens can be generated; lower {name} or shorten the prompt")
 
     @property
     def has_penalties(self) -> bool:
@@ -79,7 +118,8 @@ class SamplingParams:
         _check_number("frequency_penalty", self.frequency_penalty, "in [-2, 2]",
                       -2 <= self.frequency_penalty <= 2)
         if self.seed is not None:
-            _check_int("seed", self.seed, lo=0)
+            _check_int("seed", self.seed, lo=SEED_MIN, hi=SEED_MAX,
+                       note="a signed or unsigned 64-bit integer")
         if self.max_tokens is not None:
             _check_int("max_tokens", self.max_tokens, lo=1)
         _check_int("min_tokens", self.min_tokens, lo=0)
@@ -94,6 +134,17 @@ class SamplingParams:
                 raise ValueError(f"stop must hold non-empty strings, got {s!r}")
         for t in self.stop_token_ids:
             _check_int("stop_token_ids", t, lo=0)
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+
+
+def _as_list(name: str, value: Any) -> list:
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{name} must be a list, got {value!r}")
+    return list(value)
 
 
 def _check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None,
@@ -109,5 +160,7 @@ def _check_int(name: str, value: Any, lo: int | None = None, hi: int | None = No
 def _check_number(name: str, value: Any, allowed: str, ok: bool) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be a number {allowed}, got {value!r}")
-    if not ok or value != value:  # NaN fails every comparison
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number {allowed}, got {value}")
+    if not ok:
         raise ValueError(f"{name} must be {allowed}, got {value}")

@@ -37,6 +37,16 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.scheduled
 
+    def describe(self, max_request_ids: int = 32) -> str:
+        """One line for a crash log: sizes and request ids, never token ids or text."""
+        ids = list(dict.fromkeys(s.seq.request.request_id for s in self.scheduled))
+        shown = ", ".join(ids[:max_request_ids])
+        if len(ids) > max_request_ids:
+            shown += f", ... ({len(ids) - max_request_ids} more)"
+        return (f"{len(self.scheduled)} sequences of {len(ids)} requests, {self.num_tokens} "
+                f"tokens, {len(self.block_copies)} block copies, {len(self.preempted)} "
+                f"preempted; request ids: {shown}")
+
 
 class Scheduler:
     def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int,

@@ -85,7 +85,7 @@ async def test_shutdown_is_clean():
     stream = eng.generate("Hello", SamplingParams(max_tokens=400, ignore_eos=True))
     await stream.__anext__()
     await eng.shutdown()
-    assert not eng.is_running and not eng._thread.is_alive()
+    assert not eng.is_running and not eng.errored and not eng._thread.is_alive()
     with pytest.raises(EngineDeadError):
         async for _ in stream:
             pass

@@ -111,10 +111,34 @@ def test_penalties_and_top_k_change_sampling(llm_fp32):
     ("presence_penalty", 3, "presence_penalty must be in [-2, 2]"),
     ("top_k", -3, "top_k must be >= 0"),
     ("seed", "x", "seed must be an integer"),
+    ("seed", 2**64, "seed must be in [-9223372036854775808, 18446744073709551615]"),
+    ("temperature", float("inf"), "temperature must be a finite number"),
+    ("ignore_eos", "yes", "ignore_eos must be true or false"),
+    ("stop", 5, "stop must be a list"),
+    ("stop_token_ids", "12", "stop_token_ids must be a list"),
 ])
 def test_invalid_sampling_values_name_the_field(field, value, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
         SamplingParams(**{field: value})
+
+
+def test_per_sample_seeds_wrap_modulo_2_64():
+    assert SamplingParams(seed=2**64 - 1, n=3).sample_seed(1) == 0
+    assert [SamplingParams(seed=-2).sample_seed(i) for i in range(3)] == [2**64 - 2, 2**64 - 1, 0]
+    assert SamplingParams(seed=5).sample_seed(0) == 5 and SamplingParams().sample_seed(1) is None
+
+
+@pytest.mark.parametrize("values,message", [
+    ({"stop_token_ids": [100]}, r"stop_token_ids must be token ids in \[0, 100\)"),
+    ({"top_k": 101}, "top_k must be at most the vocabulary size"),
+    ({"max_tokens": 11}, "max_tokens is too large: 11.*at most 10 tokens"),
+    ({"max_tokens": None, "min_tokens": 11}, "min_tokens is too large: 11"),
+])
+def test_values_are_checked_against_the_model_and_prompt(values, message):
+    params = SamplingParams(**values)
+    with pytest.raises(ValueError, match=message):
+        params.verify_for_model(vocab_size=100, max_model_len=20, num_prompt_tokens=10)
+    SamplingParams(stop_token_ids=[99], top_k=100, max_tokens=10).verify_for_model(100, 20, 10)
 
 
 def test_unknown_sampling_field_is_rejected():

@@ -144,7 +144,12 @@ def run_rank(spec: RankSpec, rank: int, size: int, init_method: str) -> None:
     try:
         spec = for_rank(spec, rank)
         tp = init_process_group(rank, size, spec.device, init_method)
-        serve_steps(Worker(spec, tp))
+        worker = Worker(spec, tp)
+        shard = worker.runner.model.shard
+        logger.info("tensor-parallel rank %d of %d ready on %s: %d query heads, %d KV heads, "
+                    "%d KV blocks", rank, size, spec.device, shard.num_heads, shard.num_kv_heads,
+                    worker.num_blocks)
+        serve_steps(worker)
         dist.destroy_process_group()
     except BaseException:
         logger.error("tensor-parallel worker rank %d failed:\n%s", rank, traceback.format_exc())

@@ -77,7 +77,7 @@ def openai_router(holder: EngineHolder, health_path: str | None = "/health",
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         engine = holder.check_model(body.model)
-        job = chat_job(engine, holder.metrics, body)
+        job = await chat_job(engine, holder.metrics, body)
         return await serving.run(request, job, stream=body.stream)
 
     @router.get(metrics_path)

@@ -1,13 +1,15 @@
 """``POST /v1/chat/completions``: messages -> chat template -> ``chat.completion`` objects."""
 from __future__ import annotations
 
+import asyncio
+from functools import partial
 from typing import Any
 
 from paged_core.outputs import CompletionOutput
 
 from .errors import OpenAIError
 from .logprobs import chat_logprobs
-from .params import chat_params
+from .params import chat_params, engine_refusal
 from .protocol import ChatCompletionRequest
 from .serving import Formatter, Job
 
@@ -39,15 +41,17 @@ class ChatFormatter(Formatter):
                 "logprobs": logprobs, "finish_reason": comp.finish_reason}
 
 
-def chat_job(engine: Any, metrics: Any, req: ChatCompletionRequest) -> Job:
+async def chat_job(engine: Any, metrics: Any, req: ChatCompletionRequest) -> Job:
+    """The job of a chat request; the template is rendered and tokenized in a worker thread."""
     params = chat_params(req)
     try:
         messages = [m.as_template_dict() for m in req.messages]
-        prompt_ids = engine.apply_chat_template(messages)
+        prompt_ids = await asyncio.to_thread(engine.apply_chat_template, messages)
     except ValueError as exc:
         raise OpenAIError(400, str(exc), param="messages") from None
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return Job(engine=engine, metrics=metrics,
                formatter=ChatFormatter(req.logprobs, req.top_logprobs),
                prompts=[{"prompt_token_ids": prompt_ids}], params=params,
-               prompt_param="messages", include_usage=include_usage)
+               refusal=partial(engine_refusal, req=req, prompt_param="messages"),
+               include_usage=include_usage)

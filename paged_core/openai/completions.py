@@ -1,13 +1,14 @@
 """``POST /v1/completions``: prompt(s) in, ``text_completion`` objects out."""
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from paged_core.outputs import CompletionOutput
 
 from .errors import OpenAIError
 from .logprobs import completion_logprobs
-from .params import completion_params
+from .params import completion_params, engine_refusal
 from .protocol import CompletionRequest
 from .serving import Formatter, Job
 
@@ -49,5 +50,6 @@ def completion_job(engine: Any, metrics: Any, req: CompletionRequest) -> Job:
     params = completion_params(req)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return Job(engine=engine, metrics=metrics, formatter=CompletionFormatter(req.logprobs),
-               prompts=_prompts(req.prompt), params=params, prompt_param="prompt",
+               prompts=_prompts(req.prompt), params=params,
+               refusal=partial(engine_refusal, req=req, prompt_param="prompt"),
                include_usage=include_usage)

@@ -2,7 +2,9 @@
 
 Invariant: every error the OpenAI routes return goes through ``error_response``,
 so clients always see the same JSON shape, and every 4xx names the offending
-request field in ``param`` when one is known.
+request field in ``param`` when one is known. Engine failures map by kind: one
+request failed (``RequestFailedError``) -> 500, the server goes on serving; the
+engine stopped (``EngineDeadError``) -> 503.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
-from paged_core import EngineDeadError
+from paged_core import EngineDeadError, RequestFailedError
 
 _TYPES = {400: "invalid_request_error", 404: "invalid_request_error",
           405: "invalid_request_error", 413: "invalid_request_error",
@@ -33,6 +35,17 @@ class OpenAIError(Exception):
         self.param = param
         self.code = code
 
+    def body(self) -> dict[str, Any]:
+        return error_body(self.status, self.message, self.param, self.code)
+
+
+ENGINE_ERRORS = (RequestFailedError, EngineDeadError)
+
+
+def engine_error(exc: RequestFailedError | EngineDeadError) -> OpenAIError:
+    """The client's view of an engine failure: 500 for one failed request, 503 for a dead engine."""
+    return OpenAIError(500 if isinstance(exc, RequestFailedError) else 503, str(exc))
+
 
 def error_body(status: int, message: str, param: str | None = None,
                code: str | None = None) -> dict[str, Any]:
@@ -41,9 +54,16 @@ def error_body(status: int, message: str, param: str | None = None,
                       "param": param, "code": code}}
 
 
+class _ErrorJSONResponse(JSONResponse):
+    """JSON with non-ASCII escaped: an error may quote client text holding lone surrogates."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode("ascii")
+
+
 def error_response(status: int, message: str, param: str | None = None,
                    code: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param, code), status_code=status)
+    return _ErrorJSONResponse(error_body(status, message, param, code), status_code=status)
 
 
 def bad_request(exc: ValueError, known_params: list[str] | tuple[str, ...],
@@ -99,9 +119,12 @@ def install_error_handlers(app: FastAPI) -> None:
         message, param = _validation_message(exc)
         return error_response(400, message, param)
 
-    @app.exception_handler(EngineDeadError)
-    async def _engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
-        return error_response(503, str(exc))
+    async def _engine_failure(_: Request, exc: Exception) -> JSONResponse:
+        error = engine_error(exc)  # type: ignore[arg-type]
+        return error_response(error.status, error.message)
+
+    for kind in ENGINE_ERRORS:
+        app.add_exception_handler(kind, _engine_failure)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import anyio
 
-from paged_core import EngineDeadError
 from paged_core.outputs import RequestOutput
 from paged_core.sampling_params import SamplingParams
 
-from .errors import OpenAIError
+from .errors import ENGINE_ERRORS, OpenAIError, engine_error
 from .metrics import LatencyTracker, ServingMetrics
 
 _DONE = object()
@@ -50,9 +49,12 @@ async def _run(engine: Any, first: RequestOutput, gen: AsyncIterator[RequestOutp
                 await engine.abort(request_id)
 
 
+Refusal = Callable[[ValueError], OpenAIError]
+
+
 async def start(engine: Any, prompt: Any, params: SamplingParams, metrics: ServingMetrics,
-                prompt_param: str) -> AsyncIterator[RequestOutput]:
-    """Submit one prompt and wait for its first output; engine refusals become 400s.
+                refusal: Refusal) -> AsyncIterator[RequestOutput]:
+    """Submit one prompt and wait for its first output; engine refusals become ``refusal(exc)``.
 
     Returns an async iterator over the request's outputs (the first included)
     that aborts the request if closed early.
@@ -63,9 +65,9 @@ async def start(engine: Any, prompt: Any, params: SamplingParams, metrics: Servi
     try:
         first = await gen.__anext__()
     except ValueError as exc:
-        raise OpenAIError(400, str(exc), param=prompt_param) from None
-    except EngineDeadError as exc:
-        raise OpenAIError(503, str(exc)) from None
+        raise refusal(exc) from None
+    except ENGINE_ERRORS as exc:  # failed at once (500) or the engine is not running (503)
+        raise engine_error(exc) from None
     except StopAsyncIteration:
         raise OpenAIError(500, "the engine ended the request without output") from None
     except BaseException:
@@ -77,10 +79,10 @@ async def start(engine: Any, prompt: Any, params: SamplingParams, metrics: Servi
 
 
 async def start_all(engine: Any, prompts: list[Any], params: SamplingParams,
-                    metrics: ServingMetrics, prompt_param: str
+                    metrics: ServingMetrics, refusal: Refusal
                     ) -> list[AsyncIterator[RequestOutput]]:
     """``start`` every prompt concurrently; if any is refused, abort the others and raise."""
-    tasks = [asyncio.ensure_future(start(engine, p, params, metrics, prompt_param))
+    tasks = [asyncio.ensure_future(start(engine, p, params, metrics, refusal))
              for p in prompts]
     try:
         await asyncio.wait(tasks)

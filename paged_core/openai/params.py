@@ -20,20 +20,41 @@ _PASS_THROUGH = ("n", "temperature", "top_p", "stop", "seed", "presence_penalty"
                  "ignore_eos", "stop_token_ids", "skip_special_tokens",
                  "include_stop_str_in_output")
 _ENGINE_FIELDS = tuple(f.name for f in fields(SamplingParams))
+MAX_STOP_SEQUENCES = 4  # OpenAI's limit
+
+
+def request_field_names(req: SamplingFields) -> dict[str, str]:
+    """Engine field names -> the request fields this client wrote, where they differ (chat)."""
+    if not isinstance(req, ChatCompletionRequest):
+        return {}
+    rename = {"logprobs": "top_logprobs"} if req.logprobs else {}
+    if req.max_completion_tokens is not None:
+        rename["max_tokens"] = "max_completion_tokens"
+    return rename
+
+
+def engine_refusal(exc: ValueError, req: SamplingFields, prompt_param: str) -> OpenAIError:
+    """A 400 for the engine's refusal of a request (checks that need the model or the
+    prompt): ``param`` is the sampling field the message names, else ``prompt_param``."""
+    return bad_request(exc, _ENGINE_FIELDS, rename=request_field_names(req),
+                       default_param=prompt_param)
 
 
 def _common(req: SamplingFields) -> dict[str, Any]:
     if req.logit_bias:
         raise OpenAIError(400, "logit_bias is not supported", param="logit_bias")
+    if isinstance(req.stop, list) and len(req.stop) > MAX_STOP_SEQUENCES:
+        raise OpenAIError(400, f"stop holds at most {MAX_STOP_SEQUENCES} sequences, got "
+                               f"{len(req.stop)}", param="stop")
     values = {name: getattr(req, name) for name in _PASS_THROUGH}
     return {k: v for k, v in values.items() if v is not None}
 
 
-def _build(values: dict[str, Any], rename: dict[str, str]) -> SamplingParams:
+def _build(values: dict[str, Any], req: SamplingFields) -> SamplingParams:
     try:
         return SamplingParams(**values)
     except ValueError as exc:
-        raise bad_request(exc, _ENGINE_FIELDS, rename=rename) from None
+        raise bad_request(exc, _ENGINE_FIELDS, rename=request_field_names(req)) from None
 
 
 def completion_params(req: CompletionRequest) -> SamplingParams:
@@ -49,7 +70,7 @@ def completion_params(req: CompletionRequest) -> SamplingParams:
     values["max_tokens"] = req.max_tokens
     if req.logprobs is not None:
         values["logprobs"] = req.logprobs
-    return _build(values, rename={})
+    return _build(values, req)
 
 
 def chat_params(req: ChatCompletionRequest) -> SamplingParams:
@@ -60,15 +81,12 @@ def chat_params(req: ChatCompletionRequest) -> SamplingParams:
     if req.tools:
         raise OpenAIError(400, "tools are not supported", param="tools")
     values = _common(req)
-    rename: dict[str, str] = {}
     if req.max_completion_tokens is not None:
         values["max_tokens"] = req.max_completion_tokens
-        rename["max_tokens"] = "max_completion_tokens"
     else:
         values["max_tokens"] = req.max_tokens
     if req.top_logprobs is not None and not req.logprobs:
         raise OpenAIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
     if req.logprobs:
         values["logprobs"] = req.top_logprobs or 0
-        rename["logprobs"] = "top_logprobs"
-    return _build(values, rename=rename)
+    return _build(values, req)

@@ -2,25 +2,45 @@
 
 Only the *shape* is checked here (types, required fields); value ranges are
 checked once, by ``SamplingParams``, so the allowed ranges live in one place.
-Unknown fields are ignored, as OpenAI-compatible servers commonly do; the vLLM
+Types are strict, as JSON writes them: ``"8"`` or ``true`` is not an integer,
+``"yes"`` is not a boolean (an integer is accepted where a number is expected).
+Unknown fields are ignored with a warning naming them, as vLLM does; the vLLM
 extras (``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``,
 ``ignore_eos``, ``stop_token_ids``, ...) are accepted as top-level fields.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+logger = logging.getLogger(__name__)
 
 
-class StreamOptions(BaseModel):
+class OpenAIBaseModel(BaseModel):
+    """Strict types; with ``extra="ignore"`` the ignored fields are logged (vLLM's message)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _log_ignored_fields(cls, data: Any, handler: Any) -> Any:
+        result = handler(data)
+        if isinstance(data, dict) and cls.model_config.get("extra") == "ignore":
+            ignored = sorted(set(data) - set(cls.model_fields))
+            if ignored:
+                logger.warning("The following fields were present in the request but ignored: "
+                               "%s", ignored)
+        return result
+
+
+class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(OpenAIBaseModel):
     """Fields shared by both endpoints that map onto ``SamplingParams``."""
-
-    model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
     n: int = 1
@@ -56,14 +76,14 @@ class CompletionRequest(SamplingFields):
     best_of: int | None = None
 
 
-class ContentPart(BaseModel):
+class ContentPart(OpenAIBaseModel):
     model_config = ConfigDict(extra="allow")
 
     type: str
     text: str | None = None
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(OpenAIBaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: str
@@ -87,7 +107,7 @@ class ChatMessage(BaseModel):
         return out
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(OpenAIBaseModel):
     model_config = ConfigDict(extra="allow")
 
     type: Literal["text", "json_object", "json_schema"] = "text"

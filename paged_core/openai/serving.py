@@ -22,7 +22,7 @@ from paged_core.sampling_params import SamplingParams
 
 from . import generation
 from .disconnect import ClientDisconnected, NothingToSend, SSEResponse, cancel_on_disconnect
-from .errors import OpenAIError, error_body
+from .errors import ENGINE_ERRORS, OpenAIError, engine_error, error_body
 from .metrics import ServingMetrics
 
 logger = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class Job:
     formatter: Formatter
     prompts: list[Any]
     params: SamplingParams
-    prompt_param: str
+    refusal: generation.Refusal  # the engine's ValueError -> a 400 naming the request field
     include_usage: bool = False
     response_id: str = field(default="")
     created: int = field(default_factory=lambda: int(time.time()))
@@ -85,7 +85,7 @@ async def run(request: Request, job: Job, stream: bool) -> Response:
         streams = await cancel_on_disconnect(
             request.receive,
             lambda: generation.start_all(job.engine, job.prompts, job.params, job.metrics,
-                                         job.prompt_param))
+                                         job.refusal))
     except ClientDisconnected:
         return NothingToSend()
     if stream:
@@ -109,8 +109,9 @@ async def _collect(streams: list[AsyncIterator[RequestOutput]]) -> dict[int, Req
     return finals
 
 
-def _sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+def _sse(data: dict[str, Any], ensure_ascii: bool = False) -> str:
+    """One event; errors are ASCII-escaped (they may quote client text with lone surrogates)."""
+    return f"data: {json.dumps(data, ensure_ascii=ensure_ascii)}\n\n"
 
 
 async def _events(job: Job, streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[str]:
@@ -139,8 +140,10 @@ async def _events(job: Job, streams: list[AsyncIterator[RequestOutput]]) -> Asyn
             chunk["usage"] = _usage_of(finals)
             yield _sse(chunk)
     except OpenAIError as exc:
-        yield _sse(error_body(exc.status, exc.message, exc.param, exc.code))
+        yield _sse(exc.body(), ensure_ascii=True)
+    except ENGINE_ERRORS as exc:  # one request failed (500) or the engine stopped (503)
+        yield _sse(engine_error(exc).body(), ensure_ascii=True)
     except Exception as exc:  # the status is already 200: report in-band, keep the server up
         logger.exception("stream %s failed", job.response_id)
-        yield _sse(error_body(500, f"generation failed: {exc}"))
+        yield _sse(error_body(500, f"generation failed: {exc}"), ensure_ascii=True)
     yield "data: [DONE]\n\n"

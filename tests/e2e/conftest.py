@@ -63,12 +63,13 @@ class ServerProcess:
     """A server command in its own process group, with its log file."""
 
     def __init__(self, name: str, cmd: list[str], ready_url: str, log_dir: Path,
-                 stop_signal: int = signal.SIGINT) -> None:
+                 stop_signal: int = signal.SIGINT, extra_env: dict[str, str] | None = None) -> None:
         self.name, self.cmd, self.ready_url = name, cmd, ready_url
         self.stop_signal = stop_signal
         self.log_path = log_dir / f"{name}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("PAGED_CORE_")}
         env.update(SERVER_ENV)
+        env.update(extra_env or {})
         self._log = open(self.log_path, "wb")
         # own session + SIGTERM if pytest dies: a killed test run leaves no server behind
         self.proc = popen_session(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
@@ -101,9 +102,10 @@ class ServerProcess:
 
 @contextlib.contextmanager
 def running_server(request: pytest.FixtureRequest, name: str, cmd: list[str], ready_url: str,
-                   log_dir: Path, stop_signal: int = signal.SIGINT) -> Iterator[ServerProcess]:
+                   log_dir: Path, stop_signal: int = signal.SIGINT,
+                   extra_env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
     """Start, wait until ready, yield; always stop. Prints the server log if a test failed."""
-    server = ServerProcess(name, cmd, ready_url, log_dir, stop_signal)
+    server = ServerProcess(name, cmd, ready_url, log_dir, stop_signal, extra_env)
     failed_before = request.session.testsfailed
     try:
         server.wait_ready()
