@@ -10,5 +10,6 @@ Subcommands (``paged-core bench <name> [--quick] [--out DIR]``):
 - ``memory``: KV-cache waste of paged blocks against contiguous pre-allocation;
 - ``prefix``: time to first token with a shared system prompt, prefix caching on and off;
 - ``sharing``: KV blocks of parallel sampling (``n > 1``) against ``n`` independent requests;
+- ``tp``: tensor parallelism: weight and KV bytes per rank, step time, communication share;
 - ``all``: every benchmark, then ``benchmarks/README.md`` regenerated from the results.
 """

@@ -11,11 +11,11 @@ import os
 import sys
 import traceback
 
-from . import memory, prefix, serve, sharing, throughput
+from . import memory, prefix, serve, sharing, throughput, tp
 from .readme import write_readme
 from .report import DEFAULT_OUT, setup_threads, write_result
 
-BENCHMARKS = {m.NAME: m for m in (throughput, serve, memory, prefix, sharing)}
+BENCHMARKS = {m.NAME: m for m in (throughput, serve, memory, prefix, sharing, tp)}
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_one(module, args: argparse.Namespace, argv: list[str]) -> None:
+    args.argv = argv  # the command line, for results that print it (plot titles)
     results = module.run(args)
     name = getattr(args, "name", module.NAME)
     write_result(args.out, name, argv, args.threads, results)

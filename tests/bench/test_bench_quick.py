@@ -2,7 +2,8 @@
 
 They check that the JSON is well formed and the numbers make sense (positive
 throughputs, waste in [0, 1], cache hits only with caching on, fewer blocks
-with shared parallel sampling), not that anything is fast. ``bench all`` runs
+with shared parallel sampling, ~1/N of the weights and KV cache per
+tensor-parallel rank), not that anything is fast. ``bench all`` runs
 once for the module, with ``serve --in-process`` (no server start); one extra
 test drives a real LitServe server.
 """
@@ -86,6 +87,30 @@ def test_sharing(results_dir):
     for r in rows:
         assert 0 < r["parallel_peak_blocks"] < r["independent_peak_blocks"]
         assert 0 < r["saved"] < 1
+
+
+def test_tp(results_dir):
+    """TP 2 halves a rank's weights (bar the replicated norms) and KV cache; the embedded
+    model refuses TP 2 with the engine's message; only TP > 1 spends time in collectives."""
+    from paged_core.distributed.group import TensorParallelGroup
+
+    result = _load(results_dir, "tp")
+    assert "cannot be faster" in result["notes"][0] and "cores" in result["machine_summary"]
+    embedded = result["models"]["SmolLM2-135M (embedded)"]
+    assert embedded["allowed_sizes"][:2] == [1, 3]
+    assert "does not divide this model's 9 attention heads" in embedded["sizes"]["2"]["refused"]
+    tiny = result["models"]["random Llama 12 heads / 6 KV heads"]["sizes"]
+    one, two = tiny["1"], tiny["2"]
+    assert one["rank0_engine"] == one["per_rank"][0] and two["rank0_engine"] == two["per_rank"][0]
+    assert two["per_rank"][0] == two["per_rank"][1]  # every rank holds the same share
+    assert two["per_rank"][0]["kv_cache_bytes"] * 2 == one["per_rank"][0]["kv_cache_bytes"]
+    assert 0.5 <= two["per_rank"][0]["weight_bytes"] / one["per_rank"][0]["weight_bytes"] < 0.51
+    for kind in ("decode", "prefill"):
+        assert one[kind]["comm_share"] < 0.01 < two[kind]["comm_share"] < 1
+        assert 0 < two[kind]["comm_ms_median"] < two[kind]["step_ms_median"]
+        assert len(two[kind]["step_ms"]) == result["settings"]["steps"]
+    assert TensorParallelGroup.all_reduce.__name__ == "all_reduce"
+    assert not hasattr(TensorParallelGroup.all_reduce, "__wrapped__")  # timers removed
 
 
 def test_readme_is_generated(results_dir):
