@@ -23,7 +23,7 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
                            metavar=f.name.upper())
 
 
-def _engine_config(args: argparse.Namespace) -> EngineConfig:
+def engine_config(args: argparse.Namespace) -> EngineConfig:
     """Flags given on the command line win over ``PAGED_CORE_*`` variables."""
     given = {k.removeprefix("engine_"): v for k, v in vars(args).items()
              if k.startswith("engine_") and v is not None}
@@ -35,7 +35,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from .llm import LLM
     from .sampling_params import SamplingParams
 
-    config = _engine_config(args)
+    config = engine_config(args)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                             top_p=args.top_p, seed=args.seed, n=args.n)
     with LLM(**config.__dict__) as llm:
@@ -61,14 +61,14 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from .adapters.launch import serve
 
-    serve(args.adapter, args.host, args.port, _engine_config(args))
+    serve(args.adapter, args.host, args.port, engine_config(args))
     return 0
 
 
 def _cmd_triton_repo(args: argparse.Namespace) -> int:
     from .adapters.triton_server import write_repository
 
-    path = write_repository(args.out, _engine_config(args), model_name=args.model_name)
+    path = write_repository(args.out, engine_config(args), model_name=args.model_name)
     print(path)
     return 0
 

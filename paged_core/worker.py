@@ -10,12 +10,26 @@ The arguments are those of the ``paged-core`` command line (``generate``,
 ``serve``, ...). Rank 0 runs that command as the driver: it schedules, samples
 and (for ``serve``) answers HTTP. Every other rank loads its shard, serves the
 driver's steps and exits when the driver shuts down (see
-``distributed.executor.ExternalLauncherExecutor``). ``tensor_parallel_size``
+``distributed.executor.ExternalLauncherExecutor``); they never start the command's
+server. ``tensor_parallel_size``
 must equal the number of processes torchrun starts.
 """
+import os
 import sys
 
-from .cli import main
+from . import cli
+from .distributed.executor import launched_by_torchrun
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rank 0: the ``paged-core`` command. Other ranks: only the engine, which serves rank 0's
+    steps and exits the process when rank 0 shuts down (no server, no output of their own)."""
+    if launched_by_torchrun() and int(os.environ["RANK"]) != 0:
+        from .engine import LLMEngine
+
+        LLMEngine(cli.engine_config(cli.build_parser().parse_args(argv)))  # never returns
+    return cli.main(argv)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 import traceback
@@ -134,6 +135,7 @@ def watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
 def worker_main(spec: RankSpec, rank: int, size: int, init_method: str, parent_pid: int) -> None:
     """Entry point of a spawned worker process (rank ``rank`` of ``size``)."""
     watch_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the driver, which stops us
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank {rank} %(levelname)s %(message)s")
     torch.set_num_threads(threads_per_rank(size))
     run_rank(spec, rank, size, init_method)
