@@ -77,14 +77,14 @@ class _DriverExecutor(UniProcExecutor):
     def __init__(self, spec: RankSpec, size: int, init_method: str) -> None:
         self.size = size
         self._closed = False
-        if dist.is_initialized():
-            raise RuntimeError(
-                "another tensor-parallel engine is running in this process; shut it down "
-                "first (LLM.shutdown() / AsyncEngine.shutdown())")
         torch.set_num_threads(threads_per_rank(size))
         spec = for_rank(spec, 0)
         tp = init_process_group(0, size, spec.device, init_method)
-        self.worker = Worker(spec, tp)
+        try:
+            self.worker = Worker(spec, tp)
+        except BaseException:
+            _destroy_group()  # so that a later engine in this process can start
+            raise
 
     def execute_model(self, packed: PackedBatch,
                       block_copies: list[tuple[int, int]]) -> torch.Tensor:
@@ -197,6 +197,10 @@ def make_executor(spec: RankSpec, size: int, backend: str | None):
     under torchrun, else ``uni`` for one rank and ``mp`` for more)."""
     if backend is None:
         backend = "external_launcher" if launched_by_torchrun() else ("uni" if size == 1 else "mp")
+    if backend != "uni" and dist.is_initialized():  # checked before any worker is started
+        raise RuntimeError(
+            "another tensor-parallel engine is running in this process; shut it down "
+            "first (LLM.shutdown() / AsyncEngine.shutdown())")
     if backend == "uni":
         if size != 1:
             raise ValueError(f"distributed_executor_backend='uni' runs one rank; "

@@ -111,3 +111,22 @@ def test_embedded_model_on_three_ranks(tokenizer, embedded_folder):
 def test_indivisible_size_is_refused_before_any_worker_starts():
     with pytest.raises(ValueError, match=r"allowed sizes: \[1, 3\]"):
         LLM(dtype="float32", num_kv_blocks=8, tensor_parallel_size=2)
+
+
+def test_one_tensor_parallel_engine_per_process(tokenizer, tmp_path):
+    """A second TP engine is refused before it starts any worker; after shutdown one starts."""
+    import psutil
+
+    folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
+    first = LLM(model=folder, dtype="float32", num_kv_blocks=16, tensor_parallel_size=2)
+    try:
+        children = {p.pid for p in psutil.Process().children(recursive=True)}
+        with pytest.raises(RuntimeError, match="another tensor-parallel engine is running"):
+            LLM(model=folder, dtype="float32", num_kv_blocks=16, tensor_parallel_size=2)
+        assert {p.pid for p in psutil.Process().children(recursive=True)} <= children
+    finally:
+        first.shutdown()
+    prompt = [passage_token_ids(tokenizer, 9)]
+    outputs, _ = generate_and_shut_down(
+        LLM(model=folder, dtype="float32", num_kv_blocks=16, tensor_parallel_size=2), prompt)
+    assert token_ids(outputs) == reference_tokens(folder, prompt, GREEDY.max_tokens)
