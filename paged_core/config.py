@@ -51,6 +51,11 @@ class EngineConfig:
     ``None`` (automatic), ``"uni"`` (one rank, in process), ``"mp"`` (spawned
     workers on this machine) or ``"external_launcher"`` (``torchrun`` started
     them, possibly on several machines; see ``paged_core.worker``).
+
+    ``long_prefill_token_threshold`` and ``max_num_partial_prefills`` bound how
+    much prompt work a step that carries decodes may take (so long prompts
+    arriving under load stall running streams by at most one such step; see
+    ``paged_core.scheduler``); 0 disables either.
     """
 
     model: str | None = None
@@ -64,6 +69,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.85
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
+    long_prefill_token_threshold: int = 0
+    max_num_partial_prefills: int = 0
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"
@@ -82,6 +89,8 @@ class EngineConfig:
         _positive("max_num_seqs", self.max_num_seqs)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive("tensor_parallel_size", self.tensor_parallel_size)
+        _non_negative("long_prefill_token_threshold", self.long_prefill_token_threshold)
+        _non_negative("max_num_partial_prefills", self.max_num_partial_prefills)
         if self.distributed_executor_backend not in _EXECUTOR_BACKENDS:
             raise ValueError(f"distributed_executor_backend must be one of {_EXECUTOR_BACKENDS}, "
                              f"got {self.distributed_executor_backend!r}")
@@ -136,6 +145,11 @@ class EngineConfig:
 def _positive(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _non_negative(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0 (0 disables it), got {value!r}")
 
 
 def _convert(name: str, type_name: Any, raw: str) -> Any:

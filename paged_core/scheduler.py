@@ -7,6 +7,14 @@ that does not fit the remaining budget is chunked. When the cache is full the
 newest running sequence is preempted by recompute (its blocks are freed and it
 goes back to the front of the queue); the oldest one always makes progress, so
 every request finishes.
+
+Decode stalls are bounded by two limits (vLLM's names) that apply only to steps
+carrying at least one decode (a step with no decode in flight takes the whole
+budget, as no inter-token latency is at stake): ``long_prefill_token_threshold``
+caps the prompt tokens one sequence computes in one step, and
+``max_num_partial_prefills`` caps how many sequences compute prompt tokens in
+one step (0 disables either). So such a step carries at most
+``threshold * max_num_partial_prefills`` prefill tokens besides its decodes.
 """
 from __future__ import annotations
 
@@ -50,10 +58,13 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int,
-                 max_num_batched_tokens: int) -> None:
+                 max_num_batched_tokens: int, long_prefill_token_threshold: int = 0,
+                 max_num_partial_prefills: int = 0) -> None:
         self.kv = kv_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.max_num_partial_prefills = max_num_partial_prefills
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -84,10 +95,16 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         scheduled_ids: set[int] = set()
+        limits = _PrefillLimits(self) if self._decodes_in_flight() else None
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if limits is not None:
+                num_new = limits.take(num_new)
+                if num_new == 0:
+                    i += 1
+                    continue
             while not self.kv.allocate_slots(seq, num_new):
                 victim = self.running[-1]
                 self._preempt(victim, out)
@@ -101,17 +118,23 @@ class Scheduler:
                 continue
             break  # the sequence preempted itself: nothing newer is left to run
         if not out.preempted:
-            self._admit_waiting(out, budget)
+            self._admit_waiting(out, budget, limits)
         out.block_copies = self.kv.take_pending_copies()
         return out
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _decodes_in_flight(self) -> bool:
+        return any(seq.num_tokens - seq.num_computed_tokens == 1 for seq in self.running)
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int,
+                       limits: "_PrefillLimits | None") -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             cached = self.kv.find_cached_prefix(seq)
             num_cached_tokens = len(cached) * self.kv.block_size
             num_new = min(seq.num_tokens - seq.num_computed_tokens - num_cached_tokens, budget)
-            if not self.kv.allocate_slots(seq, num_new, cached):
+            if limits is not None:
+                num_new = limits.take(num_new)
+            if num_new == 0 or not self.kv.allocate_slots(seq, num_new, cached):
                 break
             self.kv.record_prefix_lookup(seq.num_tokens, num_cached_tokens)
             seq.num_computed_tokens += num_cached_tokens
@@ -132,3 +155,22 @@ class Scheduler:
         self.num_preemptions += 1
         out.preempted.append(seq)
         out.scheduled = [s for s in out.scheduled if s.seq is not seq]
+
+
+class _PrefillLimits:
+    """The prefill allowance left in a step that carries decodes (see the module docstring)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.threshold = scheduler.long_prefill_token_threshold
+        self.prefills_left = scheduler.max_num_partial_prefills or None
+
+    def take(self, num_new: int) -> int:
+        """How many of a sequence's ``num_new`` tokens it may compute: a decode (one token)
+        always all; a prefill chunk at most ``threshold``, and 0 once the prefill count is used up."""
+        if num_new <= 1:
+            return num_new
+        if self.prefills_left is not None:
+            if self.prefills_left == 0:
+                return 0
+            self.prefills_left -= 1
+        return min(num_new, self.threshold) if self.threshold else num_new

@@ -75,3 +75,32 @@ def test_preempted_sequence_recomputes_from_zero():
     assert out.preempted == [b]
     assert b.status == SequenceStatus.WAITING and b.num_computed_tokens == 0
     assert sched.waiting[0] is b
+
+
+def _chunks(out):
+    return [(s.seq.seq_id, s.num_new_tokens) for s in out.scheduled]
+
+
+def test_prefill_limits_bound_steps_that_carry_decodes():
+    sched = Scheduler(KVCacheManager(200, 4, False), max_num_seqs=8, max_num_batched_tokens=100,
+                      long_prefill_token_threshold=8, max_num_partial_prefills=2)
+    a = make_seq(1, 30)
+    sched.add(a)
+    assert _chunks(run_step(sched)) == [(1, 30)]  # nothing decodes yet: the whole budget
+    for seq_id in (2, 3, 4):
+        sched.add(make_seq(seq_id, 30))
+    # a decodes; at most 2 prefills, 8 tokens each, join it; the third prompt waits
+    assert _chunks(run_step(sched)) == [(1, 1), (2, 8), (3, 8)]
+    assert _chunks(run_step(sched)) == [(1, 1), (2, 8), (3, 8)]
+    assert [s.seq_id for s in sched.waiting] == [4]
+
+
+def test_prefill_limits_never_hold_back_decodes():
+    sched = Scheduler(KVCacheManager(200, 4, False), max_num_seqs=8, max_num_batched_tokens=100,
+                      long_prefill_token_threshold=4, max_num_partial_prefills=1)
+    seqs = [make_seq(i, 2) for i in range(1, 4)]
+    for s in seqs:
+        sched.add(s)
+    run_step(sched)  # three short prompts, no decode in flight: all admitted at once
+    sched.add(make_seq(9, 40))
+    assert _chunks(run_step(sched)) == [(1, 1), (2, 1), (3, 1), (9, 4)]

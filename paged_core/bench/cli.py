@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_arguments(p)
     every = sub.add_parser("all", help="every benchmark, then regenerate the README")
     _add_common(every)
-    every.add_argument("--vllm-python", default=None, help="passed to throughput")
+    every.add_argument("--vllm-python", default=None, help="passed to throughput and serve")
     every.add_argument("--repeats", type=int, default=1, help="passed to throughput")
     every.add_argument("--url", default=None, help="passed to serve")
     every.add_argument("--adapter", choices=("litserve", "bentoml"),

@@ -47,10 +47,11 @@ class RequestRecord:
 
 
 class HTTPClient:
-    def __init__(self, url: str, timeout_s: float = 600.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 600.0, model: str | None = None) -> None:
         import httpx
 
         self.url = url.rstrip("/")
+        self.model = model  # sent as the OpenAI ``model`` field when given (vLLM requires it)
         unlimited = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         self.http = httpx.AsyncClient(timeout=timeout_s, limits=unlimited)
 
@@ -61,6 +62,8 @@ class HTTPClient:
         body: dict[str, Any] = {"prompt": request.prompt_token_ids, "max_tokens": request.output_len,
                                 "ignore_eos": True, "temperature": 0, "stream": True,
                                 "stream_options": {"include_usage": True}}
+        if self.model:
+            body["model"] = self.model
         record = RequestRecord(request.prompt_len)
         start = time.perf_counter()
         try:

