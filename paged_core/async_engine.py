@@ -21,13 +21,14 @@ failure) it reaps the engine's worker processes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import uuid
 from typing import Any, AsyncIterator
 
 from .chat import chat_prompt_token_ids
-from .config import EngineConfig
+from .config import SERVING_ITL_TARGET_MS, EngineConfig
 from .engine import LLMEngine
 from .exceptions import EngineDeadError
 from .outputs import RequestOutput
@@ -42,6 +43,8 @@ _HEALTH_CHECK_INTERVAL_S = 0.5  # how often an idle loop checks the engine's wor
 class AsyncEngine:
     def __init__(self, config: EngineConfig | None = None, **engine_args: Any) -> None:
         self.config = config or EngineConfig(**engine_args)
+        if self.config.itl_target_ms is None:  # a server's default: bound decode stalls
+            self.config = dataclasses.replace(self.config, itl_target_ms=SERVING_ITL_TARGET_MS)
         self.engine = LLMEngine(self.config)
         self._lock = threading.Lock()
         self._commands: list[tuple[str, Any]] = []

@@ -55,7 +55,11 @@ class EngineConfig:
     ``long_prefill_token_threshold`` and ``max_num_partial_prefills`` bound how
     much prompt work a step that carries decodes may take (so long prompts
     arriving under load stall running streams by at most one such step; see
-    ``paged_core.scheduler``); 0 disables either.
+    ``paged_core.scheduler``); 0 disables either. ``itl_target_ms`` bounds such
+    steps by time instead: they take only as much prompt work as the measured
+    step cost predicts fits in that many milliseconds (``None``: the usage
+    default, ``SERVING_ITL_TARGET_MS`` for ``AsyncEngine`` servers, off for the
+    offline ``LLM``; 0: off).
     """
 
     model: str | None = None
@@ -71,6 +75,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     long_prefill_token_threshold: int = 0
     max_num_partial_prefills: int = 0
+    itl_target_ms: float | None = None
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"
@@ -91,6 +96,10 @@ class EngineConfig:
         _positive("tensor_parallel_size", self.tensor_parallel_size)
         _non_negative("long_prefill_token_threshold", self.long_prefill_token_threshold)
         _non_negative("max_num_partial_prefills", self.max_num_partial_prefills)
+        if self.itl_target_ms is not None and not (
+                isinstance(self.itl_target_ms, (int, float)) and 0 <= self.itl_target_ms < 1e6):
+            raise ValueError(f"itl_target_ms must be a number of milliseconds >= 0 (0 disables "
+                             f"it), got {self.itl_target_ms!r}")
         if self.distributed_executor_backend not in _EXECUTOR_BACKENDS:
             raise ValueError(f"distributed_executor_backend must be one of {_EXECUTOR_BACKENDS}, "
                              f"got {self.distributed_executor_backend!r}")
@@ -140,6 +149,11 @@ class EngineConfig:
         if unknown:
             raise ValueError(f"unknown engine setting(s) {unknown}; allowed: {sorted(types)}")
         return cls(**{k: _convert(k, types[k], v) for k, v in values.items() if v != ""})
+
+
+# ``itl_target_ms`` of servers (``AsyncEngine``) that leave it unset: streams keep ticking
+# under bursts of long prompts; offline batch work (``LLM``) favours throughput instead.
+SERVING_ITL_TARGET_MS = 150.0
 
 
 def _positive(name: str, value: Any) -> None:

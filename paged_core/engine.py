@@ -30,6 +30,7 @@ from .request import Request
 from .sampler import Sampler
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
+from .step_cost import StepCostModel
 from .devices import resolve_device, resolve_dtype
 from .eos import eos_token_ids
 from .exceptions import RequestFailedError
@@ -69,6 +70,8 @@ class LLMEngine:
         self.eos_token_ids = eos_token_ids(folder, hf_config, self.tokenizer)
         self.requests: dict[str, Request] = {}
         self.generated_tokens = 0
+        self.itl_target_s = (config.itl_target_ms or 0) / 1000
+        self.step_cost = StepCostModel()  # fed only when there is a latency target
 
     @property
     def attention_backend(self) -> str:
@@ -127,15 +130,23 @@ class LLMEngine:
         leaves the whole step in doubt: it is logged with a one-line summary of
         the step (sizes and request ids, never text) and raised.
         """
-        sched = self.scheduler.schedule()
+        sched = self.scheduler.schedule(self._max_step_tokens())
         if sched.is_empty:
             return []
+        start = time.perf_counter()
         try:
             logits = self.execute_model(sched)
-            return self.update_from_output(sched, logits)
+            outputs = self.update_from_output(sched, logits)
         except Exception:
             logger.error("engine step failed: %s", sched.describe())
             raise
+        if self.itl_target_s:
+            self.step_cost.observe(sched.num_tokens, time.perf_counter() - start)
+        return outputs
+
+    def _max_step_tokens(self) -> int | None:
+        """The step size that keeps a step with decodes within ``itl_target_ms`` (None: no cap)."""
+        return self.step_cost.tokens_within(self.itl_target_s) if self.itl_target_s else None
 
     def execute_model(self, sched: SchedulerOutput) -> torch.Tensor:
         """Pack the step and run its forward (on every rank, through the executor); returns

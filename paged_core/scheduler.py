@@ -15,6 +15,9 @@ caps the prompt tokens one sequence computes in one step, and
 ``max_num_partial_prefills`` caps how many sequences compute prompt tokens in
 one step (0 disables either). So such a step carries at most
 ``threshold * max_num_partial_prefills`` prefill tokens besides its decodes.
+``schedule(max_step_tokens=...)`` adds a cap on the whole step (the engine
+derives it from a latency target); prefills then get what the decodes leave,
+but never less than one block's worth, so waiting prompts keep being admitted.
 """
 from __future__ import annotations
 
@@ -91,11 +94,12 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         self.kv.free(seq)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, max_step_tokens: int | None = None) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         scheduled_ids: set[int] = set()
-        limits = _PrefillLimits(self) if self._decodes_in_flight() else None
+        num_decodes = self._num_decodes_in_flight()
+        limits = _PrefillLimits(self, num_decodes, max_step_tokens) if num_decodes else None
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -122,8 +126,8 @@ class Scheduler:
         out.block_copies = self.kv.take_pending_copies()
         return out
 
-    def _decodes_in_flight(self) -> bool:
-        return any(seq.num_tokens - seq.num_computed_tokens == 1 for seq in self.running)
+    def _num_decodes_in_flight(self) -> int:
+        return sum(seq.num_tokens - seq.num_computed_tokens == 1 for seq in self.running)
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int,
                        limits: "_PrefillLimits | None") -> None:
@@ -160,17 +164,27 @@ class Scheduler:
 class _PrefillLimits:
     """The prefill allowance left in a step that carries decodes (see the module docstring)."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduler, num_decodes: int, max_step_tokens: int | None) -> None:
         self.threshold = scheduler.long_prefill_token_threshold
         self.prefills_left = scheduler.max_num_partial_prefills or None
+        self.tokens_left = (None if max_step_tokens is None else
+                            max(scheduler.kv.block_size, max_step_tokens - num_decodes))
 
     def take(self, num_new: int) -> int:
         """How many of a sequence's ``num_new`` tokens it may compute: a decode (one token)
-        always all; a prefill chunk at most ``threshold``, and 0 once the prefill count is used up."""
+        always all; a prefill chunk at most ``threshold`` and what is left of the step's
+        prefill tokens, and 0 once the prefill count or tokens are used up."""
         if num_new <= 1:
             return num_new
+        if self.tokens_left == 0:
+            return 0
         if self.prefills_left is not None:
             if self.prefills_left == 0:
                 return 0
             self.prefills_left -= 1
-        return min(num_new, self.threshold) if self.threshold else num_new
+        if self.threshold:
+            num_new = min(num_new, self.threshold)
+        if self.tokens_left is not None:
+            num_new = min(num_new, self.tokens_left)
+            self.tokens_left -= num_new
+        return num_new

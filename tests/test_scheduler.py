@@ -104,3 +104,19 @@ def test_prefill_limits_never_hold_back_decodes():
     run_step(sched)  # three short prompts, no decode in flight: all admitted at once
     sched.add(make_seq(9, 40))
     assert _chunks(run_step(sched)) == [(1, 1), (2, 1), (3, 1), (9, 4)]
+
+
+def test_step_token_cap_leaves_prefills_what_decodes_do_not_use():
+    sched = Scheduler(KVCacheManager(200, 4, False), max_num_seqs=8, max_num_batched_tokens=100)
+    sched.add(make_seq(1, 3))
+    sched.add(make_seq(2, 3))
+    run_step(sched, new_token=7)
+    sched.add(make_seq(3, 50))
+    assert _chunks(sched.schedule(max_step_tokens=12)) == [
+        (1, 1), (2, 1), (3, 10)]
+    sched2 = Scheduler(KVCacheManager(200, 4, False), max_num_seqs=8, max_num_batched_tokens=100)
+    sched2.add(make_seq(1, 3))
+    run_step(sched2)
+    sched2.add(make_seq(3, 50))
+    # decodes alone exceed the cap: prompts still advance one block (4 tokens) per step
+    assert _chunks(sched2.schedule(max_step_tokens=0)) == [(1, 1), (3, 4)]

@@ -23,6 +23,8 @@ import httpx
 
 from paged_core.adapters._process import popen_session, stop_child
 
+from .vllm_runner import vllm_cpu_env
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -51,7 +53,7 @@ def running_server(adapter: str, dtype: str, ready_timeout_s: float = 300.0) -> 
     port = free_port()
     cmd = [sys.executable, "-m", "paged_core.cli", "serve", "--adapter", adapter,
            "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype]
-    with _serving(cmd, port, adapter, {}, ready_timeout_s) as url:
+    with _serving(cmd, port, adapter, None, ready_timeout_s) as url:
         yield url
 
 
@@ -67,15 +69,14 @@ def running_vllm_server(python: str, dtype: str, threads: int, max_model_len: in
            "--served-model-name", "SmolLM2-135M-Instruct", "--host", "127.0.0.1",
            "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len),
            "--gpu-memory-utilization", "0.25", "--seed", "0"]
-    with _serving(cmd, port, "vllm", {"VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}"},
-                  ready_timeout_s) as url:
+    with _serving(cmd, port, "vllm", vllm_cpu_env(python, threads), ready_timeout_s) as url:
         yield url
 
 
 @contextlib.contextmanager
-def _serving(cmd: list[str], port: int, name: str, env_extra: dict[str, str],
+def _serving(cmd: list[str], port: int, name: str, env: dict[str, str] | None,
              ready_timeout_s: float) -> Iterator[str]:
-    env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), **env_extra)
+    env = env or dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
     url = f"http://127.0.0.1:{port}/v1"
     with tempfile.NamedTemporaryFile("w+", prefix=f"paged-core-{name}-", suffix=".log") as log:
         proc = popen_session(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -56,6 +56,18 @@ if __name__ == "__main__":
 '''
 
 
+def vllm_cpu_env(python: str, threads: int) -> dict[str, str]:
+    """The environment vLLM's CPU build wants: OpenMP threads bound to the first ``threads``
+    cores, and tcmalloc plus the environment's Intel OpenMP preloaded when they exist."""
+    preload = [str(p) for p in (*sorted(Path("/usr/lib/x86_64-linux-gnu").glob("libtcmalloc.so.4")),
+                                Path(python).parent.parent / "lib" / "libiomp5.so") if p.exists()]
+    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}",
+               OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+    if preload:
+        env["LD_PRELOAD"] = ":".join(filter(None, [*preload, os.environ.get("LD_PRELOAD", "")]))
+    return env
+
+
 class VllmCpu:
     """A ``warmup()`` / ``run(requests)`` system backed by a vLLM worker process.
 
@@ -74,9 +86,8 @@ class VllmCpu:
         self._stderr = open(Path(self._tmp.name) / "stderr.log", "w+", encoding="utf-8")
         spec = {"model": embedded_model_folder(), "dtype": dtype, "threads": threads,
                 "max_model_len": max_model_len}
-        env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}",
-                   OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
-        self._proc = subprocess.Popen([python, str(script), json.dumps(spec)], env=env, text=True,
+        self._proc = subprocess.Popen([python, str(script), json.dumps(spec)], text=True,
+                                      env=vllm_cpu_env(python, threads),
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=self._stderr)
         try:
