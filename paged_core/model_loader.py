@@ -13,7 +13,7 @@ import torch
 
 from .embedded_model import converted_folder_for, embedded_model_folder
 from .models.llama import LlamaForCausalLM
-from .models.cpu_linear import packed_linear_supported
+from .models.cpu_linear import packed_linear_dtype
 from .models.elementwise import select_ops
 from .models.layers import RotaryEmbedding
 from .models.sharding import ShardPlan
@@ -59,8 +59,9 @@ def load_model(folder: str, hf_config, max_positions: int, dtype: torch.dtype,
     with torch.no_grad():
         model.load_hf_state_dict(tensors)
     model = model.eval().requires_grad_(False)
-    if packed_linear_supported(device, dtype):
-        model.pack_for_cpu()
+    compute_dtype = packed_linear_dtype(device, dtype)
+    if compute_dtype is not None:
+        model.pack_for_cpu(compute_dtype)
     model.use_ops(select_ops(device, dtype))
     return model
 

@@ -1,11 +1,21 @@
-"""Prepacked oneDNN linear layers for bfloat16 on CPU.
+"""Prepacked oneDNN linear layers for half-precision models on CPU.
 
 ``F.linear`` lets oneDNN reorder the weight into its blocked layout on every
-call; packing each weight once at load time gives bit-identical bfloat16
+call; packing each weight once at load time is faster and, on CPUs with native
+bfloat16 dot products (AVX512-BF16 or AMX), gives bit-identical bfloat16
 results, measured 1.2x (prefill-sized batches) to 1.8x (decode-sized batches)
-faster on this project's 2-core AVX512-BF16 machine. float32 keeps plain
-``F.linear``: the packed kernel sums in another order, and float32 is the
-reference dtype that must match transformers token for token.
+faster on a 2-core AVX512-BF16 machine.
+
+CPUs without them (AVX2 only) have no fast half-precision GEMM: there torch's
+bfloat16 ``F.linear`` ran 3-6x slower than float32 at 16-256 rows. So a half
+precision model keeps a float32 packed copy of each weight (exact: every
+bfloat16/float16 value is a float32) and computes each product in float32,
+rounding the output back to the model's dtype, as a native kernel does after
+its float32 accumulation (only the summation order differs). The cost is twice
+the projection weights' memory; the KV cache and activations stay in the model's dtype.
+
+float32 models keep plain ``F.linear``: the packed kernel sums in another order,
+and float32 is the reference dtype that must match transformers token for token.
 """
 from __future__ import annotations
 
@@ -13,28 +23,37 @@ import torch
 from torch import nn
 
 
-def packed_linear_supported(device: torch.device, dtype: torch.dtype) -> bool:
-    """True on CPUs with native bfloat16 dot products (AVX512-BF16 or AMX) and oneDNN."""
-    if device.type != "cpu" or dtype != torch.bfloat16 or not torch.backends.mkldnn.is_available():
-        return False
+def packed_linear_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype packed linears compute in for a ``dtype`` model on ``device`` (``None``: keep
+    ``F.linear``): the model's own with native bfloat16 dot products, else float32."""
+    if (device.type != "cpu" or dtype not in (torch.bfloat16, torch.float16)
+            or not torch.backends.mkldnn.is_available()):
+        return None
     capabilities = torch.cpu.get_capabilities()
-    return bool(capabilities.get("avx512_bf16") or capabilities.get("amx_bf16"))
+    native = dtype == torch.bfloat16 and (capabilities.get("avx512_bf16") or capabilities.get("amx_bf16"))
+    return dtype if native else torch.float32
 
 
 class PackedLinear(nn.Module):
-    """``y = x @ W.T + b`` with ``W`` kept in oneDNN's packed layout (inference only)."""
+    """``y = x @ W.T + b`` with ``W`` kept in oneDNN's packed layout in ``compute_dtype``
+    (inference only); the output has the input's dtype."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                 compute_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
-        self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-        self._bias = None if bias is None else bias.detach()
+        self.compute_dtype = compute_dtype or weight.dtype
+        weight = weight.detach().to(self.compute_dtype)
+        self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        self._bias = None if bias is None else bias.detach().to(self.compute_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self._packed, self._bias, "none", [], "")
+        y = torch.ops.mkldnn._linear_pointwise(x.to(self.compute_dtype), self._packed, self._bias,
+                                               "none", [], "")
+        return y.to(x.dtype)
 
 
-def pack_linear_layers(model: nn.Module) -> None:
+def pack_linear_layers(model: nn.Module, compute_dtype: torch.dtype) -> None:
     """Replace every ``nn.Linear`` inside ``model`` by a ``PackedLinear`` (in place); a
     row-parallel layer of a tensor-parallel group keeps its all-reduce and packs its product."""
     from .parallel_layers import RowParallelLinear
@@ -42,6 +61,6 @@ def pack_linear_layers(model: nn.Module) -> None:
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, RowParallelLinear) and child.tp.size > 1:
-                child.matmul = PackedLinear(child.weight, None)
+                child.matmul = PackedLinear(child.weight, None, compute_dtype)
             elif isinstance(child, nn.Linear):
-                setattr(module, name, PackedLinear(child.weight, child.bias))
+                setattr(module, name, PackedLinear(child.weight, child.bias, compute_dtype))

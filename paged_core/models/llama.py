@@ -195,12 +195,13 @@ class LlamaForCausalLM(nn.Module):
         logits = self.tp.gather_to_driver(local)
         return None if logits is None else logits[:, :self.spec.vocab_size]
 
-    def pack_for_cpu(self) -> None:
-        """Switch every projection, the (tied) LM head included, to prepacked oneDNN weights."""
+    def pack_for_cpu(self, compute_dtype: torch.dtype) -> None:
+        """Switch every projection, the (tied) LM head included, to prepacked oneDNN weights
+        that compute in ``compute_dtype`` (see ``cpu_linear``)."""
         from .cpu_linear import PackedLinear, pack_linear_layers
-        pack_linear_layers(self)
+        pack_linear_layers(self, compute_dtype)
         if self.lm_head is None:
-            self.lm_head = PackedLinear(self.embed_tokens.weight, None)
+            self.lm_head = PackedLinear(self.embed_tokens.weight, None, compute_dtype)
         self.prefers_bucketed_batches = True
 
     def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
