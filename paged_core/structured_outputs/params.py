@@ -18,6 +18,9 @@ from typing import Any
 import xgrammar as xgr
 
 _CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object")
+# Longest run of whitespace between JSON tokens: room for indentation, none for a small
+# model's endless newlines (which would otherwise run to max_tokens).
+_MAX_WHITESPACE = 24
 
 
 @dataclass
@@ -99,7 +102,7 @@ def _schema_grammar(params: StructuredOutputsParams, name: str, schema: Any):
     # strict_mode: properties the schema does not name are refused (so
     # disable_additional_properties always holds, as in vLLM's xgrammar backend)
     grammar = _parse(name, xgr.Grammar.from_json_schema, text, any_whitespace=any_whitespace,
-                     strict_mode=True)
+                     strict_mode=True, max_whitespace_cnt=_MAX_WHITESPACE if any_whitespace else None)
     return ("json", text, any_whitespace), grammar
 
 
