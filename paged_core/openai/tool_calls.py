@@ -45,7 +45,10 @@ def _functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def tool_choice_mode(tools: list[dict[str, Any]] | None, tool_choice: Any) -> tuple[str, str | None]:
-    """``(mode, function_name)``: mode is none / auto / required / named."""
+    """``(mode, function_name)``: mode is none / auto / required / named; 400 naming
+    ``tools`` / ``tool_choice`` for a malformed declaration or choice."""
+    if tools:
+        _functions(tools)
     if tool_choice is None:
         return ("auto" if tools else "none"), None
     if isinstance(tool_choice, str):
