@@ -55,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    num_requests = 12 if args.quick else args.num_requests
+    num_requests = len(SCHEMAS) if args.quick else args.num_requests
+    max_tokens = 64 if args.quick else args.max_tokens
     engine = make_engine(args.dtype)
     tokenizer = engine.tokenizer
     prompts = [tokenizer.apply_chat_template(
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     compile_times = _compile_times(engine)
     _timed(engine, prompts[:2], [SamplingParams(temperature=0, max_tokens=4)] * 2)  # warm-up
     constrained = _timed(engine, prompts, [
-        SamplingParams(temperature=0, max_tokens=args.max_tokens, structured_outputs=c)
+        SamplingParams(temperature=0, max_tokens=max_tokens, structured_outputs=c)
         for c in constraints])
     lengths = constrained.pop("lengths")
     valid = sum(_parses(text) for text in constrained.pop("texts"))
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     free.pop("lengths"), free.pop("texts")
     overhead = constrained["seconds"] / free["seconds"] - 1
     return {"dtype": args.dtype, "num_requests": num_requests, "num_schemas": len(SCHEMAS),
-            "max_tokens": args.max_tokens, "valid_json": valid, "constrained": constrained,
+            "max_tokens": max_tokens, "valid_json": valid, "constrained": constrained,
             "unconstrained": free, "overhead": overhead, "compile": compile_times,
             "load_average_before": load_before, "notes": [
                 f"load average {load_before:.1f} on {os.cpu_count()} cores before the run: "
