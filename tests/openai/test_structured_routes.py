@@ -166,3 +166,27 @@ def test_auto_parsers_read_the_models_own_format():
     assert tool_parser_for("{{ '<|python_tag|>' }}", None).name == "llama3_json"
     assert tool_parser_for("<|im_start|>", None).name == "hermes"
     assert tool_parser_for("<|im_start|>", "llama3_json").name == "llama3_json"
+
+
+def test_auto_mode_streams_content_and_holds_calls_until_the_end():
+    from paged_core.outputs import CompletionOutput
+    from paged_core.openai.tool_calls import tool_call_mode
+
+    stream = tool_call_mode("auto", None, "<|im_start|>", None).stream()
+    pieces = ["Let me ", "check. <tool", '_call>{"name": "f", ', '"arguments": {"a": 1}}',
+              "</tool_call>"]
+    deltas = []
+    for i, piece in enumerate(pieces):
+        last = i == len(pieces) - 1
+        deltas.append(stream.delta(CompletionOutput(0, "", [], delta_text=piece,
+                                                    finish_reason="stop" if last else None)))
+    content = "".join(d.get("content", "") for d, _ in deltas)
+    assert content == "Let me check. " and deltas[1][0] == {"content": "check. "}
+    final, reason = deltas[-1]
+    assert reason == "tool_calls" and final["tool_calls"][0]["index"] == 0
+    assert final["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"a": 1}'}
+    plain = tool_call_mode("auto", None, "<|im_start|>", None).stream()
+    assert plain.delta(CompletionOutput(0, "", [], delta_text="Hello <",
+                                        finish_reason=None)) == ({"content": "Hello "}, None)
+    assert plain.delta(CompletionOutput(0, "", [], delta_text="3", finish_reason="stop")) == (
+        {"content": "<3"}, "stop")
