@@ -93,6 +93,7 @@ def _mean(runs: list[dict[str, Any]]) -> dict[str, Any]:
     seconds = statistics.mean(r["seconds"] for r in runs)
     tokens = runs[0]["tokens"]
     return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
+            "mask_share": statistics.mean(r["mask_seconds"] / r["seconds"] for r in runs),
             "runs_seconds": [r["seconds"] for r in runs]}
 
 
@@ -105,16 +106,32 @@ def _parses(text: str) -> bool:
 
 
 def _timed(engine, prompts: list[list[int]], params: list[SamplingParams]) -> dict[str, Any]:
+    """One timed run; ``mask_seconds`` is the time the sampler spent in the grammar bitmask
+    (fill + apply), measured inside the same run, so machine load affects it as it does
+    the total."""
     engine.reset_prefix_cache()
+    mask, mask_seconds = engine.sampler.grammar_bitmask, 0.0
+
+    def timed_mask(logits, grammars) -> None:
+        nonlocal mask_seconds
+        t = time.perf_counter()
+        mask(logits, grammars)
+        mask_seconds += time.perf_counter() - t
+
+    engine.sampler.grammar_bitmask = timed_mask
     start = time.perf_counter()
-    for i, (prompt, p) in enumerate(zip(prompts, params)):
-        engine.add_request(engine.make_request(f"s{time.monotonic_ns()}-{i}",
-                                               {"prompt_token_ids": prompt}, p))
-    outs = run_until_done(engine)
+    try:
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            engine.add_request(engine.make_request(f"s{time.monotonic_ns()}-{i}",
+                                                   {"prompt_token_ids": prompt}, p))
+        outs = run_until_done(engine)
+    finally:
+        engine.sampler.grammar_bitmask = mask
     seconds = time.perf_counter() - start
     comps = _in_order(outs, len(prompts))
     tokens = sum(len(c.token_ids) for c in comps)
     return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
+            "mask_seconds": mask_seconds,
             "lengths": [len(c.token_ids) for c in comps], "texts": [c.text for c in comps]}
 
 
@@ -146,7 +163,8 @@ def print_summary(results: dict[str, Any]) -> None:
     print(f"{results['num_requests']} requests over {results['num_schemas']} schemas, "
           f"{c['tokens']} tokens each run; {results['valid_json']} outputs parse as JSON")
     print(f"json_schema: {c['tokens_per_s']:.1f} tok/s  none: {f['tokens_per_s']:.1f} tok/s  "
-          f"overhead {results['overhead']:+.1%}")
+          f"overhead {results['overhead']:+.1%}; bitmask {c['mask_share']:.1%} of the "
+          f"constrained run")
     print(f"compile: vocabulary {comp['vocabulary_s']:.2f} s once, schema cold "
           f"{comp['cold_ms_median']:.1f} ms median ({comp['cold_ms_max']:.1f} max), cached "
           f"{comp['cached_ms_median']:.2f} ms")
@@ -176,6 +194,8 @@ def readme_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
                   f"JSON schemas, {result['dtype']}; unconstrained run with the same lengths"),
         ("throughput json_schema vs none", f"{c['tokens_per_s']:.1f} vs {f['tokens_per_s']:.1f} "
                                            f"tok/s ({result['overhead']:+.1%} time)"),
+        ("time in the grammar bitmask (fill + apply), constrained runs",
+         f"{c['mask_share']:.1%}"),
         ("outputs that parse as JSON", f"{result['valid_json']} / {result['num_requests']}"),
         ("compile: vocabulary (once per engine)", f"{comp['vocabulary_s']:.2f} s"),
         ("compile: schema cold median / max, cached",
