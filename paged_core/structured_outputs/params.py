@@ -34,9 +34,8 @@ class StructuredOutputsParams:
     disable_additional_properties: bool = False
     whitespace_pattern: str | None = None
     structural_tag: str | None = None
-    # The parsed grammar and its cache key (kind, canonical text, options): derived, not compared.
+    # The parsed xgrammar.Grammar: derived from the fields above, not compared.
     _grammar: Any = field(default=None, init=False, repr=False, compare=False)
-    _key: tuple = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         chosen = [name for name in _CONSTRAINTS
@@ -53,7 +52,7 @@ class StructuredOutputsParams:
             if getattr(self, name) is not None:
                 raise ValueError(f"structured_outputs.{name} is not supported (xgrammar backend)")
         kind = chosen[0]
-        self._key, self._grammar = _PARSERS[kind](self)
+        self._grammar = _PARSERS[kind](self)
 
     @classmethod
     def from_dict(cls, values: Any) -> "StructuredOutputsParams":
@@ -69,11 +68,6 @@ class StructuredOutputsParams:
             raise ValueError(f"structured_outputs has unknown field(s) {unknown}; allowed: "
                              f"{sorted(known)}")
         return cls(**values)
-
-    @property
-    def key(self) -> tuple:
-        """Hashable identity of the constraint: equal keys compile to the same grammar."""
-        return self._key
 
     @property
     def xgrammar_grammar(self) -> "xgr.Grammar":
@@ -101,9 +95,8 @@ def _schema_grammar(params: StructuredOutputsParams, name: str, schema: Any):
     any_whitespace = not params.disable_any_whitespace
     # strict_mode: properties the schema does not name are refused (so
     # disable_additional_properties always holds, as in vLLM's xgrammar backend)
-    grammar = _parse(name, xgr.Grammar.from_json_schema, text, any_whitespace=any_whitespace,
-                     strict_mode=True, max_whitespace_cnt=_MAX_WHITESPACE if any_whitespace else None)
-    return ("json", text, any_whitespace), grammar
+    return _parse(name, xgr.Grammar.from_json_schema, text, any_whitespace=any_whitespace,
+                  strict_mode=True, max_whitespace_cnt=_MAX_WHITESPACE if any_whitespace else None)
 
 
 def _json_grammar(params: StructuredOutputsParams):
@@ -121,7 +114,7 @@ def _regex_grammar(params: StructuredOutputsParams):
     if not isinstance(params.regex, str) or not params.regex:
         raise ValueError(f"structured_outputs.regex must be a non-empty string, got "
                          f"{params.regex!r}")
-    return ("regex", params.regex), _parse("regex", xgr.Grammar.from_regex, params.regex)
+    return _parse("regex", xgr.Grammar.from_regex, params.regex)
 
 
 def _choice_grammar(params: StructuredOutputsParams):
@@ -133,14 +126,14 @@ def _choice_grammar(params: StructuredOutputsParams):
     params.choice = list(choice)
     # EBNF string literals take JSON's escapes; one alternative per choice.
     ebnf = "root ::= " + " | ".join(_json.dumps(c, ensure_ascii=False) for c in params.choice)
-    return ("choice", tuple(params.choice)), _parse("choice", xgr.Grammar.from_ebnf, ebnf)
+    return _parse("choice", xgr.Grammar.from_ebnf, ebnf)
 
 
 def _ebnf_grammar(params: StructuredOutputsParams):
     if not isinstance(params.grammar, str) or not params.grammar.strip():
         raise ValueError(f"structured_outputs.grammar must be a non-empty EBNF string, got "
                          f"{params.grammar!r}")
-    return ("grammar", params.grammar), _parse("grammar", xgr.Grammar.from_ebnf, params.grammar)
+    return _parse("grammar", xgr.Grammar.from_ebnf, params.grammar)
 
 
 _PARSERS = {"json": _json_grammar, "json_object": _json_object_grammar, "regex": _regex_grammar,
