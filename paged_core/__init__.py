@@ -17,9 +17,11 @@ from .exceptions import EngineDeadError, RequestFailedError
 from .llm import LLM
 from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from .sampling_params import SamplingParams
+from .structured_outputs import StructuredOutputsParams
 
 __all__ = [
-    "LLM", "LLMEngine", "AsyncEngine", "EngineConfig", "SamplingParams", "EngineDeadError",
+    "LLM", "LLMEngine", "AsyncEngine", "EngineConfig", "SamplingParams",
+    "StructuredOutputsParams", "EngineDeadError",
     "RequestFailedError", "RequestOutput", "CompletionOutput", "Logprob", "RequestMetrics",
 ]
 __version__ = "0.1.0"

@@ -81,8 +81,8 @@ class AsyncEngine:
     def stats(self) -> dict[str, float]:
         return self.engine.stats()
 
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
-        return chat_prompt_token_ids(self.engine.tokenizer, messages)
+    def apply_chat_template(self, messages: list[dict], tools: list | None = None) -> list[int]:
+        return chat_prompt_token_ids(self.engine.tokenizer, messages, tools)
 
     # -- requests --------------------------------------------------------------------
     async def generate(self, prompt: PromptInput, sampling_params: SamplingParams | None = None,

@@ -8,8 +8,9 @@ from jinja2 import TemplateError
 from .prompts import check_text
 
 
-def chat_prompt_token_ids(tokenizer, messages: Any) -> list[int]:
-    """Render ``[{"role": ..., "content": ...}, ...]`` with a generation prompt appended.
+def chat_prompt_token_ids(tokenizer, messages: Any, tools: list | None = None) -> list[int]:
+    """Render ``[{"role": ..., "content": ...}, ...]`` with a generation prompt appended
+    (and ``tools``, for templates that render them).
 
     Raises ``ValueError`` (naming ``messages``) for anything the template or the
     tokenizer would choke on: a bad shape or role, a lone surrogate in a
@@ -29,7 +30,8 @@ def chat_prompt_token_ids(tokenizer, messages: Any) -> list[int]:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model's tokenizer has no chat template; use a plain prompt instead")
     try:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                            tokenize=True)
     except TemplateError as exc:
         raise ValueError(f"messages: the model's chat template refused them: {exc}") from None
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _BACKENDS = ("auto", "torch", "triton")
 _EXECUTOR_BACKENDS = (None, "uni", "mp", "external_launcher")
+_TOOL_CALL_PARSERS = (None, "hermes", "llama3_json")  # None: chosen from the chat template
 _SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6,
                "g": 10**9, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30,
                "tib": 2**40, "t": 10**12, "tb": 10**12}
@@ -82,6 +83,7 @@ class EngineConfig:
     seed: int = 0
     tensor_parallel_size: int = 1
     distributed_executor_backend: str | None = None
+    tool_call_parser: str | None = None  # how chat replies with tool_choice "auto" are parsed
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -103,6 +105,9 @@ class EngineConfig:
         if self.distributed_executor_backend not in _EXECUTOR_BACKENDS:
             raise ValueError(f"distributed_executor_backend must be one of {_EXECUTOR_BACKENDS}, "
                              f"got {self.distributed_executor_backend!r}")
+        if self.tool_call_parser not in _TOOL_CALL_PARSERS:
+            raise ValueError(f"tool_call_parser must be one of {_TOOL_CALL_PARSERS}, "
+                             f"got {self.tool_call_parser!r}")
         if self.num_kv_blocks is not None:
             _positive("num_kv_blocks", self.num_kv_blocks)
         if self.max_model_len is not None:

@@ -29,6 +29,7 @@ from .prompts import PromptInput, tokenize_prompt
 from .request import Request
 from .sampler import Sampler
 from .sampling_params import SamplingParams
+from .structured_outputs import GrammarCompilerCache
 from .scheduler import Scheduler, SchedulerOutput
 from .step_cost import StepCostModel
 from .devices import resolve_device, resolve_dtype
@@ -68,6 +69,8 @@ class LLMEngine:
         self.sampler = Sampler(torch.Generator().manual_seed(config.seed))  # draws on the CPU
         self.max_total_tokens = min(self.max_model_len, num_blocks * config.block_size)
         self.eos_token_ids = eos_token_ids(folder, hf_config, self.tokenizer)
+        self.grammar_compiler = GrammarCompilerCache(self.tokenizer, self.vocab_size,
+                                                     self.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self.generated_tokens = 0
         self.itl_target_s = (config.itl_target_ms or 0) / 1000
@@ -79,7 +82,9 @@ class LLMEngine:
 
     def make_request(self, request_id: str, prompt: PromptInput,
                      params: SamplingParams | None = None) -> Request:
-        """Validate and tokenize; raises ``ValueError`` saying what to change. No side effects."""
+        """Validate, tokenize and compile ``structured_outputs`` (so ``AsyncEngine``, which calls
+        this in a worker thread, admits a request only once its grammar is ready); raises
+        ``ValueError`` saying what to change. No side effects on the engine."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
@@ -95,8 +100,10 @@ class LLMEngine:
                 f"prompt is too long: {len(token_ids)} tokens, but {limit} leaves room for at most "
                 f"{self.max_total_tokens - 1} prompt tokens plus one generated token; shorten the prompt")
         params.verify_for_model(self.vocab_size, self.max_model_len, len(token_ids))
+        so = params.structured_outputs
+        compiled = self.grammar_compiler.compile(so) if so is not None else None
         return Request(request_id, text, token_ids, params, self.eos_token_ids,
-                       self.max_total_tokens, self.tokenizer)
+                       self.max_total_tokens, self.tokenizer, compiled)
 
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:

@@ -6,6 +6,9 @@ computed and the request wants ``n > 1`` samples, the engine forks it into
 detokenizer, seeded generator, log-probabilities and streaming cursor.
 Invariant: text already handed out is never taken back; while stop strings
 may still match, the last ``max(len(stop)) - 1`` characters are held back.
+With ``structured_outputs`` each sample holds a grammar matcher that has
+accepted exactly its output tokens (forked with it); the sample finishes with
+"stop" when the grammar ends.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from .sampler import SamplingRow, TokenLogprobs
 from .sampling_params import SamplingParams
 from .sequence import Sequence
+from .structured_outputs import SequenceGrammar
 
 _seq_ids = itertools.count()
 
@@ -37,6 +41,7 @@ class Sample:
     emitted_chars: int = 0
     emitted_tokens: int = 0
     emitted_logprobs: int = 0
+    grammar: SequenceGrammar | None = None
 
 
 @dataclass
@@ -48,12 +53,15 @@ class Request:
     eos_token_ids: frozenset[int]
     max_total_tokens: int  # context limit: min(max_model_len, KV cache capacity)
     tokenizer: object
+    compiled_grammar: object | None = None  # xgrammar CompiledGrammar of structured_outputs
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.monotonic()))
     samples: list[Sample] = field(default_factory=list)
     num_cached_tokens: int = 0
 
     def __post_init__(self) -> None:
-        self.samples.append(self._new_sample(list(self.prompt_token_ids), 0))
+        grammar = (SequenceGrammar.start(self.compiled_grammar)
+                   if self.compiled_grammar is not None else None)
+        self.samples.append(self._new_sample(list(self.prompt_token_ids), 0, grammar))
         self._holdback = 0
         if self.params.stop and not self.params.include_stop_str_in_output:
             self._holdback = max(len(s) for s in self.params.stop) - 1
@@ -74,7 +82,9 @@ class Request:
     def fork(self) -> list[Sequence]:
         """Create samples ``1..n-1`` as copies of sample 0's token list (blocks shared by caller)."""
         parent = self.samples[0].seq
-        new = [self._new_sample(list(parent.token_ids), index) for index in range(1, self.params.n)]
+        grammar = self.samples[0].grammar
+        new = [self._new_sample(list(parent.token_ids), index, grammar and grammar.fork())
+               for index in range(1, self.params.n)]
         for sample in new:
             sample.seq.num_computed_tokens = parent.num_computed_tokens
         self.samples.extend(new)  # all or nothing: a failure above leaves the request as it was
@@ -86,10 +96,11 @@ class Request:
     def sampling_row(self, seq: Sequence) -> SamplingRow:
         sample = self.sample_of(seq)
         blocked: list[int] = []
-        if seq.num_output_tokens < self.params.min_tokens:
+        # a grammar decides alone where EOS may come (min_tokens cannot outlast its end)
+        if seq.num_output_tokens < self.params.min_tokens and sample.grammar is None:
             blocked = sorted(set(self.params.stop_token_ids) | self.eos_token_ids)
         return SamplingRow(self.params, sample.generator, self.prompt_token_ids,
-                           seq.output_token_ids, blocked)
+                           seq.output_token_ids, blocked, sample.grammar)
 
     def append_token(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> bool:
         """Append a sampled token to ``seq``; returns True if that finished the sequence."""
@@ -101,11 +112,14 @@ class Request:
             self._record_logprobs(sample, token, logprobs)
         p = self.params
         done = None
+        grammar_ended = sample.grammar is not None and sample.grammar.accept(token)
         if seq.num_output_tokens >= p.min_tokens:
             if token in self.eos_token_ids and not p.ignore_eos:
                 done = ("stop", None)
             elif token in p.stop_token_ids:
                 done = ("stop", token)
+        if done is None and grammar_ended:
+            done = ("stop", None)
         old_len = len(sample.text)
         sample.text += sample.detokenizer.step(seq.token_ids, final=done is not None)
         if done is None and p.stop and seq.num_output_tokens >= p.min_tokens:
@@ -154,14 +168,15 @@ class Request:
         sample.emitted_tokens = len(out_ids)
         return out
 
-    def _new_sample(self, token_ids: list[int], index: int) -> Sample:
+    def _new_sample(self, token_ids: list[int], index: int,
+                    grammar: SequenceGrammar | None) -> Sample:
         seq = Sequence(next(_seq_ids), self, token_ids, len(self.prompt_token_ids), index)
         seed = self.params.sample_seed(index)
         generator = None if seed is None else torch.Generator().manual_seed(seed)
         detok = IncrementalDetokenizer(self.tokenizer, self.prompt_token_ids,
                                        self.params.skip_special_tokens)
         return Sample(seq, detok, generator,
-                      logprobs=[] if self.params.logprobs is not None else None)
+                      logprobs=[] if self.params.logprobs is not None else None, grammar=grammar)
 
     def _find_stop_string(self, sample: Sample, old_len: int) -> tuple[str, str] | None:
         longest = max(len(s) for s in self.params.stop)

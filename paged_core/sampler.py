@@ -1,6 +1,7 @@
 """``Sampler``: picks one token per logits row under each row's ``SamplingParams``.
 
-Order of operations per row: block EOS/stop tokens until ``min_tokens``;
+Order of operations per row: the grammar bitmask of constrained rows (one
+batched pass, ``structured_outputs``); block EOS/stop tokens until ``min_tokens``;
 repetition / presence / frequency penalties; log-probabilities (if asked) of
 the penalised distribution; then greedy argmax, or temperature, top-k, top-p,
 min-p and a draw.
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from .sampling_params import SamplingParams
+from .structured_outputs import GrammarBitmask, SequenceGrammar
 
 _TOP_P_CANDIDATES = 1024  # top-p without top-k: the nucleus is looked for among these first
 
@@ -31,6 +33,7 @@ class SamplingRow:
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     blocked_token_ids: list[int]  # EOS / stop ids while fewer than min_tokens were generated
+    grammar: SequenceGrammar | None = None  # the sequence's structured-output state
 
 
 @dataclass
@@ -43,11 +46,13 @@ class TokenLogprobs:
 class Sampler:
     def __init__(self, default_generator: torch.Generator | None = None) -> None:
         self.default_generator = default_generator
+        self.grammar_bitmask = GrammarBitmask()
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor,
                  rows: list[SamplingRow]) -> tuple[list[int], list[TokenLogprobs | None]]:
         logits = logits.float()
+        self.grammar_bitmask(logits, [row.grammar for row in rows])
         for r, row in enumerate(rows):
             if row.blocked_token_ids:
                 logits[r, row.blocked_token_ids] = float("-inf")

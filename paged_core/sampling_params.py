@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from .structured_outputs.params import StructuredOutputsParams
+
 _GREEDY_EPS = 1e-5
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1  # what torch.Generator.manual_seed takes
 _SEED_MODULUS = 1 << 64
@@ -44,8 +46,11 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None  # a JSON object is accepted too
 
     def __post_init__(self) -> None:
+        if self.structured_outputs is not None:
+            self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
         self.stop = _as_list("stop", [self.stop] if isinstance(self.stop, str) else self.stop)
         self.stop_token_ids = _as_list("stop_token_ids", self.stop_token_ids)
         if self.top_k == -1:

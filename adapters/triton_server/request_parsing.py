@@ -2,7 +2,9 @@
 
 Inputs (``config.pbtxt``): ``text_input`` (TYPE_STRING, one element),
 ``stream`` (TYPE_BOOL, optional, default false), ``sampling_parameters``
-(TYPE_STRING holding a JSON object of ``SamplingParams`` fields, optional).
+(TYPE_STRING holding a JSON object of ``SamplingParams`` fields, optional;
+``structured_outputs`` is an object of ``StructuredOutputsParams`` fields, e.g.
+``{"structured_outputs": {"json": {...schema...}}}``).
 Every bad input raises ``ValueError`` naming the input and what to change.
 """
 from __future__ import annotations

@@ -14,6 +14,8 @@ from paged_core.sampling_params import SamplingParams
 
 from .errors import OpenAIError, bad_request
 from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from .structured import structured_outputs_of
+from .tool_calls import forced_call_constraint, tool_choice_mode
 
 _PASS_THROUGH = ("n", "temperature", "top_p", "stop", "seed", "presence_penalty",
                  "frequency_penalty", "top_k", "min_p", "repetition_penalty", "min_tokens",
@@ -47,6 +49,7 @@ def _common(req: SamplingFields) -> dict[str, Any]:
         raise OpenAIError(400, f"stop holds at most {MAX_STOP_SEQUENCES} sequences, got "
                                f"{len(req.stop)}", param="stop")
     values = {name: getattr(req, name) for name in _PASS_THROUGH}
+    values["structured_outputs"] = structured_outputs_of(req)
     return {k: v for k, v in values.items() if v is not None}
 
 
@@ -74,13 +77,17 @@ def completion_params(req: CompletionRequest) -> SamplingParams:
 
 
 def chat_params(req: ChatCompletionRequest) -> SamplingParams:
-    """``SamplingParams`` of a chat request: ``logprobs`` flag + ``top_logprobs`` count."""
-    if req.response_format is not None and req.response_format.type != "text":
-        raise OpenAIError(400, f"response_format {req.response_format.type!r} is not supported",
-                          param="response_format")
-    if req.tools:
-        raise OpenAIError(400, "tools are not supported", param="tools")
+    """``SamplingParams`` of a chat request: ``logprobs`` flag + ``top_logprobs`` count;
+    ``tool_choice`` "required" or a named function becomes the output's grammar."""
     values = _common(req)
+    mode, name = tool_choice_mode(req.tools, req.tool_choice)
+    if mode in ("required", "named"):
+        if "structured_outputs" in values:
+            raise OpenAIError(400, "tool_choice 'required' or a named function constrains the "
+                                   "output already; drop response_format / guided_*",
+                              param="tool_choice")
+        values["structured_outputs"] = forced_call_constraint(req.tools, mode, name,
+                                                              req.parallel_tool_calls)
     if req.max_completion_tokens is not None:
         values["max_tokens"] = req.max_completion_tokens
     else:

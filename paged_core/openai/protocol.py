@@ -6,7 +6,9 @@ Types are strict, as JSON writes them: ``"8"`` or ``true`` is not an integer,
 ``"yes"`` is not a boolean (an integer is accepted where a number is expected).
 Unknown fields are ignored with a warning naming them, as vLLM does; the vLLM
 extras (``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``,
-``ignore_eos``, ``stop_token_ids``, ...) are accepted as top-level fields.
+``ignore_eos``, ``stop_token_ids``, ...) are accepted as top-level fields, and so
+are its structured-output extras (``structured_outputs``, ``guided_json``,
+``guided_regex``, ``guided_choice``, ``guided_grammar``).
 """
 from __future__ import annotations
 
@@ -63,6 +65,11 @@ class SamplingFields(OpenAIBaseModel):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Union[str, dict[str, Any], None] = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -89,6 +96,8 @@ class ChatMessage(OpenAIBaseModel):
     role: str
     content: Union[str, list[ContentPart], None] = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool result answers this call
 
     def as_template_dict(self) -> dict[str, Any]:
         """The message as the chat template expects it (text parts joined)."""
@@ -104,13 +113,29 @@ class ChatMessage(OpenAIBaseModel):
         out: dict[str, Any] = {"role": self.role, "content": content or ""}
         if self.name:
             out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = self.tool_calls
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
         return out
+
+
+class JsonSchemaFormat(OpenAIBaseModel):
+    """``response_format.json_schema``: ``schema`` is the JSON schema the reply must follow."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
 
 
 class ResponseFormat(OpenAIBaseModel):
     model_config = ConfigDict(extra="allow")
 
     type: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: JsonSchemaFormat | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -123,4 +148,5 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = None
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    parallel_tool_calls: bool = True

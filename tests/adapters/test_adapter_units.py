@@ -58,6 +58,24 @@ def test_triton_request_parsing():
         parse_request(np.array([b""], dtype=np.object_), None, None)
 
 
+def test_triton_sampling_parameters_take_structured_outputs():
+    from paged_core import StructuredOutputsParams
+    from paged_core.adapters.triton_server.request_parsing import parse_request
+
+    text = np.array([b"hello"], dtype=np.object_)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    raw = json.dumps({"max_tokens": 8, "structured_outputs": {"json": schema}}).encode()
+    _, _, sp = parse_request(text, None, np.array([raw], dtype=np.object_))
+    assert sp.structured_outputs == StructuredOutputsParams(json=schema)
+    bad = json.dumps({"structured_outputs": {"regex": "("}}).encode()
+    with pytest.raises(ValueError, match=r"structured_outputs\.regex"):
+        parse_request(text, None, np.array([bad], dtype=np.object_))
+    tools_config = EngineConfig(tool_call_parser="llama3_json")
+    assert EngineConfig.from_env(environ=config_env(tools_config)) == tools_config
+    with pytest.raises(ValueError, match="tool_call_parser"):
+        EngineConfig(tool_call_parser="mistral")
+
+
 def test_triton_launcher_environment(tmp_path):
     from paged_core.adapters.triton_server import launcher
 

@@ -7,6 +7,7 @@ import httpx
 import pytest
 
 from . import openai_checks as checks
+from . import tool_call_checks as tool_checks
 from .conftest import free_port, python_cmd, running_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -70,3 +71,11 @@ def test_non_streaming_client_timeout_aborts_and_frees_blocks(served):
 def test_bad_input_is_a_clear_4xx_and_the_server_keeps_serving(served, path, body, status,
                                                                 param, fragment):
     checks.bad_input(served, path, body, status, param, fragment)
+
+
+def test_forced_tool_calls_and_tool_result_round_trip(served):
+    tool_checks.forced_tool_calls(served)
+
+
+def test_response_format_json_schema(served):
+    tool_checks.json_schema_response(served)

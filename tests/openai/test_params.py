@@ -56,7 +56,7 @@ def test_chat_logprobs_flag_and_top_logprobs_count():
     for fields, param in (({"top_logprobs": 2}, "top_logprobs"),
                           ({"logprobs": True, "top_logprobs": 99}, "top_logprobs"),
                           ({"tools": [{"type": "function"}]}, "tools"),
-                          ({"response_format": {"type": "json_object"}}, "response_format")):
+                          ({"response_format": {"type": "json_schema"}}, "response_format")):
         with pytest.raises(OpenAIError) as info:
             chat_params(ChatCompletionRequest(messages=MSG, **fields))
         assert info.value.param == param
