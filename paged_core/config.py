@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from .spec_decode.config import SpeculativeConfig
+
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _BACKENDS = ("auto", "torch", "triton")
 _EXECUTOR_BACKENDS = (None, "uni", "mp", "external_launcher")
@@ -51,6 +53,11 @@ class EngineConfig:
     ``None`` (automatic), ``"uni"`` (one rank, in process), ``"mp"`` (spawned
     workers on this machine) or ``"external_launcher"`` (``torchrun`` started
     them, possibly on several machines; see ``paged_core.worker``).
+
+    ``speculative_config`` turns on speculative decoding with vLLM's dict
+    (``{"method": "ngram", "num_speculative_tokens": 4, ...}`` or ``{"model":
+    draft_folder, "num_speculative_tokens": 4}``; also as JSON text), validated
+    into a ``SpeculativeConfig``.
     """
 
     model: str | None = None
@@ -70,8 +77,10 @@ class EngineConfig:
     seed: int = 0
     tensor_parallel_size: int = 1
     distributed_executor_backend: str | None = None
+    speculative_config: dict | None = None  # vLLM's dict; becomes a SpeculativeConfig
 
     def __post_init__(self) -> None:
+        self.speculative_config = SpeculativeConfig.from_value(self.speculative_config)
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
         if self.attention_backend not in _BACKENDS:
