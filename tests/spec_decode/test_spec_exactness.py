@@ -8,22 +8,12 @@ import pytest
 
 from paged_core import LLM, SamplingParams
 
-from .narrow_models import build_narrow_model, narrow_prompts
+from .narrow_models import narrow_prompts
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
          "prompt_lookup_min": 2}
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 PROMPTS = narrow_prompts([5, 20, 40, 3, 33])
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory, tokenizer):
-    return build_narrow_model(str(tmp_path_factory.mktemp("target")), tokenizer)
-
-
-@pytest.fixture(scope="module")
-def draft(tmp_path_factory, tokenizer):
-    return build_narrow_model(str(tmp_path_factory.mktemp("draft")), tokenizer, noise=4.0)
 
 
 @pytest.fixture(scope="module")
