@@ -81,6 +81,10 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         self.speculative_config = SpeculativeConfig.from_value(self.speculative_config)
+        if self.speculative_config and self.speculative_config.method == "draft_model" \
+                and self.tensor_parallel_size > 1:
+            raise ValueError("speculative_config with a draft model needs tensor_parallel_size=1; "
+                             "use method 'ngram' with tensor parallelism")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
         if self.attention_backend not in _BACKENDS:

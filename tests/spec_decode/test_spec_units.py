@@ -60,6 +60,12 @@ def test_bad_values_name_the_key(value, key):
         EngineConfig(speculative_config=value)
 
 
+def test_draft_model_needs_a_single_rank(tmp_path):
+    with pytest.raises(ValueError, match="tensor_parallel_size=1"):
+        EngineConfig(tensor_parallel_size=2,
+                     speculative_config={"model": str(tmp_path), "num_speculative_tokens": 2})
+
+
 def test_engine_config_reads_json_from_the_environment():
     config = EngineConfig.from_env({"PAGED_CORE_SPECULATIVE_CONFIG": json.dumps(NGRAM)})
     assert config.speculative_config == SpeculativeConfig.from_value(NGRAM)
