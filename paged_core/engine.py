@@ -1,6 +1,7 @@
 """``LLMEngine``: the synchronous core. ``step()`` = ``schedule`` -> ``execute_model`` ->
 ``update_from_output`` (vLLM's names): schedule, run the forward through the executor
-(in process or on every tensor-parallel rank), then sample, append, free.
+(in process or on every tensor-parallel rank), then sample, append, free; with a
+``speculative_config`` the proposer then drafts tokens for the next step (``spec_decode``).
 
 Not thread-safe: the offline ``LLM`` calls it directly; ``AsyncEngine`` owns
 one on its step-loop thread. Requests are validated (and tokenized) by
