@@ -59,8 +59,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for system in systems:
-            spec = {"plain": None, "ngram": NGRAM,
-                    "draft": {"model": _random_draft(tokenizer, scratch), "num_speculative_tokens": 4}}[system]
+            spec = (None if system == "plain" else NGRAM if system == "ngram" else
+                    {"model": _random_draft(tokenizer, scratch), "num_speculative_tokens": 4})
             for c in concurrency:
                 engine = make_engine(args.dtype, max_num_seqs=c, speculative_config=spec)
                 _run_requests(engine, WARMUP, "warmup")
