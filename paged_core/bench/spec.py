@@ -18,6 +18,7 @@ acceptance rate and mean acceptance length, speedup over plain decoding.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import tempfile
 import time
@@ -57,6 +58,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     requests = [BenchRequest(_repeat_prompt(tokenizer, text_window(corpus, rng, passage_len)),
                              output_len) for _ in range(num_requests)]
     rows = []
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as scratch:
         for system in systems:
             spec = (None if system == "plain" else NGRAM if system == "ngram" else
@@ -78,7 +80,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "passage_len": passage_len, "output_len": output_len,
             "mean_prompt_len": sum(r.prompt_len for r in requests) / len(requests),
             "ngram_config": NGRAM, "rows": rows,
-            "notes": ["draft = random-weight 2-layer Llama with the target's tokenizer: it "
+            "load_average_before": load_before, "load_average_after": os.getloadavg(),
+            "notes": ["verifying k drafts runs k + 1 rows through every linear: free where a "
+                      "decode step is memory-bound (GPU, idle CPU), not on a busy CPU where "
+                      "GEMM time grows with the rows (see load_average_*)",
+                      "draft = random-weight 2-layer Llama with the target's tokenizer: it "
                       "measures the cost of drafting + verifying (acceptance ~0), not a gain"]}
 
 
@@ -93,8 +99,6 @@ def _repeat_prompt(tokenizer, passage: list[int], answer_start: int = 8) -> list
 
 def _random_draft(tokenizer, scratch: str) -> str:
     """A random-weight 2-layer Llama with the target's tokenizer, saved under ``scratch``."""
-    import os
-
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
