@@ -8,7 +8,7 @@ Systems: plain decoding; n-gram speculation (``{"method": "ngram",
 and a draft model with random weights (2 layers, 64 wide, the target's
 tokenizer), which measures the mechanics only: its drafts are almost never
 accepted, so it shows the overhead of drafting and verifying, not a gain.
-Each concurrency ``c`` runs ``max(c, 3)`` requests with at most ``c`` in flight
+Each concurrency ``c`` runs ``max(c, 3)`` requests (``--quick``: one) with at most ``c`` in flight
 (``max_num_seqs=c``), greedy, exactly ``output_len`` tokens each. The chat
 prompt already holds the answer's first 8 tokens (the 135M model otherwise
 often describes the text instead of repeating it).
@@ -54,9 +54,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer = embedded_tokenizer()
     corpus = corpus_token_ids(tokenizer)
     rng = random.Random(args.seed)
-    num_requests = max(max(concurrency), 3)
+    per_concurrency = {c: 1 if args.quick else max(c, 3) for c in concurrency}
     requests = [BenchRequest(_repeat_prompt(tokenizer, text_window(corpus, rng, passage_len)),
-                             output_len) for _ in range(num_requests)]
+                             output_len) for _ in range(max(per_concurrency.values()))]
     rows = []
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as scratch:
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 engine = make_engine(args.dtype, max_num_seqs=c, speculative_config=spec)
                 _run_requests(engine, WARMUP, "warmup")
                 rows.append({"system": system, "concurrency": c,
-                             **_measure(engine, requests[:max(c, 3)])})
+                             **_measure(engine, requests[:per_concurrency[c]])})
                 engine.shutdown()
     base = {r["concurrency"]: r for r in rows if r["system"] == "plain"}
     for r in rows:
