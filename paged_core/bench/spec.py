@@ -8,8 +8,8 @@ Systems: plain decoding; n-gram speculation (``{"method": "ngram",
 and a draft model with random weights (2 layers, 64 wide, the target's
 tokenizer), which measures the mechanics only: its drafts are almost never
 accepted, so it shows the overhead of drafting and verifying, not a gain.
-Each concurrency ``c`` runs ``max(c, 3)`` requests (``--quick``: one) with at most ``c`` in flight
-(``max_num_seqs=c``), greedy, exactly ``output_len`` tokens each. The chat
+Each concurrency ``c`` runs ``max(c, 3)`` requests (``--quick``: one) with at
+most ``c`` in flight (``max_num_seqs=c``), greedy, exactly ``output_len`` tokens each. The chat
 prompt already holds the answer's first 8 tokens (the 135M model otherwise
 often describes the text instead of repeating it).
 Reported per system and ``c``: output tok/s, mean inter-token latency, draft
