@@ -148,8 +148,9 @@ class LLMEngine:
     def execute_model(self, sched: SchedulerOutput) -> torch.Tensor:
         """Pack the step and run its forward (on every rank, through the executor); returns
         float32 logits of the rows to sample, in scheduling order."""
-        batch = [StepInput(item.seq.token_ids + item.seq.spec_token_ids, item.seq.num_computed_tokens,
-                           item.num_new_tokens, self.kv.block_ids(item.seq),
+        batch = [StepInput(item.seq.token_ids + item.seq.spec_token_ids,
+                           item.seq.num_computed_tokens, item.num_new_tokens,
+                           self.kv.block_ids(item.seq),
                            needs_logits=_is_sampled(item),
                            num_spec_tokens=len(item.seq.spec_token_ids))
                  for item in sched.scheduled]
@@ -233,7 +234,8 @@ class LLMEngine:
         return outputs
 
     def _append_tokens(self, seq, tokens: list[int], logprobs: list) -> bool:
-        """Append verified tokens one by one, as plain decoding would; True once one finished ``seq``."""
+        """Append verified tokens one by one, as plain decoding would; True once one of them
+        finished ``seq`` (the rest are dropped)."""
         for token, lp in zip(tokens, logprobs):
             self.generated_tokens += 1
             if seq.request.append_token(seq, token, lp):

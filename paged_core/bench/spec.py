@@ -130,10 +130,12 @@ def _measure(engine: LLMEngine, requests: list[BenchRequest]) -> dict[str, Any]:
     for out in outputs.values():
         m, n = out.metrics, len(out.outputs[0].token_ids)
         itl.append((m.finished_time - m.first_token_time) / max(n - 1, 1) * 1000)
-    drafted = after.get("spec_decode_num_draft_tokens", 0) - before.get("spec_decode_num_draft_tokens", 0)
-    accepted = (after.get("spec_decode_num_accepted_tokens", 0)
-                - before.get("spec_decode_num_accepted_tokens", 0))
-    drafts = after.get("spec_decode_num_drafts", 0) - before.get("spec_decode_num_drafts", 0)
+    def delta(key: str) -> float:
+        return after.get(key, 0) - before.get(key, 0)
+
+    drafted = delta("spec_decode_num_draft_tokens")
+    accepted = delta("spec_decode_num_accepted_tokens")
+    drafts = delta("spec_decode_num_drafts")
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs.values())
     return {"num_requests": len(requests), "output_tokens": tokens, "seconds": seconds,
             "output_tok_s": tokens / seconds, "itl_ms": percentiles(itl),
@@ -150,7 +152,8 @@ def print_summary(results: dict[str, Any]) -> None:
           f"{'mean len':>9}{'same':>6}")
     for r in results["rows"]:
         rate = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.0%}"
-        length = "-" if r["mean_acceptance_length"] is None else f"{r['mean_acceptance_length']:.2f}"
+        length = ("-" if r["mean_acceptance_length"] is None
+                  else f"{r['mean_acceptance_length']:.2f}")
         print(f"{r['system']:>7}{r['concurrency']:>4}{r['output_tok_s']:>9.1f}"
               f"{r['itl_ms']['mean']:>9.1f}{r['speedup_tok_s']:>8.2f}x{rate:>8}{length:>9}"
               f"{str(r['same_tokens_as_plain']):>6}")
@@ -169,7 +172,8 @@ def plot(results: dict[str, Any], out_dir, name: str) -> None:
                 axes[0][0].annotate(f"{r['speedup_tok_s']:.2f}x, {r['acceptance_rate']:.0%} acc.",
                                     (r["concurrency"], r["output_tok_s"]),
                                     textcoords="offset points", xytext=(0, 6), ha="center")
-    for ax, label in ((axes[0][0], "output tokens/s"), (axes[0][1], "mean inter-token latency (ms)")):
+    labels = ("output tokens/s", "mean inter-token latency (ms)")
+    for ax, label in zip(axes[0], labels):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrency (requests in flight)")
         ax.set_ylabel(label)

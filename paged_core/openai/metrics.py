@@ -26,7 +26,8 @@ _GAUGES = {
     "num_running": ("num_requests_running", "Requests being generated"),
     "num_waiting": ("num_requests_waiting", "Requests waiting to be scheduled"),
     "spec_decode_mean_acceptance_length": (
-        "spec_decode_mean_acceptance_length", "Tokens per verify step with drafts (1 + accepted / drafts)"),
+        "spec_decode_mean_acceptance_length",
+        "Tokens per verify step with drafts (1 + accepted / drafts)"),
 }
 _COUNTERS = {
     "prefix_cache_queries": ("prefix_cache_queries", "Prompt blocks looked up in the prefix cache"),
@@ -34,7 +35,8 @@ _COUNTERS = {
     "num_preemptions": ("num_preemptions", "Requests preempted (recomputed later)"),
     "generated_tokens": ("generation_tokens", "Tokens generated"),
     "spec_decode_num_drafts": ("spec_decode_num_drafts", "Verify steps of sequences with drafts"),
-    "spec_decode_num_draft_tokens": ("spec_decode_num_draft_tokens", "Draft tokens proposed and verified"),
+    "spec_decode_num_draft_tokens": ("spec_decode_num_draft_tokens",
+                                     "Draft tokens proposed and verified"),
     "spec_decode_num_accepted_tokens": ("spec_decode_num_accepted_tokens", "Draft tokens accepted"),
 }
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,

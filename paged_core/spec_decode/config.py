@@ -31,7 +31,8 @@ class SpeculativeConfig:
     prompt_lookup_min: int | None = None
 
     @classmethod
-    def from_value(cls, value: "SpeculativeConfig | dict | str | None") -> "SpeculativeConfig | None":
+    def from_value(cls, value: "SpeculativeConfig | dict | str | None"
+                   ) -> "SpeculativeConfig | None":
         """Build from a dict (or its JSON text); ``None`` (or ``{}``) means no speculation."""
         if value is None or isinstance(value, SpeculativeConfig):
             return value
@@ -63,7 +64,8 @@ class SpeculativeConfig:
                                  "(a draft model folder)")
             method = "draft_model"
         if method not in METHODS:
-            raise ValueError(f"speculative_config['method'] must be one of {METHODS}, got {method!r}")
+            raise ValueError(f"speculative_config['method'] must be one of {METHODS}, "
+                             f"got {method!r}")
         k = v.get("num_speculative_tokens")
         if k is None:
             raise ValueError("speculative_config['num_speculative_tokens'] is required")

@@ -88,7 +88,7 @@ class DraftModelProposer:
         shadow = self.shadows.get(seq.seq_id)
         if shadow is None:
             shadow = self.shadows[seq.seq_id] = Sequence(seq.seq_id, None, [], 0, 0)
-        # Tokens the shadow took from ``seq`` last time are still ``seq``'s: compare only after them.
+        # The tokens the shadow took from ``seq`` last time are still ``seq``'s: compare after them.
         limit = min(shadow.num_computed_tokens, seq.num_tokens - 1)
         keep = min(self.synced.get(seq.seq_id, 0), limit)
         while keep < limit and shadow.token_ids[keep] == seq.token_ids[keep]:

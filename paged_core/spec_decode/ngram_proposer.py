@@ -30,7 +30,7 @@ class NgramProposer:
             seq.spec_token_ids = self.propose_tokens(seq.token_ids, limit) if limit else []
 
     def propose_tokens(self, token_ids: list[int], k: int | None = None) -> list[int]:
-        """At most ``k`` (default: ``num_speculative_tokens``) draft tokens to follow ``token_ids``."""
+        """At most ``k`` (default ``num_speculative_tokens``) drafts to follow ``token_ids``."""
         k = self.k if k is None else k
         n_tokens = len(token_ids)
         if k <= 0 or n_tokens <= self.min_n:

@@ -29,7 +29,7 @@ def verify_rows(request, seq) -> list[SamplingRow]:
 
 
 def num_accepted(draft_token_ids: list[int], sampled_token_ids: list[int]) -> int:
-    """Length of the longest prefix of the drafts equal to the target's tokens at those positions."""
+    """Length of the longest prefix of the drafts equal to the target's sampled tokens."""
     accepted = 0
     for draft, sampled in zip(draft_token_ids, sampled_token_ids):
         if draft != sampled:

@@ -68,7 +68,7 @@ def test_ngram_greedy_equals_plain_decoding_in_mixed_batches(plain, ngram):
     assert 0 < stats["spec_decode_num_accepted_tokens"] < stats["spec_decode_num_draft_tokens"]
     assert stats["spec_decode_mean_acceptance_length"] > 1
     assert stats["kv_blocks_used"] == 0
-    # Again: now the prompts' full blocks come from the prefix cache (hashes of accepted tokens only).
+    # Again: the prompts' full blocks now come from the prefix cache (hashes cover accepted tokens).
     hits = stats["prefix_cache_hits"]
     _assert_same(_run(ngram, PROMPTS, GREEDY), expected)
     assert ngram.stats()["prefix_cache_hits"] > hits

@@ -53,7 +53,8 @@ def test_sampled_ngram_speculation_follows_the_target_distribution(target):
     start = narrow_prompts([16], seed=3)[0]
     greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     continuation = llm.generate(start, greedy, use_tqdm=False)[0].outputs[0].token_ids
-    prompt = {"prompt_token_ids": start["prompt_token_ids"] + continuation + start["prompt_token_ids"]}
+    start_ids = start["prompt_token_ids"]
+    prompt = {"prompt_token_ids": start_ids + continuation + start_ids}
     params = SamplingParams(temperature=1.0, top_k=TOP_K, max_tokens=3, ignore_eos=True,
                             n=SAMPLES_PER_PROMPT)
     outputs = llm.generate([prompt] * NUM_PROMPTS, params, use_tqdm=False)
@@ -66,4 +67,5 @@ def test_sampled_ngram_speculation_follows_the_target_distribution(target):
     _assert_frequencies(counts, _exact_first_tokens(target, prompt["prompt_token_ids"]))
     stats = llm.stats()
     # Both branches of the rejection rule ran many times.
-    assert 100 < stats["spec_decode_num_accepted_tokens"] < stats["spec_decode_num_draft_tokens"] - 100
+    accepted, drafted = stats["spec_decode_num_accepted_tokens"], stats["spec_decode_num_draft_tokens"]
+    assert 100 < accepted < drafted - 100
