@@ -67,5 +67,6 @@ def test_sampled_ngram_speculation_follows_the_target_distribution(target):
     _assert_frequencies(counts, _exact_first_tokens(target, prompt["prompt_token_ids"]))
     stats = llm.stats()
     # Both branches of the rejection rule ran many times.
-    accepted, drafted = stats["spec_decode_num_accepted_tokens"], stats["spec_decode_num_draft_tokens"]
+    accepted = stats["spec_decode_num_accepted_tokens"]
+    drafted = stats["spec_decode_num_draft_tokens"]
     assert 100 < accepted < drafted - 100
