@@ -139,3 +139,24 @@ def test_prometheus_exports_the_spec_decode_counters(ngram):
     for name in ("spec_decode_num_drafts", "spec_decode_num_draft_tokens",
                  "spec_decode_num_accepted_tokens", "spec_decode_mean_acceptance_length"):
         assert f"paged_core_{name}" in text
+
+
+async def test_async_engine_streams_accepted_runs_as_deltas(target, plain):
+    """Streaming under speculation: a step may add several tokens; the deltas still add up."""
+    from paged_core import AsyncEngine, EngineConfig
+
+    engine = AsyncEngine(EngineConfig(model=target, dtype="float32", num_kv_blocks=64,
+                                      speculative_config=NGRAM))
+    try:
+        params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+        expected = _run(plain, PROMPTS[2], params)[0].outputs[0]
+        deltas, text, last = [], "", None
+        async for out in engine.generate(PROMPTS[2], params, request_id="spec-stream"):
+            deltas.append(len(out.outputs[0].delta_token_ids))
+            text += out.outputs[0].delta_text
+            last = out
+        assert last.finished and last.outputs[0].token_ids == expected.token_ids
+        assert text == expected.text and sum(deltas) == len(expected.token_ids)
+        assert max(deltas) > 1  # accepted drafts arrive together
+    finally:
+        engine.shutdown_sync()
