@@ -99,6 +99,17 @@ class KVCacheManager:
         if table:
             self.pool.free_blocks(reversed(table))
 
+    def free_blocks_past_computed(self, seq: Sequence) -> None:
+        """Drop the tail blocks that hold no computed token (rejected draft slots), tail first.
+
+        Their slots were never hashed: block hashes only cover ``seq.token_ids``.
+        """
+        table = self.block_tables.get(seq.seq_id)
+        keep = cdiv(seq.num_computed_tokens, self.block_size)
+        if table and len(table) > keep:
+            self.pool.free_blocks(reversed(table[keep:]))
+            del table[keep:]
+
     def reset_prefix_cache(self) -> None:
         """Evict every cached block with no reference; blocks in use keep their hashes."""
         self.pool.reset_prefix_cache()

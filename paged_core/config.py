@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from .spec_decode.config import SpeculativeConfig
+
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _BACKENDS = ("auto", "torch", "triton")
 _EXECUTOR_BACKENDS = (None, "uni", "mp", "external_launcher")
@@ -61,6 +63,10 @@ class EngineConfig:
     step cost predicts fits in that many milliseconds (``None``: the usage
     default, ``SERVING_ITL_TARGET_MS`` for ``AsyncEngine`` servers, off for the
     offline ``LLM``; 0: off).
+    ``speculative_config`` turns on speculative decoding with vLLM's dict
+    (``{"method": "ngram", "num_speculative_tokens": 4, ...}`` or ``{"model":
+    draft_folder, "num_speculative_tokens": 4}``; also as JSON text), validated
+    into a ``SpeculativeConfig``.
     """
 
     model: str | None = None
@@ -84,8 +90,14 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     distributed_executor_backend: str | None = None
     tool_call_parser: str | None = None  # how chat replies with tool_choice "auto" are parsed
+    speculative_config: dict | None = None  # vLLM's dict; becomes a SpeculativeConfig
 
     def __post_init__(self) -> None:
+        self.speculative_config = SpeculativeConfig.from_value(self.speculative_config)
+        if self.speculative_config and self.speculative_config.method == "draft_model" \
+                and self.tensor_parallel_size > 1:
+            raise ValueError("speculative_config with a draft model needs tensor_parallel_size=1; "
+                             "use method 'ngram' with tensor parallelism")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
         if self.attention_backend not in _BACKENDS:

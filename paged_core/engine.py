@@ -1,6 +1,7 @@
 """``LLMEngine``: the synchronous core. ``step()`` = ``schedule`` -> ``execute_model`` ->
 ``update_from_output`` (vLLM's names): schedule, run the forward through the executor
-(in process or on every tensor-parallel rank), then sample, append, free.
+(in process or on every tensor-parallel rank), then sample, append, free; with a
+``speculative_config`` the proposer then drafts tokens for the next step (``spec_decode``).
 
 Not thread-safe: the offline ``LLM`` calls it directly; ``AsyncEngine`` owns
 one on its step-loop thread. Requests are validated (and tokenized) by
@@ -35,6 +36,9 @@ from .step_cost import StepCostModel
 from .devices import resolve_device, resolve_dtype
 from .eos import eos_token_ids
 from .exceptions import RequestFailedError
+from .spec_decode.metrics import SpecDecodingStats
+from .spec_decode.proposer import make_proposer
+from .spec_decode.rejection_sampler import num_accepted, verify_rows
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +79,9 @@ class LLMEngine:
         self.generated_tokens = 0
         self.itl_target_s = (config.itl_target_ms or 0) / 1000
         self.step_cost = StepCostModel()  # fed only when there is a latency target
+        spec = config.speculative_config
+        self.proposer = make_proposer(spec, self) if spec is not None else None
+        self.spec_stats = SpecDecodingStats(spec.num_speculative_tokens if spec else 0)
 
     @property
     def attention_backend(self) -> str:
@@ -144,6 +151,9 @@ class LLMEngine:
         try:
             logits = self.execute_model(sched)
             outputs = self.update_from_output(sched, logits)
+            if self.proposer is not None:  # a grammar's mask is known for its current state
+                self.proposer.propose([seq for seq in self.scheduler.running  # only: no drafts
+                                       if seq.request.sample_of(seq).grammar is None])
         except Exception:
             logger.error("engine step failed: %s", sched.describe())
             raise
@@ -158,8 +168,11 @@ class LLMEngine:
     def execute_model(self, sched: SchedulerOutput) -> torch.Tensor:
         """Pack the step and run its forward (on every rank, through the executor); returns
         float32 logits of the rows to sample, in scheduling order."""
-        batch = [StepInput(item.seq.token_ids, item.seq.num_computed_tokens, item.num_new_tokens,
-                           self.kv.block_ids(item.seq), needs_logits=_is_sampled(item))
+        batch = [StepInput(item.seq.token_ids + item.seq.spec_token_ids,
+                           item.seq.num_computed_tokens, item.num_new_tokens,
+                           self.kv.block_ids(item.seq),
+                           needs_logits=_is_sampled(item),
+                           num_spec_tokens=len(item.seq.spec_token_ids))
                  for item in sched.scheduled]
         packed = pack_batch(batch, self.config.block_size,
                             bucketed=self.runner.model.prefers_bucketed_batches)
@@ -171,7 +184,7 @@ class LLMEngine:
         now = time.monotonic()
         outputs: list[RequestOutput] = []
         rows, targets, logit_rows = [], [], []
-        logit_row = -1
+        next_logit_row = 0
         for item in sched.scheduled:
             seq = item.seq
             sampled = _is_sampled(item)
@@ -181,7 +194,8 @@ class LLMEngine:
                 request.metrics.first_scheduled_time = now
             if not sampled:
                 continue
-            logit_row += 1
+            logit_row = next_logit_row  # this sequence's rows: one, plus one per draft token
+            next_logit_row += 1 + len(seq.spec_token_ids)
             samples = [seq]
             if seq.num_output_tokens == 0 and seq.sample_index == 0:
                 request.num_cached_tokens = seq.num_cached_tokens
@@ -195,29 +209,38 @@ class LLMEngine:
                     self.kv.fork(seq, child)
                     self.scheduler.add_running(child)
                 samples += children
-            for target in samples:
-                rows.append(request.sampling_row(target))
+            for target in samples:  # forks happen after the prompt: only ``seq`` has drafts
+                target_rows = verify_rows(request, target)
+                rows += target_rows
                 targets.append(target)
-                logit_rows.append(logit_row)
+                logit_rows += range(logit_row, logit_row + len(target_rows))
         if not rows:
             return outputs
         if len(logit_rows) != logits.shape[0]:
             logits = logits[torch.tensor(logit_rows, device=logits.device)]
         tokens, logprobs = self.sampler(logits, rows)
-        self.generated_tokens += len(tokens)
         touched: dict[str, Request] = {}
-        for seq, token, lp in zip(targets, tokens, logprobs):
-            request = seq.request
+        end = 0
+        for seq in targets:
+            request, drafts = seq.request, seq.spec_token_ids
+            start, end = end, end + 1 + len(drafts)
             if seq.is_finished:  # its request failed on an earlier sample of this step
                 continue
+            accepted = num_accepted(drafts, tokens[start:end])
+            self.spec_stats.observe(len(drafts), accepted)
+            seq.spec_token_ids = []
             try:
-                finished = request.append_token(seq, token, lp)
+                finished = self._append_tokens(seq, tokens[start:start + accepted + 1],
+                                               logprobs[start:start + accepted + 1])
             except Exception as exc:
                 touched.pop(request.request_id, None)
                 outputs.append(self._fail_request(request, exc))
                 continue
             if finished:
                 self.scheduler.finish(seq)
+            elif drafts:  # roll back the K/V slots of rejected drafts
+                seq.num_computed_tokens = seq.num_tokens - 1
+                self.kv.free_blocks_past_computed(seq)
             touched[request.request_id] = request
         for request in touched.values():
             try:
@@ -229,6 +252,15 @@ class LLMEngine:
                 del self.requests[request.request_id]
             outputs.append(out)
         return outputs
+
+    def _append_tokens(self, seq, tokens: list[int], logprobs: list) -> bool:
+        """Append verified tokens one by one, as plain decoding would; True once one of them
+        finished ``seq`` (the rest are dropped)."""
+        for token, lp in zip(tokens, logprobs):
+            self.generated_tokens += 1
+            if seq.request.append_token(seq, token, lp):
+                return True
+        return False
 
     def check_health(self) -> None:
         """Raises if the engine can no longer run steps (e.g. a tensor-parallel worker died)."""
@@ -277,9 +309,12 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             generated_tokens=self.generated_tokens,
         )
+        if self.proposer is not None:
+            stats.update(self.spec_stats.as_dict())
         return stats
 
 
 def _is_sampled(item) -> bool:
-    """Whether this step computes the last known token of the sequence (so it samples the next)."""
-    return item.seq.num_computed_tokens + item.num_new_tokens == item.seq.num_tokens
+    """Whether this step computes the last known token of the sequence (so it samples the next;
+    with draft tokens, also one token after each draft)."""
+    return item.seq.num_computed_tokens + item.num_new_tokens >= item.seq.num_tokens

@@ -9,7 +9,8 @@ Layout (the same as :class:`~paged_core.attention.AttentionMetadata`):
   a bucketed size): token 0, position 0, slot ``-1`` (nothing is written);
 - ``block_tables`` is ``[num_seqs, max blocks of any sequence]``, rows padded with 0;
 - ``logits_indices`` are the rows whose logits are sampled (the last new token of
-  each sequence whose known tokens are all computed after this step).
+  each sequence whose known tokens are all computed after this step; with ``k``
+  draft tokens, its last ``k + 1`` new tokens, in order).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class StepInput:
     num_new_tokens: int
     block_ids: list[int]
     needs_logits: bool
+    num_spec_tokens: int = 0  # drafts at the end of the new tokens: logits at 1 + this many rows
 
 
 @dataclass
@@ -90,9 +92,14 @@ def pack_batch(batch: list[StepInput], block_size: int, bucketed: bool = False) 
     slot_mapping = np.full(padded, -1, dtype=np.int64)
     slot_mapping[:num_tokens] = block_tables[rows, real // block_size].astype(np.int64) * block_size \
         + real % block_size
-    needs_logits = np.fromiter((s.needs_logits for s in batch), dtype=bool, count=len(batch))
+    num_logits = np.fromiter(((1 + s.num_spec_tokens) * s.needs_logits for s in batch),
+                             dtype=np.int64, count=len(batch))
+    first_logit_row = np.repeat(query_start_loc[1:] - num_logits, num_logits)
+    within = np.arange(len(first_logit_row)) - np.repeat(np.cumsum(num_logits) - num_logits,
+                                                         num_logits)
     return PackedBatch(
         input_ids=input_ids, positions=positions, slot_mapping=slot_mapping,
         block_tables=block_tables, seq_lens=seq_lens.astype(np.int32), query_lens=qlens,
         query_start_loc=query_start_loc.astype(np.int32),
-        logits_indices=query_start_loc[1:][needs_logits] - 1, num_tokens=num_tokens)
+        logits_indices=first_logit_row + within,
+        num_tokens=num_tokens)

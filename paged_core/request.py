@@ -93,14 +93,17 @@ class Request:
     def sample_of(self, seq: Sequence) -> Sample:
         return self.samples[seq.sample_index]
 
-    def sampling_row(self, seq: Sequence) -> SamplingRow:
+    def sampling_row(self, seq: Sequence, num_drafts: int = 0) -> SamplingRow:
+        """The row that samples ``seq``'s next token, as if its first ``num_drafts`` draft
+        tokens (speculative decoding) had been appended."""
         sample = self.sample_of(seq)
+        output = seq.output_token_ids + seq.spec_token_ids[:num_drafts]
         blocked: list[int] = []
         # a grammar decides alone where EOS may come (min_tokens cannot outlast its end)
-        if seq.num_output_tokens < self.params.min_tokens and sample.grammar is None:
+        if len(output) < self.params.min_tokens and sample.grammar is None:
             blocked = sorted(set(self.params.stop_token_ids) | self.eos_token_ids)
-        return SamplingRow(self.params, sample.generator, self.prompt_token_ids,
-                           seq.output_token_ids, blocked, sample.grammar)
+        return SamplingRow(self.params, sample.generator, self.prompt_token_ids, output, blocked,
+                           sample.grammar)
 
     def append_token(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> bool:
         """Append a sampled token to ``seq``; returns True if that finished the sequence."""

@@ -3,7 +3,10 @@
 Each step packs running sequences first (decodes and unfinished prefill
 chunks, oldest first), then admits waiting ones FCFS, all under
 ``max_num_batched_tokens`` tokens and ``max_num_seqs`` sequences. A prefill
-that does not fit the remaining budget is chunked. When the cache is full the
+that does not fit the remaining budget is chunked. A decode with draft tokens
+(speculative decoding, ``seq.spec_token_ids``) asks for ``1 + len(drafts)``
+tokens; drafts past the budget, or all of them when their blocks do not fit,
+are dropped before anything is preempted. When the cache is full the
 newest running sequence is preempted by recompute (its blocks are freed and it
 goes back to the front of the queue); the oldest one always makes progress, so
 every request finishes.
@@ -103,18 +106,24 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if limits is not None:
+            pending = seq.num_tokens - seq.num_computed_tokens
+            num_new = min(pending + len(seq.spec_token_ids), budget)
+            if limits is not None and pending > 1:  # a prefill chunk (drafts follow decodes only)
                 num_new = limits.take(num_new)
                 if num_new == 0:
                     i += 1
                     continue
             while not self.kv.allocate_slots(seq, num_new):
+                if seq.spec_token_ids:  # drafts are the first thing to give up
+                    seq.spec_token_ids = []
+                    num_new = min(pending, budget)
+                    continue
                 victim = self.running[-1]
                 self._preempt(victim, out)
                 if victim is seq:
                     break
             else:
+                del seq.spec_token_ids[max(num_new - pending, 0):]  # drafts past the budget
                 out.scheduled.append(ScheduledSequence(seq, num_new))
                 scheduled_ids.add(seq.seq_id)
                 budget -= num_new
@@ -154,6 +163,7 @@ class Scheduler:
         self.running.remove(seq)
         self.kv.free(seq)
         seq.num_computed_tokens = 0
+        seq.spec_token_ids = []
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1

@@ -37,6 +37,8 @@ class Sequence:
         self.stop_reason: int | str | None = None
         # Hashes of this sequence's full blocks (chained); extended as it grows.
         self.block_hashes: list[bytes] = []
+        # Draft tokens proposed for the next step (speculative decoding); never in token_ids.
+        self.spec_token_ids: list[int] = []
 
     @property
     def num_tokens(self) -> int:

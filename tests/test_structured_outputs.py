@@ -184,3 +184,25 @@ def test_a_dict_becomes_structured_outputs_params_and_the_engine_keeps_serving(l
         llm_fp32.generate("Hi", SamplingParams(structured_outputs={"regex": "["}), use_tqdm=False)
     out = llm_fp32.generate("Is the sky blue?", params, use_tqdm=False)[0].outputs[0]
     assert out.text in ("yes", "no") and out.finish_reason == "stop"
+
+
+def test_speculative_engine_drafts_for_free_rows_only_and_keeps_constrained_output(llm_fp32):
+    """n-gram speculation beside a grammar: the constrained sequence gets no drafts (its mask
+    is only known for the matcher's current state) and decodes exactly as without
+    speculation; the unconstrained, repetitive one is drafted for."""
+    date = StructuredOutputsParams(regex=r"20[0-9]{2}-(0[1-9]|1[0-2])-[0-2][0-9]")
+    constrained = (_chat(llm_fp32, "When is it?"),
+                   SamplingParams(temperature=0, max_tokens=20, structured_outputs=date))
+    free = ("one two three four one two three four one two three four one two",
+            SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    expected = [o.outputs[0].token_ids for o in llm_fp32.generate(
+        [constrained[0], free[0]], [constrained[1], free[1]], use_tqdm=False)]
+    spec = LLM(dtype="float32", num_kv_blocks=64, speculative_config={
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3})
+    try:
+        outs = spec.generate([constrained[0], free[0]], [constrained[1], free[1]], use_tqdm=False)
+        stats = spec.stats()
+    finally:
+        spec.shutdown()
+    assert [o.outputs[0].token_ids for o in outs] == expected
+    assert stats["spec_decode_num_draft_tokens"] > 0

@@ -11,11 +11,11 @@ import os
 import sys
 import traceback
 
-from . import memory, prefix, serve, sharing, structured, throughput, tp
+from . import memory, prefix, serve, sharing, spec, structured, throughput, tp
 from .readme import write_readme
 from .report import DEFAULT_OUT, setup_threads, write_result
 
-BENCHMARKS = {m.NAME: m for m in (throughput, serve, memory, prefix, sharing, tp, structured)}
+BENCHMARKS = {m.NAME: m for m in (throughput, serve, memory, prefix, sharing, tp, structured, spec)}
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:

@@ -1,7 +1,8 @@
 """Prometheus metrics of one served engine.
 
 Engine gauges and counters (KV usage, cached blocks, prefix-cache queries and
-hits, running/waiting, preemptions, generated tokens) are read from
+hits, running/waiting, preemptions, generated tokens, speculative decoding's
+draft / accepted tokens and mean acceptance length) are read from
 ``engine.stats()`` at scrape time, so they can never drift from the engine;
 latency histograms (time to first token, inter-token latency) are observed by
 the OpenAI layer as it streams. Each ``ServingMetrics`` owns its registry, so
@@ -24,12 +25,19 @@ _GAUGES = {
     "kv_blocks_cached": ("kv_blocks_cached", "Free KV-cache blocks still holding reusable prefixes"),
     "num_running": ("num_requests_running", "Requests being generated"),
     "num_waiting": ("num_requests_waiting", "Requests waiting to be scheduled"),
+    "spec_decode_mean_acceptance_length": (
+        "spec_decode_mean_acceptance_length",
+        "Tokens per verify step with drafts (1 + accepted / drafts)"),
 }
 _COUNTERS = {
     "prefix_cache_queries": ("prefix_cache_queries", "Prompt blocks looked up in the prefix cache"),
     "prefix_cache_hits": ("prefix_cache_hits", "Prompt blocks found in the prefix cache"),
     "num_preemptions": ("num_preemptions", "Requests preempted (recomputed later)"),
     "generated_tokens": ("generation_tokens", "Tokens generated"),
+    "spec_decode_num_drafts": ("spec_decode_num_drafts", "Verify steps of sequences with drafts"),
+    "spec_decode_num_draft_tokens": ("spec_decode_num_draft_tokens",
+                                     "Draft tokens proposed and verified"),
+    "spec_decode_num_accepted_tokens": ("spec_decode_num_accepted_tokens", "Draft tokens accepted"),
 }
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
                     1.0, 2.5, 5.0, 10.0, 20.0, 60.0)

@@ -1,0 +1,28 @@
+"""What every proposer shares: which sequences get drafts, and how many at most.
+
+A proposer runs after each step (``LLMEngine.step``) over the running
+sequences and sets ``seq.spec_token_ids``; the scheduler may shorten them
+(token budget, free blocks). Only a sequence whose known tokens are all
+computed but the last (a decode) gets drafts, and never so many that a draft
+position would reach ``max_total_tokens`` (the model's context or the KV
+cache): ``len(drafts) <= max_total_tokens - num_tokens - 1``.
+"""
+from __future__ import annotations
+
+from ..sequence import Sequence
+
+
+def draft_limit(seq: Sequence, k: int, max_total_tokens: int) -> int:
+    """How many drafts ``seq`` may get now (0: none)."""
+    if seq.is_finished or seq.num_tokens - seq.num_computed_tokens != 1:
+        return 0
+    return max(0, min(k, max_total_tokens - seq.num_tokens - 1))
+
+
+def make_proposer(config, engine):
+    """The proposer for ``config.method`` (``engine`` gives the draft model its settings)."""
+    if config.method == "ngram":
+        from .ngram_proposer import NgramProposer
+        return NgramProposer(config, engine.max_total_tokens)
+    from .draft_model_proposer import DraftModelProposer
+    return DraftModelProposer(config, engine)
