@@ -16,6 +16,8 @@ import weakref
 
 import torch
 
+from .beam_request import BeamSearchRequest
+from .beam_search_params import BeamSearchParams
 from .block_manager import KVCacheManager
 from .config import EngineConfig
 from .distributed.executor import make_executor
@@ -73,11 +75,15 @@ class LLMEngine:
         return self.runner.backend.name
 
     def make_request(self, request_id: str, prompt: PromptInput,
-                     params: SamplingParams | None = None) -> Request:
-        """Validate and tokenize; raises ``ValueError`` saying what to change. No side effects."""
+                     params: SamplingParams | BeamSearchParams | None = None
+                     ) -> Request | BeamSearchRequest:
+        """Validate and tokenize; raises ``ValueError`` saying what to change. No side effects.
+
+        ``BeamSearchParams`` make a beam search request (``beam_request.py``)."""
         params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        if not isinstance(params, (SamplingParams, BeamSearchParams)):
+            raise ValueError(f"sampling_params must be a SamplingParams or BeamSearchParams, "
+                             f"got {type(params).__name__}")
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         text, token_ids = tokenize_prompt(prompt, self.tokenizer, self.vocab_size)
@@ -90,10 +96,14 @@ class LLMEngine:
                 f"prompt is too long: {len(token_ids)} tokens, but {limit} leaves room for at most "
                 f"{self.max_total_tokens - 1} prompt tokens plus one generated token; shorten the prompt")
         params.verify_for_model(self.vocab_size, self.max_model_len, len(token_ids))
+        if isinstance(params, BeamSearchParams):
+            params.verify_kv_capacity(len(token_ids), self.kv.num_blocks, self.config.block_size)
+            return BeamSearchRequest(request_id, text, token_ids, params, self.eos_token_ids,
+                                     self.tokenizer)
         return Request(request_id, text, token_ids, params, self.eos_token_ids,
                        self.max_total_tokens, self.tokenizer)
 
-    def add_request(self, request: Request) -> None:
+    def add_request(self, request: Request | BeamSearchRequest) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
         self.requests[request.request_id] = request
@@ -151,6 +161,7 @@ class LLMEngine:
         now = time.monotonic()
         outputs: list[RequestOutput] = []
         rows, targets, logit_rows = [], [], []
+        beam_requests: dict[str, BeamSearchRequest] = {}
         logit_row = -1
         for item in sched.scheduled:
             seq = item.seq
@@ -165,6 +176,10 @@ class LLMEngine:
             samples = [seq]
             if seq.num_output_tokens == 0 and seq.sample_index == 0:
                 request.num_cached_tokens = seq.num_cached_tokens
+            if isinstance(request, BeamSearchRequest):
+                request.take_logits(seq, logits[logit_row])
+                beam_requests[request.request_id] = request
+                continue
             if request.needs_fork:
                 try:
                     children = request.fork()
@@ -179,6 +194,8 @@ class LLMEngine:
                 rows.append(request.sampling_row(target))
                 targets.append(target)
                 logit_rows.append(logit_row)
+        for request in beam_requests.values():
+            outputs += self._advance_beam_search(request)
         if not rows:
             return outputs
         if len(logit_rows) != logits.shape[0]:
@@ -209,6 +226,18 @@ class LLMEngine:
                 del self.requests[request.request_id]
             outputs.append(out)
         return outputs
+
+    def _advance_beam_search(self, request: BeamSearchRequest) -> list[RequestOutput]:
+        """One beam search step once all its beams have logits; an output only when it ends."""
+        try:
+            self.generated_tokens += request.advance(self.kv, self.scheduler)
+            if not request.is_finished:
+                return []
+            out = request.make_output()
+        except Exception as exc:
+            return [self._fail_request(request, exc)]
+        del self.requests[request.request_id]
+        return [out]
 
     def check_health(self) -> None:
         """Raises if the engine can no longer run steps (e.g. a tensor-parallel worker died)."""

@@ -88,6 +88,9 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if num_new == 0:  # a beam waiting for its siblings (beam_request.py): nothing to run
+                i += 1
+                continue
             while not self.kv.allocate_slots(seq, num_new):
                 victim = self.running[-1]
                 self._preempt(victim, out)
