@@ -63,6 +63,8 @@ class SamplingFields(OpenAIBaseModel):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
+    use_beam_search: bool = False  # n = beam width (openai/beam_params.py)
+    length_penalty: float | None = None
 
 
 class CompletionRequest(SamplingFields):
