@@ -216,3 +216,17 @@ def test_async_engine_returns_the_final_beams(tiny_folder, tiny_llm, prompts):
     assert final.finished and [c.index for c in final.outputs] == [0, 1, 2]
     assert [prompts[1] + c.token_ids for c in final.outputs] == _tokens(expected)
     assert [c.text for c in final.outputs] == [s.text for s in expected.sequences]
+
+
+def test_abort_returns_the_live_beams_and_frees_every_block(tiny_llm, prompts):
+    engine = tiny_llm.engine
+    engine.add_request(engine.make_request("gone", {"prompt_token_ids": prompts[2]},
+                                           BeamSearchParams(beam_width=4, max_tokens=50,
+                                                            ignore_eos=True)))
+    for _ in range(4):
+        assert engine.step() == []  # no output before the search ends
+    out = engine.abort_request("gone")
+    assert out.finished and len(out.outputs) == 4
+    # the prefill step chose each beam's first token, the next three one more each
+    assert all(c.finish_reason == "abort" and len(c.token_ids) == 4 for c in out.outputs)
+    assert engine.stats()["kv_blocks_used"] == 0 and not engine.has_unfinished_requests()

@@ -1,5 +1,4 @@
-"""``bench sharing``: KV blocks of parallel sampling (``n > 1``) and of beam search vs ``n``
-independent requests.
+"""``bench sharing``: peak KV blocks of parallel sampling and of beam search vs independent requests.
 
 Parallel: one request with ``SamplingParams(n=k, temperature=0.8, seed=...)``;
 its ``k`` samples share the prompt's blocks by reference and copy a block only

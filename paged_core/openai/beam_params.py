@@ -20,9 +20,8 @@ _PASS_THROUGH = ("length_penalty", "ignore_eos", "temperature", "include_stop_st
 
 def beam_search_params(req: SamplingFields, max_tokens: int | None,
                        rename: dict[str, str]) -> BeamSearchParams:
-    """``rename`` maps engine field names to this request's (``max_tokens`` ->
-    ``max_completion_tokens``); ``beam_width`` is always reported as ``n``."""
-    rename = {**rename, "beam_width": "n"}
+    """``rename`` maps engine field names to this request's (``beam_width`` -> ``n``,
+    ``max_tokens`` -> ``max_completion_tokens``: ``params.request_field_names``)."""
     if max_tokens is None:
         raise OpenAIError(400, "max_tokens is required with use_beam_search",
                           param=rename.get("max_tokens", "max_tokens"))
