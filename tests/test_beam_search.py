@@ -230,3 +230,11 @@ def test_abort_returns_the_live_beams_and_frees_every_block(tiny_llm, prompts):
     # the prefill step chose each beam's first token, the next three one more each
     assert all(c.finish_reason == "abort" and len(c.token_ids) == 4 for c in out.outputs)
     assert engine.stats()["kv_blocks_used"] == 0 and not engine.has_unfinished_requests()
+
+
+def test_vllm_import_paths():
+    from paged_core import BeamSearchOutput, BeamSearchSequence
+    from paged_core.sampling_params import BeamSearchParams as FromSamplingParams
+    assert FromSamplingParams is BeamSearchParams
+    assert BeamSearchParams(beam_width=2, max_tokens=3).n == 2
+    assert BeamSearchOutput([BeamSearchSequence([1, 2], [])]).sequences[0].cum_logprob == 0.0
