@@ -95,7 +95,8 @@ class BeamSearchRequest:
         self._logits[seq.seq_id] = logits.clone()
 
     def advance(self, kv, scheduler) -> int:
-        """Run one beam search step if every live beam is ready; returns the tokens it chose.
+        """Run one beam search step if every live beam is ready; returns how many tokens it
+        kept (continued beams plus finished hypotheses).
 
         ``kv`` forks the block tables of continued beams; ``scheduler`` admits the
         forks as running and frees dropped beams (and every beam when the search ends).
@@ -112,18 +113,18 @@ class BeamSearchRequest:
         last = num_generated >= self.params.max_tokens
         eos = set(self._eos)
         k = self.params.beam_width
-        for c in candidates[:k]:  # only the best k may finish (the rest exist to keep k running)
-            if last or c.token in eos:
-                self._add_hypothesis(c, num_generated, "length" if last and c.token not in eos
-                                     else "stop")
+        # only the best k candidates may finish; the others are there to keep k beams running
+        finishing = [c for c in candidates[:k] if last or c.token in eos]
+        for c in finishing:
+            self._add_hypothesis(c, num_generated, "stop" if c.token in eos else "length")
         running = [] if last else [c for c in candidates if c.token not in eos][:k]
         if not running or self._search_is_over(running[0].cum_logprob, num_generated):
             for beam in self.beams:
                 scheduler.finish(beam.seq)
             self.beams = []
-            return len(candidates[:k])
+            return len(finishing)
         self.beams = self._continue(running, kv, scheduler)
-        return len(running)
+        return len(finishing) + len(running)
 
     def _candidates(self, logits: torch.Tensor) -> list[_Candidate]:
         """The best (beam, token) pairs by cumulative log-probability, best first."""
