@@ -11,6 +11,8 @@ Public API (vLLM-style names)::
     async for out in engine.generate("Hello", SamplingParams(max_tokens=8), request_id="r1"): ...
 """
 from .async_engine import AsyncEngine
+from .beam_search import BeamSearchOutput, BeamSearchSequence
+from .beam_search_params import BeamSearchParams
 from .config import EngineConfig
 from .engine import LLMEngine
 from .exceptions import EngineDeadError, RequestFailedError
@@ -23,5 +25,6 @@ __all__ = [
     "LLM", "LLMEngine", "AsyncEngine", "EngineConfig", "SamplingParams",
     "StructuredOutputsParams", "EngineDeadError",
     "RequestFailedError", "RequestOutput", "CompletionOutput", "Logprob", "RequestMetrics",
+    "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence",
 ]
 __version__ = "0.1.0"

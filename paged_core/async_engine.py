@@ -27,6 +27,7 @@ import threading
 import uuid
 from typing import Any, AsyncIterator
 
+from .beam_search_params import BeamSearchParams
 from .chat import chat_prompt_token_ids
 from .config import SERVING_ITL_TARGET_MS, EngineConfig
 from .engine import LLMEngine
@@ -85,9 +86,10 @@ class AsyncEngine:
         return chat_prompt_token_ids(self.engine.tokenizer, messages, tools)
 
     # -- requests --------------------------------------------------------------------
-    async def generate(self, prompt: PromptInput, sampling_params: SamplingParams | None = None,
+    async def generate(self, prompt: PromptInput,
+                       sampling_params: SamplingParams | BeamSearchParams | None = None,
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Stream outputs of one request.
+        """Stream outputs of one request (a beam search request has one output, its last).
 
         Raises ``ValueError`` before the first output for bad input,
         ``RequestFailedError`` if the request fails inside the engine, and
@@ -115,6 +117,15 @@ class AsyncEngine:
             self._streams.pop(request_id, None)
             if not finished:
                 self._submit("abort", request_id)
+
+    async def beam_search(self, prompt: PromptInput, request_id: str | None,
+                          params: BeamSearchParams) -> AsyncIterator[RequestOutput]:
+        """vLLM's ``EngineClient.beam_search``: yields one final ``RequestOutput`` whose
+        ``outputs`` are the ``beam_width`` best sequences, best first."""
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        async for out in self.generate(prompt, params, request_id):
+            yield out
 
     async def abort(self, request_id: str) -> None:
         """Abort a request; its stream ends with ``finish_reason="abort"``, its blocks are freed."""

@@ -17,6 +17,8 @@ import weakref
 
 import torch
 
+from .beam_request import BeamSearchRequest
+from .beam_search_params import BeamSearchParams
 from .block_manager import KVCacheManager
 from .config import EngineConfig
 from .distributed.executor import make_executor
@@ -88,13 +90,17 @@ class LLMEngine:
         return self.runner.backend.name
 
     def make_request(self, request_id: str, prompt: PromptInput,
-                     params: SamplingParams | None = None) -> Request:
+                     params: SamplingParams | BeamSearchParams | None = None
+                     ) -> Request | BeamSearchRequest:
         """Validate, tokenize and compile ``structured_outputs`` (so ``AsyncEngine``, which calls
         this in a worker thread, admits a request only once its grammar is ready); raises
-        ``ValueError`` saying what to change. No side effects on the engine."""
+        ``ValueError`` saying what to change. No side effects on the engine.
+
+        ``BeamSearchParams`` make a beam search request (``beam_request.py``)."""
         params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        if not isinstance(params, (SamplingParams, BeamSearchParams)):
+            raise ValueError(f"sampling_params must be a SamplingParams or BeamSearchParams, "
+                             f"got {type(params).__name__}")
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         text, token_ids = tokenize_prompt(prompt, self.tokenizer, self.vocab_size)
@@ -107,12 +113,16 @@ class LLMEngine:
                 f"prompt is too long: {len(token_ids)} tokens, but {limit} leaves room for at most "
                 f"{self.max_total_tokens - 1} prompt tokens plus one generated token; shorten the prompt")
         params.verify_for_model(self.vocab_size, self.max_model_len, len(token_ids))
+        if isinstance(params, BeamSearchParams):
+            params.verify_kv_capacity(len(token_ids), self.kv.num_blocks, self.config.block_size)
+            return BeamSearchRequest(request_id, text, token_ids, params, self.eos_token_ids,
+                                     self.tokenizer)
         so = params.structured_outputs
         compiled = self.grammar_compiler.compile(so) if so is not None else None
         return Request(request_id, text, token_ids, params, self.eos_token_ids,
                        self.max_total_tokens, self.tokenizer, compiled)
 
-    def add_request(self, request: Request) -> None:
+    def add_request(self, request: Request | BeamSearchRequest) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
         self.requests[request.request_id] = request
@@ -151,9 +161,8 @@ class LLMEngine:
         try:
             logits = self.execute_model(sched)
             outputs = self.update_from_output(sched, logits)
-            if self.proposer is not None:  # a grammar's mask is known for its current state
-                self.proposer.propose([seq for seq in self.scheduler.running  # only: no drafts
-                                       if seq.request.sample_of(seq).grammar is None])
+            if self.proposer is not None:
+                self.proposer.propose([seq for seq in self.scheduler.running if _may_draft(seq)])
         except Exception:
             logger.error("engine step failed: %s", sched.describe())
             raise
@@ -184,6 +193,7 @@ class LLMEngine:
         now = time.monotonic()
         outputs: list[RequestOutput] = []
         rows, targets, logit_rows = [], [], []
+        beam_requests: dict[str, BeamSearchRequest] = {}
         next_logit_row = 0
         for item in sched.scheduled:
             seq = item.seq
@@ -199,6 +209,10 @@ class LLMEngine:
             samples = [seq]
             if seq.num_output_tokens == 0 and seq.sample_index == 0:
                 request.num_cached_tokens = seq.num_cached_tokens
+            if isinstance(request, BeamSearchRequest):
+                request.take_logits(seq, logits[logit_row])
+                beam_requests[request.request_id] = request
+                continue
             if request.needs_fork:
                 try:
                     children = request.fork()
@@ -214,6 +228,8 @@ class LLMEngine:
                 rows += target_rows
                 targets.append(target)
                 logit_rows += range(logit_row, logit_row + len(target_rows))
+        for request in beam_requests.values():
+            outputs += self._advance_beam_search(request)
         if not rows:
             return outputs
         if len(logit_rows) != logits.shape[0]:
@@ -261,6 +277,18 @@ class LLMEngine:
             if seq.request.append_token(seq, token, lp):
                 return True
         return False
+
+    def _advance_beam_search(self, request: BeamSearchRequest) -> list[RequestOutput]:
+        """One beam search step once all its beams have logits; an output only when it ends."""
+        try:
+            self.generated_tokens += request.advance(self.kv, self.scheduler)
+            if not request.is_finished:
+                return []
+            out = request.make_output()
+        except Exception as exc:
+            return [self._fail_request(request, exc)]
+        del self.requests[request.request_id]
+        return [out]
 
     def check_health(self) -> None:
         """Raises if the engine can no longer run steps (e.g. a tensor-parallel worker died)."""
@@ -312,6 +340,13 @@ class LLMEngine:
         if self.proposer is not None:
             stats.update(self.spec_stats.as_dict())
         return stats
+
+
+def _may_draft(seq) -> bool:
+    """Whether speculative decoding may draft for ``seq``: not for beams (a beam step ranks
+    whole continuations) nor under a grammar (its token mask is known for its current state only)."""
+    request = seq.request
+    return isinstance(request, Request) and request.sample_of(seq).grammar is None
 
 
 def _is_sampled(item) -> bool:

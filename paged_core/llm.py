@@ -5,6 +5,8 @@ import itertools
 import time
 from typing import Any, Sequence
 
+from .beam_search import BeamSearchOutput, beam_search_output
+from .beam_search_params import BeamSearchParams
 from .chat import chat_prompt_token_ids
 from .config import EngineConfig
 from .engine import LLMEngine
@@ -65,6 +67,24 @@ class LLM:
             if len(params_list) != len(prompt_list):
                 raise ValueError(f"got {len(params_list)} sampling_params for "
                                  f"{len(prompt_list)} prompts; give one, or one per prompt")
+        return self._generate(prompt_list, params_list, use_tqdm)
+
+    def beam_search(self, prompts: PromptInput | Sequence[PromptInput], params: BeamSearchParams,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """Beam search for every prompt (vLLM's ``LLM.beam_search``), inside the engine.
+
+        Each result holds ``params.beam_width`` sequences, best first; their
+        ``tokens`` are prompt + generated, ``text`` the generated text.
+        """
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        prompt_list = [prompts] if is_single_prompt(prompts) else list(prompts)
+        outputs = self._generate(prompt_list, [params] * len(prompt_list), use_tqdm)
+        return [beam_search_output(out) for out in outputs]
+
+    def _generate(self, prompt_list: list[PromptInput],
+                  params_list: list[SamplingParams | BeamSearchParams],
+                  use_tqdm: bool) -> list[RequestOutput]:
         engine = self.engine
         requests = [engine.make_request(f"llm-{next(self._ids)}", p, sp)
                     for p, sp in zip(prompt_list, params_list)]

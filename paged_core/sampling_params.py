@@ -169,3 +169,12 @@ def _check_number(name: str, value: Any, allowed: str, ok: bool) -> None:
         raise ValueError(f"{name} must be a finite number {allowed}, got {value}")
     if not ok:
         raise ValueError(f"{name} must be {allowed}, got {value}")
+
+
+def __getattr__(name: str) -> Any:
+    """``from paged_core.sampling_params import BeamSearchParams`` works, as in vLLM (it lives
+    in ``beam_search_params``, which imports this module: hence the lazy lookup)."""
+    if name == "BeamSearchParams":
+        from .beam_search_params import BeamSearchParams
+        return BeamSearchParams
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

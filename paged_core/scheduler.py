@@ -108,6 +108,9 @@ class Scheduler:
             seq = self.running[i]
             pending = seq.num_tokens - seq.num_computed_tokens
             num_new = min(pending + len(seq.spec_token_ids), budget)
+            if num_new == 0:  # a beam waiting for its siblings (beam_request.py): nothing to run
+                i += 1
+                continue
             if limits is not None and pending > 1:  # a prefill chunk (drafts follow decodes only)
                 num_new = limits.take(num_new)
                 if num_new == 0:

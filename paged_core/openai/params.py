@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
+from paged_core.beam_search_params import BeamSearchParams
 from paged_core.sampling_params import SamplingParams
 
+from .beam_params import BEAM_SEARCH_FIELDS, beam_search_params
 from .errors import OpenAIError, bad_request
 from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .structured import structured_outputs_of
@@ -21,15 +23,17 @@ _PASS_THROUGH = ("n", "temperature", "top_p", "stop", "seed", "presence_penalty"
                  "frequency_penalty", "top_k", "min_p", "repetition_penalty", "min_tokens",
                  "ignore_eos", "stop_token_ids", "skip_special_tokens",
                  "include_stop_str_in_output")
-_ENGINE_FIELDS = tuple(f.name for f in fields(SamplingParams))
+_ENGINE_FIELDS = tuple(f.name for f in fields(SamplingParams)) + BEAM_SEARCH_FIELDS
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
 
 
 def request_field_names(req: SamplingFields) -> dict[str, str]:
     """Engine field names -> the request fields this client wrote, where they differ (chat)."""
     if not isinstance(req, ChatCompletionRequest):
-        return {}
+        return {"beam_width": "n"} if req.use_beam_search else {}
     rename = {"logprobs": "top_logprobs"} if req.logprobs else {}
+    if req.use_beam_search:
+        rename["beam_width"] = "n"
     if req.max_completion_tokens is not None:
         rename["max_tokens"] = "max_completion_tokens"
     return rename
@@ -60,15 +64,32 @@ def _build(values: dict[str, Any], req: SamplingFields) -> SamplingParams:
         raise bad_request(exc, _ENGINE_FIELDS, rename=request_field_names(req)) from None
 
 
-def completion_params(req: CompletionRequest) -> SamplingParams:
-    """``SamplingParams`` of a ``/v1/completions`` request (``logprobs`` is the top-k count)."""
+_CONSTRAINT_FIELDS = ("tools", "response_format", "structured_outputs", "guided_json",
+                      "guided_regex", "guided_choice", "guided_grammar")
+
+
+def _refuse_constraints_with_beams(req: SamplingFields) -> None:
+    """Beam search ranks whole continuations: it takes no grammar (structured outputs, tools)."""
+    for name in _CONSTRAINT_FIELDS:
+        value = getattr(req, name, None)
+        if value is not None and value != [] and getattr(value, "type", None) != "text":
+            raise OpenAIError(400, f"use_beam_search cannot be combined with {name}; drop one "
+                                   f"of them", param=name)
+
+
+def completion_params(req: CompletionRequest) -> SamplingParams | BeamSearchParams:
+    """``SamplingParams`` of a ``/v1/completions`` request (``logprobs`` is the top-k count),
+    or ``BeamSearchParams`` with ``use_beam_search``."""
     if req.echo:
         raise OpenAIError(400, "echo is not supported", param="echo")
     if req.suffix:
         raise OpenAIError(400, "suffix is not supported", param="suffix")
     if req.best_of is not None and req.best_of != req.n:
-        raise OpenAIError(400, "best_of must equal n (beam search / best_of ranking is not "
-                               "supported)", param="best_of")
+        raise OpenAIError(400, "best_of must equal n (best_of ranking is not supported; "
+                               "use_beam_search returns the n best beams)", param="best_of")
+    if req.use_beam_search:
+        _refuse_constraints_with_beams(req)
+        return beam_search_params(req, req.max_tokens, request_field_names(req))
     values = _common(req)
     values["max_tokens"] = req.max_tokens
     if req.logprobs is not None:
@@ -76,9 +97,15 @@ def completion_params(req: CompletionRequest) -> SamplingParams:
     return _build(values, req)
 
 
-def chat_params(req: ChatCompletionRequest) -> SamplingParams:
+def chat_params(req: ChatCompletionRequest) -> SamplingParams | BeamSearchParams:
     """``SamplingParams`` of a chat request: ``logprobs`` flag + ``top_logprobs`` count;
-    ``tool_choice`` "required" or a named function becomes the output's grammar."""
+    ``tool_choice`` "required" or a named function becomes the output's grammar;
+    ``BeamSearchParams`` with ``use_beam_search`` (no tools or response_format then)."""
+    if req.use_beam_search:
+        _refuse_constraints_with_beams(req)
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
+            else req.max_tokens
+        return beam_search_params(req, max_tokens, request_field_names(req))
     values = _common(req)
     mode, name = tool_choice_mode(req.tools, req.tool_choice)
     if mode in ("required", "named"):

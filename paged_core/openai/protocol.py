@@ -70,6 +70,8 @@ class SamplingFields(OpenAIBaseModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    use_beam_search: bool = False  # n = beam width (openai/beam_params.py)
+    length_penalty: float | None = None
 
 
 class CompletionRequest(SamplingFields):

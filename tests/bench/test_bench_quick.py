@@ -86,7 +86,8 @@ def test_sharing(results_dir):
     assert [r["n"] for r in rows] == [2, 4]
     for r in rows:
         assert 0 < r["parallel_peak_blocks"] < r["independent_peak_blocks"]
-        assert 0 < r["saved"] < 1
+        assert 0 < r["beam_peak_blocks"] < r["independent_peak_blocks"]
+        assert 0 < r["saved"] < 1 and 0 < r["beam_saved"] < 1
 
 
 def test_tp(results_dir):

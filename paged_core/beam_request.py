@@ -1,0 +1,221 @@
+"""``BeamSearchRequest``: one beam search request inside the engine, a sequence group whose
+live beams share KV blocks by reference.
+
+Life of a request (``k = beam_width``)::
+
+    prompt seq ──prefill──► logits ──step──► k beams ──decode──► logits ──step──► ...
+                                     │  keep the k best non-EOS continuations: the first
+                                     │  one of a parent reuses its sequence, the others
+                                     │  fork its block table (copy-on-write of the shared
+                                     │  partial block); parents nobody continues are freed
+                                     └► EOS candidates among the k best -> hypotheses
+
+A step is transformers' ``_beam_search`` iteration, token for token: candidates
+are the ``max(2, 1 + #eos) * k`` best (beam, token) pairs by cumulative
+log-probability (float32); only the best ``k`` of them may finish a hypothesis
+(score ``cum / generated_len ** length_penalty``, at most ``k`` kept); at
+``max_tokens`` the ``k`` best candidates all finish. The search ends at
+``max_tokens``, or earlier per ``early_stopping`` (see ``beam_search_params``).
+
+Invariants: every live beam has the same length; a step runs only when every
+live beam's tokens are all computed and its logits are in (a beam that was
+preempted recomputes alone while its siblings wait, skipped by the scheduler
+since they have nothing to compute), so preemption never changes the result;
+when the request ends no beam holds a block.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .beam_search import beam_score
+from .beam_search_params import BeamSearchParams
+from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from .request import _seq_ids  # one id space for every sequence: block tables are keyed by it
+from .sequence import Sequence
+
+TokenRecord = tuple[int, float, int]  # (token id, log-probability, rank: 1 = most likely)
+
+
+@dataclass
+class Beam:
+    seq: Sequence
+    cum_logprob: float  # a float32 value: sums are taken in float32, as transformers does
+    records: list[TokenRecord]
+
+
+@dataclass
+class Hypothesis:
+    token_ids: list[int]  # prompt + generated
+    cum_logprob: float
+    score: float
+    records: list[TokenRecord]
+    finish_reason: str
+
+
+@dataclass
+class _Candidate:
+    beam: int  # index into the live beams
+    token: int
+    cum_logprob: float
+    record: TokenRecord
+
+
+class BeamSearchRequest:
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                 params: BeamSearchParams, eos_token_ids: frozenset[int], tokenizer: object) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = prompt_token_ids
+        self.params = params
+        self.tokenizer = tokenizer
+        self.metrics = RequestMetrics(time.monotonic())
+        self.num_cached_tokens = 0
+        self._eos = sorted(eos_token_ids)
+        self._num_candidates = max(2, 1 + len(self._eos)) * params.beam_width
+        prompt_seq = Sequence(next(_seq_ids), self, list(prompt_token_ids), len(prompt_token_ids), 0)
+        self.beams: list[Beam] = [Beam(prompt_seq, 0.0, [])]
+        self.hypotheses: list[Hypothesis] = []  # best first, at most beam_width
+        self._logits: dict[int, torch.Tensor] = {}  # seq_id -> logits of its next token
+        self._abort_reason: str | None = None
+
+    @property
+    def sequences(self) -> list[Sequence]:
+        """The live beams' sequences (none once the search is over)."""
+        return [b.seq for b in self.beams]
+
+    @property
+    def is_finished(self) -> bool:
+        return not self.beams or self._abort_reason is not None
+
+    def take_logits(self, seq: Sequence, logits: torch.Tensor) -> None:
+        """Keep the logits of ``seq``'s next token until its siblings have theirs."""
+        self._logits[seq.seq_id] = logits.clone()
+
+    def advance(self, kv, scheduler) -> int:
+        """Run one beam search step if every live beam is ready; returns how many tokens it
+        kept (continued beams plus finished hypotheses).
+
+        ``kv`` forks the block tables of continued beams; ``scheduler`` admits the
+        forks as running and frees dropped beams (and every beam when the search ends).
+        """
+        if not all(b.seq.seq_id in self._logits and b.seq.num_computed_tokens == b.seq.num_tokens
+                   for b in self.beams):
+            return 0
+        if self.metrics.first_token_time is None:
+            self.metrics.first_token_time = time.monotonic()
+        logits = torch.stack([self._logits[b.seq.seq_id] for b in self.beams])
+        self._logits.clear()
+        candidates = self._candidates(logits)
+        num_generated = self.beams[0].seq.num_output_tokens + 1
+        last = num_generated >= self.params.max_tokens
+        eos = set(self._eos)
+        k = self.params.beam_width
+        # only the best k candidates may finish; the others are there to keep k beams running
+        finishing = [c for c in candidates[:k] if last or c.token in eos]
+        for c in finishing:
+            self._add_hypothesis(c, num_generated, "stop" if c.token in eos else "length")
+        running = [] if last else [c for c in candidates if c.token not in eos][:k]
+        if not running or self._search_is_over(running[0].cum_logprob, num_generated):
+            for beam in self.beams:
+                scheduler.finish(beam.seq)
+            self.beams = []
+            return len(finishing)
+        self.beams = self._continue(running, kv, scheduler)
+        return len(finishing) + len(running)
+
+    def _candidates(self, logits: torch.Tensor) -> list[_Candidate]:
+        """The best (beam, token) pairs by cumulative log-probability, best first."""
+        logits = logits.float()
+        if self.params.temperature > 0:
+            logits = logits / self.params.temperature
+        logprobs = torch.log_softmax(logits, dim=-1)
+        if self.params.ignore_eos:
+            logprobs[:, self._eos] = float("-inf")
+        cum = torch.tensor([b.cum_logprob for b in self.beams], dtype=torch.float32)
+        scores = (logprobs + cum[:, None]).view(-1)
+        values, index = scores.topk(min(self._num_candidates, scores.numel()))
+        vocab = logprobs.shape[1]
+        beams, tokens = index // vocab, index % vocab
+        token_lps = logprobs[beams, tokens]
+        ranks = (logprobs[beams] > token_lps[:, None]).sum(dim=-1) + 1
+        return [_Candidate(b, t, v, (t, lp, r)) for b, t, v, lp, r in
+                zip(beams.tolist(), tokens.tolist(), values.tolist(), token_lps.tolist(),
+                    ranks.tolist()) if v != float("-inf")]
+
+    def _add_hypothesis(self, c: _Candidate, num_generated: int, reason: str) -> None:
+        parent = self.beams[c.beam]
+        score = beam_score(c.cum_logprob, num_generated, self.params.length_penalty)
+        self.hypotheses.append(Hypothesis(parent.seq.token_ids + [c.token], c.cum_logprob, score,
+                                          parent.records + [c.record], reason))
+        self.hypotheses.sort(key=lambda h: h.score, reverse=True)
+        del self.hypotheses[self.params.beam_width:]
+
+    def _search_is_over(self, best_running: float, num_generated: int) -> bool:
+        """transformers' stopping rule once ``beam_width`` hypotheses are finished."""
+        p = self.params
+        if len(self.hypotheses) < p.beam_width:
+            return False
+        if p.early_stopping is True:
+            return True
+        length = p.max_tokens if p.early_stopping == "never" and p.length_penalty > 0 \
+            else num_generated
+        return beam_score(best_running, length, p.length_penalty) <= self.hypotheses[-1].score
+
+    def _continue(self, running: list[_Candidate], kv, scheduler) -> list[Beam]:
+        """The next live beams: reuse each parent's sequence once, fork it for more, free
+        the parents nobody continues. Forks come first, so shared blocks stay referenced."""
+        reused: dict[int, int] = {}
+        beams: list[Beam] = []
+        for c in running:
+            parent = self.beams[c.beam]
+            if c.beam not in reused:
+                reused[c.beam] = c.token
+                seq = parent.seq
+            else:
+                seq = Sequence(next(_seq_ids), self, parent.seq.token_ids + [c.token],
+                               len(self.prompt_token_ids), 0)
+                seq.num_computed_tokens = parent.seq.num_computed_tokens
+                kv.fork(parent.seq, seq)
+                scheduler.add_running(seq)
+            beams.append(Beam(seq, c.cum_logprob, parent.records + [c.record]))
+        for index, beam in enumerate(self.beams):
+            if index in reused:
+                beam.seq.token_ids.append(reused[index])
+            else:
+                scheduler.finish(beam.seq)
+        return beams
+
+    def abort(self, reason: str = "abort") -> None:
+        """End the search; live beams are reported after the hypotheses with ``reason``
+        (the engine frees their blocks)."""
+        self._abort_reason = reason
+
+    def make_output(self) -> RequestOutput:
+        """The final output: ``beam_width`` completions, best first (``index`` = rank)."""
+        ranked = [(h.token_ids, h.cum_logprob, h.records, h.finish_reason) for h in self.hypotheses]
+        if self._abort_reason is not None:
+            ranked += [(b.seq.token_ids, b.cum_logprob, b.records, self._abort_reason)
+                       for b in self.beams]
+        completions = [self._completion(i, *entry)
+                       for i, entry in enumerate(ranked[:self.params.beam_width])]
+        if self.is_finished and self.metrics.finished_time is None:
+            self.metrics.finished_time = time.monotonic()
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, completions,
+                             self.is_finished, self.metrics, self.num_cached_tokens)
+
+    def _completion(self, index: int, token_ids: list[int], cum_logprob: float,
+                    records: list[TokenRecord], finish_reason: str) -> CompletionOutput:
+        generated = token_ids[len(self.prompt_token_ids):]
+        decode = self.tokenizer.decode
+        ends_with_eos = finish_reason == "stop"
+        text = decode(generated[:-1] if ends_with_eos else generated, skip_special_tokens=True)
+        if ends_with_eos and self.params.include_stop_str_in_output:
+            text += decode(generated[-1:])
+        logprobs = [{t: Logprob(lp, rank, decode([t]))} for t, lp, rank in records]
+        return CompletionOutput(
+            index=index, text=text, token_ids=generated, cumulative_logprob=cum_logprob,
+            logprobs=logprobs, finish_reason=finish_reason, delta_text=text,
+            delta_token_ids=list(generated), delta_logprobs=logprobs)
