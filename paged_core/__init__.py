@@ -13,13 +13,14 @@ Public API (vLLM-style names)::
 from .async_engine import AsyncEngine
 from .config import EngineConfig
 from .engine import LLMEngine
-from .exceptions import EngineDeadError, RequestFailedError
+from .exceptions import (EngineDeadError, EngineOverloadedError, RequestFailedError,
+                         RequestTimeoutError)
 from .llm import LLM
 from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from .sampling_params import SamplingParams
 
 __all__ = [
     "LLM", "LLMEngine", "AsyncEngine", "EngineConfig", "SamplingParams", "EngineDeadError",
-    "RequestFailedError", "RequestOutput", "CompletionOutput", "Logprob", "RequestMetrics",
+    "EngineOverloadedError", "RequestFailedError", "RequestTimeoutError", "RequestOutput", "CompletionOutput", "Logprob", "RequestMetrics",
 ]
 __version__ = "0.1.0"

@@ -9,6 +9,10 @@ between steps and posts outputs back with ``call_soon_threadsafe``. A stream
 whose consumer goes away (cancellation, ``aclose``, a client disconnect) sends
 an abort, so its blocks are freed within one step.
 
+Admission: at most ``max_waiting_requests`` requests wait for their first
+output at once (``AdmissionGate``); one more is refused at once with
+``EngineOverloadedError``, before it is tokenized or queued.
+
 Failures: a request that fails inside the engine ends its own stream with
 ``RequestFailedError``; the loop goes on. If the loop itself fails, it logs the
 traceback, then ends every open stream with ``EngineDeadError`` (``__cause__``
@@ -27,6 +31,7 @@ import uuid
 from typing import Any, AsyncIterator
 
 from .chat import chat_prompt_token_ids
+from .admission import AdmissionGate
 from .config import EngineConfig
 from .engine import LLMEngine
 from .exceptions import EngineDeadError
@@ -47,6 +52,7 @@ class AsyncEngine:
         self._commands: list[tuple[str, Any]] = []
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._gate = AdmissionGate(self.config.max_waiting_requests)
         self._dead: BaseException | None = None
         self._stopping = False
         self._thread = threading.Thread(target=self._run_loop, name="paged-core-engine", daemon=True)
@@ -76,7 +82,10 @@ class AsyncEngine:
         return self._dead is not None
 
     def stats(self) -> dict[str, float]:
-        return self.engine.stats()
+        """The engine's stats plus admission counters (``num_rejected`` requests so far)."""
+        stats = self.engine.stats()
+        stats["num_rejected"] = self._gate.num_rejected
+        return stats
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         return chat_prompt_token_ids(self.engine.tokenizer, messages)
@@ -87,15 +96,23 @@ class AsyncEngine:
         """Stream outputs of one request.
 
         Raises ``ValueError`` before the first output for bad input,
-        ``RequestFailedError`` if the request fails inside the engine, and
-        ``EngineDeadError`` if the engine is not running or stops.
+        ``EngineOverloadedError`` (before anything is queued) when
+        ``max_waiting_requests`` requests already wait, ``RequestFailedError``
+        if the request fails inside the engine, and ``EngineDeadError`` if the
+        engine is not running or stops.
         """
         self._check_alive()
-        request_id = request_id or uuid.uuid4().hex
-        request = await asyncio.to_thread(self.engine.make_request, request_id, prompt,
-                                          sampling_params)
-        if request_id in self._streams:
-            raise ValueError(f"request_id {request_id!r} is already in use")
+        self._gate.admit()
+        waiting = True  # holds an admission slot until its first output
+        try:
+            request_id = request_id or uuid.uuid4().hex
+            request = await asyncio.to_thread(self.engine.make_request, request_id, prompt,
+                                              sampling_params)
+            if request_id in self._streams:
+                raise ValueError(f"request_id {request_id!r} is already in use")
+        except BaseException:
+            self._gate.release()
+            raise
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), queue)
         finished = False
@@ -104,11 +121,16 @@ class AsyncEngine:
             self._submit("add", request)
             while not finished:
                 item = await queue.get()
+                if waiting:
+                    waiting = False
+                    self._gate.release()
                 if isinstance(item, BaseException):
                     raise item
                 finished = item.finished
                 yield item
         finally:
+            if waiting:
+                self._gate.release()
             self._streams.pop(request_id, None)
             if not finished:
                 self._submit("abort", request_id)

@@ -10,6 +10,8 @@ Invariants:
   continuously together; ``execute`` only parses and schedules, never blocks;
 - every request gets exactly one response flagged FINAL: its last delta
   (``stream=true``), its whole text (``stream=false``), or an error;
+- a request refused because the waiting queue is full (``max_waiting_requests``)
+  gets an UNAVAILABLE error response at once, never a hang;
 - a request the client cancels (``is_cancelled()``, polled every
   ``CANCEL_POLL_S``) is aborted in the engine, freeing its KV blocks;
 - custom metrics (``pb_utils.MetricFamily``) mirror ``engine.stats()``.
@@ -25,7 +27,8 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from paged_core import AsyncEngine, EngineConfig, RequestOutput, SamplingParams
+from paged_core import (AsyncEngine, EngineConfig, EngineOverloadedError, RequestOutput,
+                        SamplingParams)
 
 from .request_parsing import parse_request
 
@@ -139,7 +142,9 @@ class TritonPythonModel:
                                             pb_utils.TritonError.CANCELLED), flags=FINAL)
                 return
         error = work.exception()
-        if error is not None:
+        if isinstance(error, EngineOverloadedError):
+            sender.send(_error_response(str(error), pb_utils.TritonError.UNAVAILABLE), flags=FINAL)
+        elif error is not None:
             message = str(error) if isinstance(error, ValueError) else f"generation failed: {error!r}"
             sender.send(_error_response(message), flags=FINAL)
 

@@ -30,6 +30,7 @@ _COUNTERS = {
     "prefix_cache_hits": ("prefix_cache_hits", "Prompt blocks found in the prefix cache"),
     "num_preemptions": ("num_preemptions", "Requests preempted (recomputed later)"),
     "generated_tokens": ("generation_tokens", "Tokens generated"),
+    "num_rejected": ("num_requests_rejected", "Requests refused because the waiting queue was full"),
 }
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
                     1.0, 2.5, 5.0, 10.0, 20.0, 60.0)
