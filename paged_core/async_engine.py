@@ -13,6 +13,11 @@ Admission: at most ``max_waiting_requests`` requests wait for their first
 output at once (``AdmissionGate``); one more is refused at once with
 ``EngineOverloadedError``, before it is tokenized or queued.
 
+Deadlines: a request's ``timeout`` (or ``EngineConfig.request_timeout``) counts
+from its arrival in ``generate``; the step loop checks deadlines between steps,
+aborts an expired request (``finish_reason`` "abort", blocks freed) and ends its
+stream with ``RequestTimeoutError`` carrying that last output.
+
 Failures: a request that fails inside the engine ends its own stream with
 ``RequestFailedError``; the loop goes on. If the loop itself fails, it logs the
 traceback, then ends every open stream with ``EngineDeadError`` (``__cause__``
@@ -25,16 +30,21 @@ failure) it reaps the engine's worker processes.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
+import math
 import threading
+import time
 import uuid
+import weakref
 from typing import Any, AsyncIterator
 
 from .chat import chat_prompt_token_ids
 from .admission import AdmissionGate
 from .config import EngineConfig
 from .engine import LLMEngine
-from .exceptions import EngineDeadError
+from .exceptions import EngineDeadError, RequestTimeoutError
 from .outputs import RequestOutput
 from .prompts import PromptInput
 from .sampling_params import SamplingParams
@@ -53,6 +63,10 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._gate = AdmissionGate(self.config.max_waiting_requests)
+        # heap of (deadline, tie-breaker, weakref to the request, timeout): finished requests
+        # are not kept alive by their deadline
+        self._deadlines: list[tuple[float, int, weakref.ref, float]] = []
+        self._deadline_order = itertools.count()
         self._dead: BaseException | None = None
         self._stopping = False
         self._thread = threading.Thread(target=self._run_loop, name="paged-core-engine", daemon=True)
@@ -92,8 +106,15 @@ class AsyncEngine:
 
     # -- requests --------------------------------------------------------------------
     async def generate(self, prompt: PromptInput, sampling_params: SamplingParams | None = None,
-                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+                       request_id: str | None = None, *, priority: int = 0,
+                       timeout: float | None = None, tenant: str | None = None
+                       ) -> AsyncIterator[RequestOutput]:
         """Stream outputs of one request.
+
+        ``priority`` is vLLM's (lower runs first under ``scheduling_policy="priority"``);
+        ``timeout`` (seconds, default ``EngineConfig.request_timeout``) is the request's
+        deadline; ``tenant`` (e.g. the OpenAI ``user``) groups requests for
+        ``tenant_fairness``.
 
         Raises ``ValueError`` before the first output for bad input,
         ``EngineOverloadedError`` (before anything is queued) when
@@ -102,12 +123,14 @@ class AsyncEngine:
         engine is not running or stops.
         """
         self._check_alive()
+        timeout = _check_timeout(self.config.request_timeout if timeout is None else timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
         self._gate.admit()
         waiting = True  # holds an admission slot until its first output
         try:
             request_id = request_id or uuid.uuid4().hex
             request = await asyncio.to_thread(self.engine.make_request, request_id, prompt,
-                                              sampling_params)
+                                              sampling_params, priority=priority, tenant=tenant)
             if request_id in self._streams:
                 raise ValueError(f"request_id {request_id!r} is already in use")
         except BaseException:
@@ -118,7 +141,7 @@ class AsyncEngine:
         finished = False
         try:
             self._check_alive()  # a loop that stops from now on ends this stream itself
-            self._submit("add", request)
+            self._submit("add", (request, deadline, timeout))
             while not finished:
                 item = await queue.get()
                 if waiting:
@@ -172,6 +195,7 @@ class AsyncEngine:
         try:
             while not self._stopping:
                 self._apply_commands()
+                self._expire_deadlines()
                 self.engine.check_health()  # a dead tensor-parallel worker ends the loop, idle too
                 if not self.engine.has_unfinished_requests():
                     self._wake.wait(timeout=_HEALTH_CHECK_INTERVAL_S)
@@ -212,16 +236,37 @@ class AsyncEngine:
             commands, self._commands = self._commands, []
         for kind, payload in commands:
             if kind == "add":
-                if payload.request_id not in self._streams:
+                request, deadline, timeout = payload
+                if request.request_id not in self._streams:
                     continue  # its consumer left before the request reached the engine
                 try:
-                    self.engine.add_request(payload)
+                    self.engine.add_request(request)
                 except ValueError as exc:  # e.g. a request id still in use
-                    self._deliver(payload.request_id, exc)
+                    self._deliver(request.request_id, exc)
+                    continue
+                if deadline is not None:
+                    heapq.heappush(self._deadlines, (deadline, next(self._deadline_order),
+                                                     weakref.ref(request), timeout))
             else:
                 out = self.engine.abort_request(payload)
                 if out is not None:
                     self._deliver(payload, out.error or out)
+
+    def _expire_deadlines(self) -> None:
+        """Abort every request past its deadline; its stream ends with ``RequestTimeoutError``."""
+        now = time.monotonic()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, ref, timeout = heapq.heappop(self._deadlines)
+            request = ref()
+            if request is None or self.engine.requests.get(request.request_id) is not request:
+                continue  # it finished in time
+            request_id = request.request_id
+            out = self.engine.abort_request(request_id)
+            error = out.error or RequestTimeoutError(
+                request_id, f"request {request_id} did not finish within its timeout of "
+                            f"{timeout:g} s and was aborted; raise timeout or ask for fewer "
+                            f"tokens", output=out)
+            self._deliver(request_id, error)
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> bool:
         """Post ``item`` to the request's stream; False if nobody will ever read it.
@@ -238,3 +283,13 @@ class AsyncEngine:
             self._streams.pop(request_id, None)
             return False
         return True
+
+
+def _check_timeout(timeout: float | None) -> float | None:
+    """``timeout`` if it is ``None`` or a positive finite number of seconds, else ``ValueError``."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not math.isfinite(timeout) or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    return float(timeout)

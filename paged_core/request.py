@@ -51,6 +51,8 @@ class Request:
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.monotonic()))
     samples: list[Sample] = field(default_factory=list)
     num_cached_tokens: int = 0
+    priority: int = 0  # vLLM's: lower is scheduled first (scheduling_policy "priority")
+    tenant: str | None = None  # who sent it (tenant_fairness)
 
     def __post_init__(self) -> None:
         self.samples.append(self._new_sample(list(self.prompt_token_ids), 0))

@@ -9,7 +9,7 @@ from paged_core.outputs import CompletionOutput
 
 from .errors import OpenAIError
 from .logprobs import chat_logprobs
-from .params import chat_params, engine_refusal
+from .params import chat_params, engine_refusal, generate_options
 from .protocol import ChatCompletionRequest
 from .serving import Formatter, Job
 
@@ -54,4 +54,4 @@ async def chat_job(engine: Any, metrics: Any, req: ChatCompletionRequest) -> Job
                formatter=ChatFormatter(req.logprobs, req.top_logprobs),
                prompts=[{"prompt_token_ids": prompt_ids}], params=params,
                refusal=partial(engine_refusal, req=req, prompt_param="messages"),
-               include_usage=include_usage)
+               include_usage=include_usage, options=generate_options(req))

@@ -8,7 +8,7 @@ from paged_core.outputs import CompletionOutput
 
 from .errors import OpenAIError
 from .logprobs import completion_logprobs
-from .params import completion_params, engine_refusal
+from .params import completion_params, engine_refusal, generate_options
 from .protocol import CompletionRequest
 from .serving import Formatter, Job
 
@@ -52,4 +52,4 @@ def completion_job(engine: Any, metrics: Any, req: CompletionRequest) -> Job:
     return Job(engine=engine, metrics=metrics, formatter=CompletionFormatter(req.logprobs),
                prompts=_prompts(req.prompt), params=params,
                refusal=partial(engine_refusal, req=req, prompt_param="prompt"),
-               include_usage=include_usage)
+               include_usage=include_usage, options=generate_options(req))

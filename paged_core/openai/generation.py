@@ -53,15 +53,17 @@ Refusal = Callable[[ValueError], OpenAIError]
 
 
 async def start(engine: Any, prompt: Any, params: SamplingParams, metrics: ServingMetrics,
-                refusal: Refusal) -> AsyncIterator[RequestOutput]:
+                refusal: Refusal, options: dict[str, Any]) -> AsyncIterator[RequestOutput]:
     """Submit one prompt and wait for its first output; engine refusals become ``refusal(exc)``.
+
+    ``options`` are further keywords of ``engine.generate`` (priority, timeout, tenant).
 
     Returns an async iterator over the request's outputs (the first included)
     that aborts the request if closed early.
     """
     request_id = new_id("req")
     tracker = metrics.tracker()  # TTFT counts from here: queueing and prefill included
-    gen = engine.generate(prompt, params, request_id=request_id)
+    gen = engine.generate(prompt, params, request_id=request_id, **options)
     try:
         first = await gen.__anext__()
     except ValueError as exc:
@@ -79,10 +81,10 @@ async def start(engine: Any, prompt: Any, params: SamplingParams, metrics: Servi
 
 
 async def start_all(engine: Any, prompts: list[Any], params: SamplingParams,
-                    metrics: ServingMetrics, refusal: Refusal
+                    metrics: ServingMetrics, refusal: Refusal, options: dict[str, Any]
                     ) -> list[AsyncIterator[RequestOutput]]:
     """``start`` every prompt concurrently; if any is refused, abort the others and raise."""
-    tasks = [asyncio.ensure_future(start(engine, p, params, metrics, refusal))
+    tasks = [asyncio.ensure_future(start(engine, p, params, metrics, refusal, options))
              for p in prompts]
     try:
         await asyncio.wait(tasks)

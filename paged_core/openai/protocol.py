@@ -63,6 +63,8 @@ class SamplingFields(OpenAIBaseModel):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
+    priority: int = 0  # vLLM's: lower runs first under scheduling_policy "priority"
+    timeout: float | None = None  # seconds; the server's request_timeout by default
 
 
 class CompletionRequest(SamplingFields):

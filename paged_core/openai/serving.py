@@ -57,6 +57,7 @@ class Job:
     params: SamplingParams
     refusal: generation.Refusal  # the engine's ValueError -> a 400 naming the request field
     include_usage: bool = False
+    options: dict[str, Any] = field(default_factory=dict)  # engine.generate keywords
     response_id: str = field(default="")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -85,7 +86,7 @@ async def run(request: Request, job: Job, stream: bool) -> Response:
         streams = await cancel_on_disconnect(
             request.receive,
             lambda: generation.start_all(job.engine, job.prompts, job.params, job.metrics,
-                                         job.refusal))
+                                         job.refusal, job.options))
     except ClientDisconnected:
         return NothingToSend()
     if stream:
