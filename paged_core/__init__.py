@@ -13,6 +13,7 @@ Public API (vLLM-style names)::
 from .async_engine import AsyncEngine
 from .config import EngineConfig
 from .engine import LLMEngine
+from .engine_client import EngineClient
 from .exceptions import (EngineDeadError, EngineOverloadedError, RequestFailedError,
                          RequestTimeoutError)
 from .llm import LLM
@@ -20,7 +21,7 @@ from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from .sampling_params import SamplingParams
 
 __all__ = [
-    "LLM", "LLMEngine", "AsyncEngine", "EngineConfig", "SamplingParams", "EngineDeadError",
+    "LLM", "LLMEngine", "AsyncEngine", "EngineClient", "EngineConfig", "SamplingParams", "EngineDeadError",
     "EngineOverloadedError", "RequestFailedError", "RequestTimeoutError", "RequestOutput", "CompletionOutput", "Logprob", "RequestMetrics",
 ]
 __version__ = "0.1.0"

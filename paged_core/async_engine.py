@@ -18,6 +18,11 @@ from its arrival in ``generate``; the step loop checks deadlines between steps,
 aborts an expired request (``finish_reason`` "abort", blocks freed) and ends its
 stream with ``RequestTimeoutError`` carrying that last output.
 
+Drain (graceful shutdown): ``drain(timeout)`` refuses new requests at once
+(``EngineDeadError``; ``is_running`` False, so readiness probes fail), lets the
+open ones finish for up to ``timeout`` seconds, then stops the loop, which ends
+every remaining stream with ``EngineDeadError`` saying so.
+
 Failures: a request that fails inside the engine ends its own stream with
 ``RequestFailedError``; the loop goes on. If the loop itself fails, it logs the
 traceback, then ends every open stream with ``EngineDeadError`` (``__cause__``
@@ -69,6 +74,7 @@ class AsyncEngine:
         self._deadline_order = itertools.count()
         self._dead: BaseException | None = None
         self._stopping = False
+        self._draining: float | None = None  # drain_timeout once a drain began
         self._thread = threading.Thread(target=self._run_loop, name="paged-core-engine", daemon=True)
         self._thread.start()
 
@@ -88,7 +94,8 @@ class AsyncEngine:
     @property
     def is_running(self) -> bool:
         """True while requests are accepted: not shut down, not stopping, not dead."""
-        return not self._stopping and self._dead is None and self._thread.is_alive()
+        return (not self._stopping and self._draining is None and self._dead is None
+                and self._thread.is_alive())
 
     @property
     def errored(self) -> bool:
@@ -124,13 +131,15 @@ class AsyncEngine:
         """
         self._check_alive()
         timeout = _check_timeout(self.config.request_timeout if timeout is None else timeout)
+        _check_priority(priority)
         deadline = None if timeout is None else time.monotonic() + timeout
         self._gate.admit()
         waiting = True  # holds an admission slot until its first output
         try:
             request_id = request_id or uuid.uuid4().hex
             request = await asyncio.to_thread(self.engine.make_request, request_id, prompt,
-                                              sampling_params, priority=priority, tenant=tenant)
+                                              sampling_params)
+            request.priority, request.tenant = priority, tenant
             if request_id in self._streams:
                 raise ValueError(f"request_id {request_id!r} is already in use")
         except BaseException:
@@ -165,6 +174,23 @@ class AsyncEngine:
     async def shutdown(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.shutdown_sync)
 
+    def drain(self, timeout: float) -> bool:
+        """Graceful stop (thread-safe, blocking; see the module docstring). Returns True if
+        every open request finished within ``timeout`` seconds, False if some were aborted."""
+        if self._draining is None:
+            self._draining = timeout
+            logger.info("draining: no new requests; %d open ones get up to %g s to finish",
+                        len(self._streams), timeout)
+        deadline = time.monotonic() + timeout
+        while self._streams and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        clean = not self._streams
+        if not clean:
+            logger.warning("drain timeout (%g s): aborting %d open requests", timeout,
+                           len(self._streams))
+        self.shutdown_sync()
+        return clean
+
     def shutdown_sync(self) -> None:
         """Stop the step loop, end every open stream with ``EngineDeadError``, join the thread."""
         self._stopping = True
@@ -178,11 +204,15 @@ class AsyncEngine:
         self._wake.set()
 
     def _check_alive(self) -> None:
-        if self._stopping or self._dead is not None:
+        if self._stopping or self._draining is not None or self._dead is not None:
             raise self._dead_error()
 
     def _dead_error(self) -> EngineDeadError:
         """A fresh ``EngineDeadError`` (one per stream), chained to the loop's failure if any."""
+        if self._dead is None and self._draining is not None:
+            return EngineDeadError(
+                "the server is shutting down: it takes no new requests, and open ones are "
+                f"aborted after drain_timeout={self._draining:g} s; retry on another replica")
         if self._dead is None:
             return EngineDeadError("the engine is shut down")
         error = EngineDeadError(
@@ -283,6 +313,11 @@ class AsyncEngine:
             self._streams.pop(request_id, None)
             return False
         return True
+
+
+def _check_priority(priority: int) -> None:
+    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 2**31:
+        raise ValueError(f"priority must be an integer in [-2**31, 2**31], got {priority!r}")
 
 
 def _check_timeout(timeout: float | None) -> float | None:

@@ -84,7 +84,7 @@ class EngineConfig:
     distributed_executor_backend: str | None = None
     max_waiting_requests: int | None = None
     request_timeout: float | None = None
-    drain_timeout: float = 30.0
+    drain_timeout: float = 20.0  # under the frameworks' 30 s grace periods
     scheduling_policy: str = "fcfs"
     tenant_fairness: bool = False
 

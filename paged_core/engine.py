@@ -74,15 +74,9 @@ class LLMEngine:
         return self.runner.backend.name
 
     def make_request(self, request_id: str, prompt: PromptInput,
-                     params: SamplingParams | None = None, *, priority: int = 0,
-                     tenant: str | None = None) -> Request:
-        """Validate and tokenize; raises ``ValueError`` saying what to change. No side effects.
-
-        ``priority`` (vLLM's; lower runs first) and ``tenant`` order admission (see
-        ``WaitingQueue``)."""
+                     params: SamplingParams | None = None) -> Request:
+        """Validate and tokenize; raises ``ValueError`` saying what to change. No side effects."""
         params = params or SamplingParams()
-        if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 2**31:
-            raise ValueError(f"priority must be an integer in [-2**31, 2**31], got {priority!r}")
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         if request_id in self.requests:
@@ -98,7 +92,7 @@ class LLMEngine:
                 f"{self.max_total_tokens - 1} prompt tokens plus one generated token; shorten the prompt")
         params.verify_for_model(self.vocab_size, self.max_model_len, len(token_ids))
         return Request(request_id, text, token_ids, params, self.eos_token_ids,
-                       self.max_total_tokens, self.tokenizer, priority=priority, tenant=tenant)
+                       self.max_total_tokens, self.tokenizer)
 
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:

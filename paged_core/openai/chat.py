@@ -5,10 +5,12 @@ import asyncio
 from functools import partial
 from typing import Any
 
+from paged_core.engine_client import EngineClient
 from paged_core.outputs import CompletionOutput
 
 from .errors import OpenAIError
 from .logprobs import chat_logprobs
+from .metrics import ServingMetrics
 from .params import chat_params, engine_refusal, generate_options
 from .protocol import ChatCompletionRequest
 from .serving import Formatter, Job
@@ -41,7 +43,8 @@ class ChatFormatter(Formatter):
                 "logprobs": logprobs, "finish_reason": comp.finish_reason}
 
 
-async def chat_job(engine: Any, metrics: Any, req: ChatCompletionRequest) -> Job:
+async def chat_job(engine: EngineClient, metrics: ServingMetrics,
+                   req: ChatCompletionRequest) -> Job:
     """The job of a chat request; the template is rendered and tokenized in a worker thread."""
     params = chat_params(req)
     try:

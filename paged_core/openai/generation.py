@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, Callable
 
 import anyio
 
+from paged_core.engine_client import EngineClient
 from paged_core.outputs import RequestOutput
 from paged_core.sampling_params import SamplingParams
 
@@ -29,7 +30,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-async def _run(engine: Any, first: RequestOutput, gen: AsyncIterator[RequestOutput],
+async def _run(engine: EngineClient, first: RequestOutput, gen: AsyncIterator[RequestOutput],
                request_id: str, tracker: LatencyTracker) -> AsyncIterator[RequestOutput]:
     out = first
     try:
@@ -52,8 +53,9 @@ async def _run(engine: Any, first: RequestOutput, gen: AsyncIterator[RequestOutp
 Refusal = Callable[[ValueError], OpenAIError]
 
 
-async def start(engine: Any, prompt: Any, params: SamplingParams, metrics: ServingMetrics,
-                refusal: Refusal, options: dict[str, Any]) -> AsyncIterator[RequestOutput]:
+async def start(engine: EngineClient, prompt: Any, params: SamplingParams,
+                metrics: ServingMetrics, refusal: Refusal, options: dict[str, Any]
+                ) -> AsyncIterator[RequestOutput]:
     """Submit one prompt and wait for its first output; engine refusals become ``refusal(exc)``.
 
     ``options`` are further keywords of ``engine.generate`` (priority, timeout, tenant).
@@ -80,7 +82,7 @@ async def start(engine: Any, prompt: Any, params: SamplingParams, metrics: Servi
     return _run(engine, first, gen, request_id, tracker)
 
 
-async def start_all(engine: Any, prompts: list[Any], params: SamplingParams,
+async def start_all(engine: EngineClient, prompts: list[Any], params: SamplingParams,
                     metrics: ServingMetrics, refusal: Refusal, options: dict[str, Any]
                     ) -> list[AsyncIterator[RequestOutput]]:
     """``start`` every prompt concurrently; if any is refused, abort the others and raise."""
