@@ -45,11 +45,13 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
 
 
 @contextlib.contextmanager
-def running_server(adapter: str, dtype: str, ready_timeout_s: float = 300.0) -> Iterator[str]:
-    """Serve the embedded model through ``adapter`` on a free port; yields ``http://.../v1``."""
+def running_server(adapter: str, dtype: str, ready_timeout_s: float = 300.0,
+                   extra_args: tuple[str, ...] | list[str] = ()) -> Iterator[str]:
+    """Serve the embedded model (or ``--model`` in ``extra_args``, more engine flags) through
+    ``adapter`` on a free port; yields ``http://.../v1``."""
     port = free_port()
     cmd = [sys.executable, "-m", "paged_core.cli", "serve", "--adapter", adapter,
-           "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype]
+           "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, *extra_args]
     env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
     url = f"http://127.0.0.1:{port}/v1"
     with tempfile.NamedTemporaryFile("w+", prefix=f"paged-core-{adapter}-", suffix=".log") as log:

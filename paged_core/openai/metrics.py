@@ -4,7 +4,8 @@ Engine gauges and counters (KV usage, cached blocks, prefix-cache queries and
 hits, running/waiting, preemptions, generated tokens) are read from
 ``engine.stats()`` at scrape time, so they can never drift from the engine;
 latency histograms (time to first token, inter-token latency) are observed by
-the OpenAI layer as it streams. Each ``ServingMetrics`` owns its registry, so
+the OpenAI layer as it streams; ``process_*`` metrics (RSS, CPU) describe the
+process that holds the engine. Each ``ServingMetrics`` owns its registry, so
 several apps in one process never collide.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -58,6 +59,7 @@ class ServingMetrics:
     def __init__(self, stats: Callable[[], dict[str, Any] | None]) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_EngineStatsCollector(stats))
+        ProcessCollector(registry=self.registry)  # RSS, CPU, open files of the serving process
         self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds",
                               "Time from request arrival to its first generated token",
                               buckets=_LATENCY_BUCKETS, registry=self.registry)
