@@ -10,6 +10,8 @@ from paged_core.scheduler import Scheduler
 from paged_core.sequence import Sequence
 from paged_core.waiting_queue import WaitingQueue
 
+from ..test_scheduler import run_step
+
 _ids = iter(range(1, 10**6))
 
 
@@ -80,16 +82,6 @@ def test_preempted_goes_first_and_remove_finds_anything():
         queue.peek()
     with pytest.raises(ValueError, match="scheduling_policy"):
         WaitingQueue("lifo")
-
-
-def run_step(sched: Scheduler):
-    out = sched.schedule()
-    for item in out.scheduled:
-        s = item.seq
-        s.num_computed_tokens += item.num_new_tokens
-        if s.num_computed_tokens == s.num_tokens:
-            s.token_ids.append(7)
-    return out
 
 
 def test_priority_admission_order_and_preemption_picks_lowest_priority_newest():
