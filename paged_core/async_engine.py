@@ -35,19 +35,16 @@ failure) it reaps the engine's worker processes.
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import logging
-import math
 import threading
 import time
 import uuid
-import weakref
 from typing import Any, AsyncIterator
 
 from .chat import chat_prompt_token_ids
 from .admission import AdmissionGate
 from .config import EngineConfig
+from .deadlines import Deadlines, check_timeout
 from .engine import LLMEngine
 from .exceptions import EngineDeadError, RequestTimeoutError
 from .outputs import RequestOutput
@@ -68,10 +65,7 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._gate = AdmissionGate(self.config.max_waiting_requests)
-        # heap of (deadline, tie-breaker, weakref to the request, timeout): finished requests
-        # are not kept alive by their deadline
-        self._deadlines: list[tuple[float, int, weakref.ref, float]] = []
-        self._deadline_order = itertools.count()
+        self._deadlines = Deadlines()
         self._dead: BaseException | None = None
         self._stopping = False
         self._draining: float | None = None  # drain_timeout once a drain began
@@ -130,7 +124,7 @@ class AsyncEngine:
         engine is not running or stops.
         """
         self._check_alive()
-        timeout = _check_timeout(self.config.request_timeout if timeout is None else timeout)
+        timeout = check_timeout(self.config.request_timeout if timeout is None else timeout)
         _check_priority(priority)
         deadline = None if timeout is None else time.monotonic() + timeout
         self._gate.admit()
@@ -275,8 +269,7 @@ class AsyncEngine:
                     self._deliver(request.request_id, exc)
                     continue
                 if deadline is not None:
-                    heapq.heappush(self._deadlines, (deadline, next(self._deadline_order),
-                                                     weakref.ref(request), timeout))
+                    self._deadlines.add(request, deadline, timeout)
             else:
                 out = self.engine.abort_request(payload)
                 if out is not None:
@@ -284,13 +277,10 @@ class AsyncEngine:
 
     def _expire_deadlines(self) -> None:
         """Abort every request past its deadline; its stream ends with ``RequestTimeoutError``."""
-        now = time.monotonic()
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, _, ref, timeout = heapq.heappop(self._deadlines)
-            request = ref()
-            if request is None or self.engine.requests.get(request.request_id) is not request:
-                continue  # it finished in time
+        for request, timeout in self._deadlines.expired():
             request_id = request.request_id
+            if self.engine.requests.get(request_id) is not request:
+                continue  # it finished in time
             out = self.engine.abort_request(request_id)
             error = out.error or RequestTimeoutError(
                 request_id, f"request {request_id} did not finish within its timeout of "
@@ -318,13 +308,3 @@ class AsyncEngine:
 def _check_priority(priority: int) -> None:
     if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 2**31:
         raise ValueError(f"priority must be an integer in [-2**31, 2**31], got {priority!r}")
-
-
-def _check_timeout(timeout: float | None) -> float | None:
-    """``timeout`` if it is ``None`` or a positive finite number of seconds, else ``ValueError``."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
-            or not math.isfinite(timeout) or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    return float(timeout)

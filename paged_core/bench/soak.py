@@ -4,7 +4,7 @@
 disconnects at random points, short timeouts, priorities and tenants, n>1,
 malformed bodies) run ``--concurrency`` at a time against a server started
 with a small KV cache (so preemption happens), a short waiting queue (so some
-get 429) and the priority policy with tenant fairness. Reported: how many
+get 429), the priority policy with tenant fairness, and a 60 s server deadline. Reported: how many
 completed / were rejected (429) / timed out / were aborted by their client /
 were refused as malformed / failed, p50/p99 latency per outcome, the server's
 RSS over time (``process_resident_memory_bytes`` from ``/metrics``), and at the
@@ -28,9 +28,11 @@ from .report import new_figure, percentiles, save_plot
 from .soak_mix import OUTCOMES, make_mix, send
 
 NAME = "soak"
+# request_timeout: under sustained overload the priority policy starves the lowest level
+# (as vLLM's does); a server deadline turns that into 408s instead of endless waits
 SERVER_SETTINGS = {"num_kv_blocks": 64, "max_num_seqs": 16, "max_waiting_requests": 32,
                    "scheduling_policy": "priority", "tenant_fairness": True,
-                   "max_model_len": 512}
+                   "max_model_len": 512, "request_timeout": 60.0}
 _FINAL_GAUGES = {"kv_blocks_used": "paged_core_kv_blocks_used",
                  "num_running": "paged_core_num_requests_running",
                  "num_waiting": "paged_core_num_requests_waiting"}
@@ -43,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the OpenAI app on an AsyncEngine in this process")
     parser.add_argument("--model", default=None, help="model folder (default: embedded)")
     parser.add_argument("--requests", type=int, default=10_000)
-    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=48)
     parser.add_argument("--hang-timeout", type=float, default=120.0,
                         help="seconds without an answer that count as a hang")
     parser.add_argument("--rss-interval", type=float, default=2.0)

@@ -1,9 +1,12 @@
-"""SIGTERM drains every adapter: a request in flight completes, a new one is refused (no
-connection, or 503), readiness turns false, and the process exits 0. One server start per
-adapter, on a tiny random model (fast steps: the in-flight request takes ~1-2 s)."""
+"""Overload and SIGTERM through every adapter, one server start each (a tiny random model,
+one running slot, one waiting slot): with a request running and one waiting, a third is
+refused at once (429, or a Triton error response); then SIGTERM drains: both requests in
+flight complete, a new one is refused (no connection, or an error status), readiness turns
+false, and the process exits 0."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import threading
 import time
@@ -15,7 +18,7 @@ from ..serving.conftest import tiny_folder  # noqa: F401  (fixture)
 from .conftest import free_port, python_cmd, running_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-MAX_TOKENS = 300
+MAX_TOKENS = 480
 PROMPT = "Tell me a long story"
 
 
@@ -35,8 +38,8 @@ def launch(adapter: str, port: int) -> tuple[list[str], str, str, str]:
             "/v2/models/paged_llm/generate")
 
 
-def body(adapter: str, stream: bool) -> dict:
-    params = {"max_tokens": MAX_TOKENS, "ignore_eos": True, "temperature": 0}
+def body(adapter: str, stream: bool, max_tokens: int = MAX_TOKENS) -> dict:
+    params = {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
     if adapter == "triton":
         return {"text_input": PROMPT, "stream": stream, "sampling_parameters": json.dumps(params)}
     return {"prompt": PROMPT, "stream": stream, **params}
@@ -62,6 +65,15 @@ def stream_in_background(url: str, payload: dict, started: threading.Event, even
     return thread
 
 
+def wait_for_one_waiting(metrics_url: str, timeout_s: float = 20.0) -> None:
+    """Until the engine's ``num_requests_waiting`` gauge reads 1."""
+    deadline = time.monotonic() + timeout_s
+    pattern = re.compile(r"^paged_core_num_requests_waiting(\{[^}]*\})? 1(\.0)?$", re.M)
+    while not pattern.search(httpx.get(metrics_url, timeout=5).text):
+        assert time.monotonic() < deadline, "the second request never waited"
+        time.sleep(0.05)
+
+
 def refused(url: str, payload: dict | None = None) -> bool:
     """True if the server no longer takes this request: no connection, or an error status."""
     try:
@@ -81,11 +93,24 @@ def test_sigterm_finishes_the_request_in_flight_refuses_new_ones_and_exits_0(
     cmd, ready, stream_path, plain_path = launch(adapter, port)
     url = f"http://127.0.0.1:{port}"
     env = {"PAGED_CORE_MODEL": tiny_folder, "PAGED_CORE_MAX_MODEL_LEN": "512",
-           "PAGED_CORE_DRAIN_TIMEOUT": "15"}
+           "PAGED_CORE_DRAIN_TIMEOUT": "15", "PAGED_CORE_MAX_NUM_SEQS": "1",
+           "PAGED_CORE_MAX_WAITING_REQUESTS": "1"}
     with running_server(request, adapter, cmd, url + ready, log_dir, extra_env=env) as server:
         started, events = threading.Event(), []
         reader = stream_in_background(url + stream_path, body(adapter, True), started, events)
         assert started.wait(60) and events[0] == 200, events
+        waiting: list = []
+        queued = threading.Thread(target=lambda: waiting.append(
+            httpx.post(url + plain_path, json=body(adapter, False, 2), timeout=120)), daemon=True)
+        queued.start()
+        wait_for_one_waiting(f"http://127.0.0.1:{port + 2}/metrics" if adapter == "triton"
+                             else url + "/metrics")  # admitted, behind the running one
+        start = time.monotonic()
+        overloaded = httpx.post(url + plain_path, json=body(adapter, False, 2), timeout=30)
+        # OpenAI routes: 429; Triton's HTTP generate endpoint answers any error response 400
+        assert overloaded.status_code == (400 if adapter == "triton" else 429), overloaded.text
+        assert "overloaded" in overloaded.text
+        assert time.monotonic() - start < 5
         server.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 10
         while not refused(url + ready) and time.monotonic() < deadline:
@@ -93,7 +118,9 @@ def test_sigterm_finishes_the_request_in_flight_refuses_new_ones_and_exits_0(
         assert refused(url + ready), "readiness still 200 after SIGTERM"
         assert refused(url + plain_path, body(adapter, False))
         reader.join(60)
+        queued.join(60)
         assert server.proc.wait(timeout=60) == 0, server.log_tail()
+    assert waiting and waiting[0].status_code == 200, waiting
     chunks = [e for e in events[1:] if isinstance(e, dict)]
     assert events[-1] == "[DONE]" or adapter == "triton", events[-3:]
     assert not any("error" in c for c in chunks), [c for c in chunks if "error" in c]

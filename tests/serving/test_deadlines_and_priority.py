@@ -3,17 +3,39 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import time
+from types import SimpleNamespace
 
 import pytest
 
 from paged_core import AsyncEngine, EngineConfig, RequestTimeoutError, SamplingParams
+from paged_core.deadlines import Deadlines, check_timeout
 from paged_core.openai import build_openai_app
 
 from .conftest import asgi_client
 
 LONG = {"prompt": "Tell me a very long story", "max_tokens": 480, "ignore_eos": True,
         "temperature": 0}
+
+
+def test_deadlines_yield_live_expired_requests_in_order():
+    deadlines, now = Deadlines(), time.monotonic()
+    late, early, future = (SimpleNamespace(name=n) for n in ("late", "early", "future"))
+    gone = SimpleNamespace(name="gone")
+    deadlines.add(late, now - 1, 2.0)
+    deadlines.add(gone, now - 3, 1.0)
+    deadlines.add(early, now - 2, 1.5)
+    deadlines.add(future, now + 60, 60.0)
+    del gone
+    gc.collect()  # a finished request is not kept alive by its deadline
+    assert [(r.name, t) for r, t in deadlines.expired()] == [("early", 1.5), ("late", 2.0)]
+    assert list(deadlines.expired()) == []
+    assert check_timeout(None) is None and check_timeout(2) == 2.0
+    for bad in (0, -1, float("inf"), float("nan"), True, "5"):
+        with pytest.raises(ValueError, match="timeout must be a positive number"):
+            check_timeout(bad)
 
 
 @pytest.fixture(scope="module")
