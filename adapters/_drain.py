@@ -2,12 +2,17 @@
 
 ``drain_on_signals(engine, timeout)`` must run in the main thread *after* the
 server installed its own handlers (inside its startup: an ASGI lifespan, a
-service constructor). It chains a handler in front of them: the engine starts
-draining at once (``AsyncEngine.drain`` in a thread: readiness false, new
-requests 503, open ones finish or are aborted with an error after
-``timeout`` s), then the server's own handler runs as before (uvicorn stops
-accepting connections, waits for open ones, runs the lifespan shutdown). A
-signal whose previous handler is not a function (default, ignored) only drains.
+service constructor). It puts a handler in front of them that first drains the
+engine (``AsyncEngine.drain`` in a thread: readiness false, new requests 503,
+open ones finish or are aborted with an error after ``timeout`` s) and only
+then runs the server's own handler (uvicorn stops accepting connections, waits
+for open ones, runs the lifespan shutdown).
+
+Why the server's handler waits: a server whose listening socket is shared with
+a parent process (LitServe's) cannot refuse connections by closing its copy:
+new clients would queue in the kernel's backlog, unanswered, until the parent
+exits. While draining, the server keeps accepting and the engine answers 503.
+A signal whose previous handler is not a function (default, ignored) only drains.
 """
 from __future__ import annotations
 
@@ -22,8 +27,8 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def drain_on_signals(engine: Any, timeout: float) -> None:
-    """Chain a drain of ``engine`` in front of the current SIGTERM/SIGINT handlers (only the
-    main thread may set handlers: elsewhere this logs a warning and does nothing)."""
+    """Drain ``engine`` on SIGTERM/SIGINT, then hand the signal to the previous handler (only
+    the main thread may set handlers: elsewhere this logs a warning and does nothing)."""
     if threading.current_thread() is not threading.main_thread():
         logger.warning("not in the main thread: SIGTERM will not drain the engine")
         return
@@ -32,9 +37,12 @@ def drain_on_signals(engine: Any, timeout: float) -> None:
 
         def handler(signum: int, frame: Any, previous: Any = previous) -> None:
             logger.info("signal %d: draining the engine (drain_timeout=%g s)", signum, timeout)
-            threading.Thread(target=engine.drain, args=(timeout,), name="paged-core-drain",
-                             daemon=True).start()
-            if callable(previous):
-                previous(signum, frame)
+
+            def drain_then_exit() -> None:
+                engine.drain(timeout)
+                if callable(previous):
+                    previous(signum, frame)
+
+            threading.Thread(target=drain_then_exit, name="paged-core-drain", daemon=True).start()
 
         signal.signal(sig, handler)

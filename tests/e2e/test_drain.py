@@ -1,5 +1,5 @@
 """Overload and SIGTERM through every adapter, one server start each (a tiny random model,
-one running slot, one waiting slot): with a request running and one waiting, a third is
+one running slot, one waiting slot): with a long request running and another waiting, a third is
 refused at once (429, or a Triton error response); then SIGTERM drains: both requests in
 flight complete, a new one is refused (no connection, or an error status), readiness turns
 false, and the process exits 0."""
@@ -65,7 +65,7 @@ def stream_in_background(url: str, payload: dict, started: threading.Event, even
     return thread
 
 
-def wait_for_one_waiting(metrics_url: str, timeout_s: float = 20.0) -> None:
+def wait_for_one_waiting(metrics_url: str, timeout_s: float = 60.0) -> None:
     """Until the engine's ``num_requests_waiting`` gauge reads 1."""
     deadline = time.monotonic() + timeout_s
     pattern = re.compile(r"^paged_core_num_requests_waiting(\{[^}]*\})? 1(\.0)?$", re.M)
@@ -96,21 +96,21 @@ def test_sigterm_finishes_the_request_in_flight_refuses_new_ones_and_exits_0(
            "PAGED_CORE_DRAIN_TIMEOUT": "15", "PAGED_CORE_MAX_NUM_SEQS": "1",
            "PAGED_CORE_MAX_WAITING_REQUESTS": "1"}
     with running_server(request, adapter, cmd, url + ready, log_dir, extra_env=env) as server:
-        started, events = threading.Event(), []
+        # two long requests at once: one runs, the other waits (for seconds) behind it
+        started, events, waiting = threading.Event(), [], []
         reader = stream_in_background(url + stream_path, body(adapter, True), started, events)
-        assert started.wait(60) and events[0] == 200, events
-        waiting: list = []
         queued = threading.Thread(target=lambda: waiting.append(
-            httpx.post(url + plain_path, json=body(adapter, False, 2), timeout=120)), daemon=True)
+            httpx.post(url + plain_path, json=body(adapter, False), timeout=120)), daemon=True)
         queued.start()
         wait_for_one_waiting(f"http://127.0.0.1:{port + 2}/metrics" if adapter == "triton"
-                             else url + "/metrics")  # admitted, behind the running one
+                             else url + "/metrics")
         start = time.monotonic()
         overloaded = httpx.post(url + plain_path, json=body(adapter, False, 2), timeout=30)
         # OpenAI routes: 429; Triton's HTTP generate endpoint answers any error response 400
         assert overloaded.status_code == (400 if adapter == "triton" else 429), overloaded.text
         assert "overloaded" in overloaded.text
         assert time.monotonic() - start < 5
+        assert started.wait(60) and events[0] == 200, events
         server.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 10
         while not refused(url + ready) and time.monotonic() < deadline:

@@ -6,7 +6,6 @@ import asyncio
 import gc
 import json
 import time
-from types import SimpleNamespace
 
 import pytest
 
@@ -20,10 +19,14 @@ LONG = {"prompt": "Tell me a very long story", "max_tokens": 480, "ignore_eos": 
         "temperature": 0}
 
 
+class Named:  # weakly referable, like a Request
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
 def test_deadlines_yield_live_expired_requests_in_order():
     deadlines, now = Deadlines(), time.monotonic()
-    late, early, future = (SimpleNamespace(name=n) for n in ("late", "early", "future"))
-    gone = SimpleNamespace(name="gone")
+    late, early, future, gone = (Named(n) for n in ("late", "early", "future", "gone"))
     deadlines.add(late, now - 1, 2.0)
     deadlines.add(gone, now - 3, 1.0)
     deadlines.add(early, now - 2, 1.5)
