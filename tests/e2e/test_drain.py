@@ -96,9 +96,11 @@ def test_sigterm_finishes_the_request_in_flight_refuses_new_ones_and_exits_0(
            "PAGED_CORE_DRAIN_TIMEOUT": "15", "PAGED_CORE_MAX_NUM_SEQS": "1",
            "PAGED_CORE_MAX_WAITING_REQUESTS": "1"}
     with running_server(request, adapter, cmd, url + ready, log_dir, extra_env=env) as server:
-        # two long requests at once: one runs, the other waits (for seconds) behind it
+        # a long request runs; once it streams (no longer waiting: max_waiting_requests=1
+        # would refuse a second one before that), a second long one waits behind it
         started, events, waiting = threading.Event(), [], []
         reader = stream_in_background(url + stream_path, body(adapter, True), started, events)
+        assert started.wait(60) and events[0] == 200, events
         queued = threading.Thread(target=lambda: waiting.append(
             httpx.post(url + plain_path, json=body(adapter, False), timeout=120)), daemon=True)
         queued.start()
@@ -110,7 +112,6 @@ def test_sigterm_finishes_the_request_in_flight_refuses_new_ones_and_exits_0(
         assert overloaded.status_code == (400 if adapter == "triton" else 429), overloaded.text
         assert "overloaded" in overloaded.text
         assert time.monotonic() - start < 5
-        assert started.wait(60) and events[0] == 200, events
         server.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 10
         while not refused(url + ready) and time.monotonic() < deadline:
