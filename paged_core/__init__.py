@@ -15,16 +15,18 @@ from .beam_search import BeamSearchOutput, BeamSearchSequence
 from .beam_search_params import BeamSearchParams
 from .config import EngineConfig
 from .engine import LLMEngine
-from .exceptions import EngineDeadError, RequestFailedError
+from .engine_client import EngineClient
+from .exceptions import (EngineDeadError, EngineOverloadedError, RequestFailedError,
+                         RequestTimeoutError)
 from .llm import LLM
 from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from .sampling_params import SamplingParams
 from .structured_outputs import StructuredOutputsParams
 
 __all__ = [
-    "LLM", "LLMEngine", "AsyncEngine", "EngineConfig", "SamplingParams",
-    "StructuredOutputsParams", "EngineDeadError",
-    "RequestFailedError", "RequestOutput", "CompletionOutput", "Logprob", "RequestMetrics",
-    "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence",
+    "LLM", "LLMEngine", "AsyncEngine", "EngineClient", "EngineConfig", "SamplingParams",
+    "StructuredOutputsParams", "EngineDeadError", "EngineOverloadedError",
+    "RequestFailedError", "RequestTimeoutError", "RequestOutput", "CompletionOutput", "Logprob",
+    "RequestMetrics", "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence",
 ]
 __version__ = "0.1.0"

@@ -9,6 +9,20 @@ between steps and posts outputs back with ``call_soon_threadsafe``. A stream
 whose consumer goes away (cancellation, ``aclose``, a client disconnect) sends
 an abort, so its blocks are freed within one step.
 
+Admission: at most ``max_waiting_requests`` requests wait for their first
+output at once (``AdmissionGate``); one more is refused at once with
+``EngineOverloadedError``, before it is tokenized or queued.
+
+Deadlines: a request's ``timeout`` (or ``EngineConfig.request_timeout``) counts
+from its arrival in ``generate``; the step loop checks deadlines between steps,
+aborts an expired request (``finish_reason`` "abort", blocks freed) and ends its
+stream with ``RequestTimeoutError`` carrying that last output.
+
+Drain (graceful shutdown): ``drain(timeout)`` refuses new requests at once
+(``EngineDeadError``; ``is_running`` False, so readiness probes fail), lets the
+open ones finish for up to ``timeout`` seconds, then stops the loop, which ends
+every remaining stream with ``EngineDeadError`` saying so.
+
 Failures: a request that fails inside the engine ends its own stream with
 ``RequestFailedError``; the loop goes on. If the loop itself fails, it logs the
 traceback, then ends every open stream with ``EngineDeadError`` (``__cause__``
@@ -24,14 +38,17 @@ import asyncio
 import dataclasses
 import logging
 import threading
+import time
 import uuid
 from typing import Any, AsyncIterator
 
 from .beam_search_params import BeamSearchParams
 from .chat import chat_prompt_token_ids
+from .admission import AdmissionGate
 from .config import SERVING_ITL_TARGET_MS, EngineConfig
+from .deadlines import Deadlines, check_timeout
 from .engine import LLMEngine
-from .exceptions import EngineDeadError
+from .exceptions import EngineDeadError, RequestTimeoutError
 from .outputs import RequestOutput
 from .prompts import PromptInput
 from .sampling_params import SamplingParams
@@ -51,8 +68,11 @@ class AsyncEngine:
         self._commands: list[tuple[str, Any]] = []
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._gate = AdmissionGate(self.config.max_waiting_requests)
+        self._deadlines = Deadlines()
         self._dead: BaseException | None = None
         self._stopping = False
+        self._draining: float | None = None  # drain_timeout once a drain began
         self._thread = threading.Thread(target=self._run_loop, name="paged-core-engine", daemon=True)
         self._thread.start()
 
@@ -72,7 +92,8 @@ class AsyncEngine:
     @property
     def is_running(self) -> bool:
         """True while requests are accepted: not shut down, not stopping, not dead."""
-        return not self._stopping and self._dead is None and self._thread.is_alive()
+        return (not self._stopping and self._draining is None and self._dead is None
+                and self._thread.is_alive())
 
     @property
     def errored(self) -> bool:
@@ -80,7 +101,14 @@ class AsyncEngine:
         return self._dead is not None
 
     def stats(self) -> dict[str, float]:
-        return self.engine.stats()
+        """The engine's stats plus admission counters (``num_rejected`` requests so far)."""
+        stats = self.engine.stats()
+        stats["num_rejected"] = self._gate.num_rejected
+        return stats
+
+    @property
+    def tool_call_parser(self) -> str | None:
+        return self.config.tool_call_parser
 
     def apply_chat_template(self, messages: list[dict], tools: list | None = None) -> list[int]:
         return chat_prompt_token_ids(self.engine.tokenizer, messages, tools)
@@ -88,32 +116,56 @@ class AsyncEngine:
     # -- requests --------------------------------------------------------------------
     async def generate(self, prompt: PromptInput,
                        sampling_params: SamplingParams | BeamSearchParams | None = None,
-                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+                       request_id: str | None = None, *, priority: int = 0,
+                       timeout: float | None = None, tenant: str | None = None
+                       ) -> AsyncIterator[RequestOutput]:
         """Stream outputs of one request (a beam search request has one output, its last).
 
+        ``priority`` is vLLM's (lower runs first under ``scheduling_policy="priority"``);
+        ``timeout`` (seconds, default ``EngineConfig.request_timeout``) is the request's
+        deadline; ``tenant`` (e.g. the OpenAI ``user``) groups requests for
+        ``tenant_fairness``.
+
         Raises ``ValueError`` before the first output for bad input,
-        ``RequestFailedError`` if the request fails inside the engine, and
-        ``EngineDeadError`` if the engine is not running or stops.
+        ``EngineOverloadedError`` (before anything is queued) when
+        ``max_waiting_requests`` requests already wait, ``RequestFailedError``
+        if the request fails inside the engine, and ``EngineDeadError`` if the
+        engine is not running or stops.
         """
         self._check_alive()
-        request_id = request_id or uuid.uuid4().hex
-        request = await asyncio.to_thread(self.engine.make_request, request_id, prompt,
-                                          sampling_params)
-        if request_id in self._streams:
-            raise ValueError(f"request_id {request_id!r} is already in use")
+        timeout = check_timeout(self.config.request_timeout if timeout is None else timeout)
+        _check_priority(priority)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._gate.admit()
+        waiting = True  # holds an admission slot until its first output
+        try:
+            request_id = request_id or uuid.uuid4().hex
+            request = await asyncio.to_thread(self.engine.make_request, request_id, prompt,
+                                              sampling_params)
+            request.priority, request.tenant = priority, tenant
+            if request_id in self._streams:
+                raise ValueError(f"request_id {request_id!r} is already in use")
+        except BaseException:
+            self._gate.release()
+            raise
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), queue)
         finished = False
         try:
             self._check_alive()  # a loop that stops from now on ends this stream itself
-            self._submit("add", request)
+            self._submit("add", (request, deadline, timeout))
             while not finished:
                 item = await queue.get()
+                if waiting:
+                    waiting = False
+                    self._gate.release()
                 if isinstance(item, BaseException):
                     raise item
                 finished = item.finished
                 yield item
         finally:
+            if waiting:
+                self._gate.release()
             self._streams.pop(request_id, None)
             if not finished:
                 self._submit("abort", request_id)
@@ -134,6 +186,23 @@ class AsyncEngine:
     async def shutdown(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.shutdown_sync)
 
+    def drain(self, timeout: float) -> bool:
+        """Graceful stop (thread-safe, blocking; see the module docstring). Returns True if
+        every open request finished within ``timeout`` seconds, False if some were aborted."""
+        if self._draining is None:
+            self._draining = timeout
+            logger.info("draining: no new requests; %d open ones get up to %g s to finish",
+                        len(self._streams), timeout)
+        deadline = time.monotonic() + timeout
+        while self._streams and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        clean = not self._streams
+        if not clean:
+            logger.warning("drain timeout (%g s): aborting %d open requests", timeout,
+                           len(self._streams))
+        self.shutdown_sync()
+        return clean
+
     def shutdown_sync(self) -> None:
         """Stop the step loop, end every open stream with ``EngineDeadError``, join the thread."""
         self._stopping = True
@@ -147,11 +216,15 @@ class AsyncEngine:
         self._wake.set()
 
     def _check_alive(self) -> None:
-        if self._stopping or self._dead is not None:
+        if self._stopping or self._draining is not None or self._dead is not None:
             raise self._dead_error()
 
     def _dead_error(self) -> EngineDeadError:
         """A fresh ``EngineDeadError`` (one per stream), chained to the loop's failure if any."""
+        if self._dead is None and self._draining is not None:
+            return EngineDeadError(
+                "the server is shutting down: it takes no new requests, and open ones are "
+                f"aborted after drain_timeout={self._draining:g} s; retry on another replica")
         if self._dead is None:
             return EngineDeadError("the engine is shut down")
         error = EngineDeadError(
@@ -164,6 +237,7 @@ class AsyncEngine:
         try:
             while not self._stopping:
                 self._apply_commands()
+                self._expire_deadlines()
                 self.engine.check_health()  # a dead tensor-parallel worker ends the loop, idle too
                 if not self.engine.has_unfinished_requests():
                     self._wake.wait(timeout=_HEALTH_CHECK_INTERVAL_S)
@@ -204,16 +278,33 @@ class AsyncEngine:
             commands, self._commands = self._commands, []
         for kind, payload in commands:
             if kind == "add":
-                if payload.request_id not in self._streams:
+                request, deadline, timeout = payload
+                if request.request_id not in self._streams:
                     continue  # its consumer left before the request reached the engine
                 try:
-                    self.engine.add_request(payload)
+                    self.engine.add_request(request)
                 except ValueError as exc:  # e.g. a request id still in use
-                    self._deliver(payload.request_id, exc)
+                    self._deliver(request.request_id, exc)
+                    continue
+                if deadline is not None:
+                    self._deadlines.add(request, deadline, timeout)
             else:
                 out = self.engine.abort_request(payload)
                 if out is not None:
                     self._deliver(payload, out.error or out)
+
+    def _expire_deadlines(self) -> None:
+        """Abort every request past its deadline; its stream ends with ``RequestTimeoutError``."""
+        for request, timeout in self._deadlines.expired():
+            request_id = request.request_id
+            if self.engine.requests.get(request_id) is not request:
+                continue  # it finished in time
+            out = self.engine.abort_request(request_id)
+            error = out.error or RequestTimeoutError(
+                request_id, f"request {request_id} did not finish within its timeout of "
+                            f"{timeout:g} s and was aborted; raise timeout or ask for fewer "
+                            f"tokens", output=out)
+            self._deliver(request_id, error)
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> bool:
         """Post ``item`` to the request's stream; False if nobody will ever read it.
@@ -230,3 +321,8 @@ class AsyncEngine:
             self._streams.pop(request_id, None)
             return False
         return True
+
+
+def _check_priority(priority: int) -> None:
+    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 2**31:
+        raise ValueError(f"priority must be an integer in [-2**31, 2**31], got {priority!r}")

@@ -17,6 +17,7 @@ _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _BACKENDS = ("auto", "torch", "triton")
 _EXECUTOR_BACKENDS = (None, "uni", "mp", "external_launcher")
 _TOOL_CALL_PARSERS = (None, "hermes", "llama3_json")  # None: chosen from the chat template
+_SCHEDULING_POLICIES = ("fcfs", "priority")
 _SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6,
                "g": 10**9, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30,
                "tib": 2**40, "t": 10**12, "tb": 10**12}
@@ -67,6 +68,17 @@ class EngineConfig:
     (``{"method": "ngram", "num_speculative_tokens": 4, ...}`` or ``{"model":
     draft_folder, "num_speculative_tokens": 4}``; also as JSON text), validated
     into a ``SpeculativeConfig``.
+
+    Serving limits (``AsyncEngine`` only; the offline ``LLM`` never refuses):
+    ``max_waiting_requests`` requests may wait for their first token at once
+    (``None``: no limit); one more is refused with ``EngineOverloadedError``
+    (HTTP 429). ``request_timeout`` is the default deadline of a request in
+    seconds (``None``: none; a request's own ``timeout`` wins). On shutdown
+    (SIGTERM) adapters drain: no new request, in-flight ones get up to
+    ``drain_timeout`` seconds to finish, then are aborted with an error.
+    ``scheduling_policy`` is vLLM's: ``"fcfs"`` or ``"priority"`` (lower
+    ``priority`` first, FCFS within a level); ``tenant_fairness`` makes the
+    tenants (the OpenAI ``user`` field) of one level take turns at admission.
     """
 
     model: str | None = None
@@ -91,6 +103,11 @@ class EngineConfig:
     distributed_executor_backend: str | None = None
     tool_call_parser: str | None = None  # how chat replies with tool_choice "auto" are parsed
     speculative_config: dict | None = None  # vLLM's dict; becomes a SpeculativeConfig
+    max_waiting_requests: int | None = None
+    request_timeout: float | None = None
+    drain_timeout: float = 20.0  # under the frameworks' 30 s grace periods
+    scheduling_policy: str = "fcfs"
+    tenant_fairness: bool = False
 
     def __post_init__(self) -> None:
         self.speculative_config = SpeculativeConfig.from_value(self.speculative_config)
@@ -120,6 +137,16 @@ class EngineConfig:
         if self.tool_call_parser not in _TOOL_CALL_PARSERS:
             raise ValueError(f"tool_call_parser must be one of {_TOOL_CALL_PARSERS}, "
                              f"got {self.tool_call_parser!r}")
+
+        if self.max_waiting_requests is not None:
+            _positive("max_waiting_requests", self.max_waiting_requests)
+        if self.request_timeout is not None and not self.request_timeout > 0:
+            raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
+        if not self.drain_timeout >= 0:
+            raise ValueError(f"drain_timeout must be >= 0 seconds, got {self.drain_timeout}")
+        if self.scheduling_policy not in _SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {_SCHEDULING_POLICIES}, "
+                             f"got {self.scheduling_policy!r}")
         if self.num_kv_blocks is not None:
             _positive("num_kv_blocks", self.num_kv_blocks)
         if self.max_model_len is not None:

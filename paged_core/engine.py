@@ -70,8 +70,10 @@ class LLMEngine:
         num_blocks = self.executor.num_blocks
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.long_prefill_token_threshold,
-                                   config.max_num_partial_prefills)
+                                   long_prefill_token_threshold=config.long_prefill_token_threshold,
+                                   max_num_partial_prefills=config.max_num_partial_prefills,
+                                   policy=config.scheduling_policy,
+                                   tenant_fairness=config.tenant_fairness)
         self.sampler = Sampler(torch.Generator().manual_seed(config.seed))  # draws on the CPU
         self.max_total_tokens = min(self.max_model_len, num_blocks * config.block_size)
         self.eos_token_ids = eos_token_ids(folder, hf_config, self.tokenizer)

@@ -8,6 +8,13 @@
   be served any more; ``__cause__`` holds the original exception, if any.
 
 Both carry the original exception as ``__cause__``.
+
+Two refusals of a healthy engine, raised before or instead of any output:
+
+- ``EngineOverloadedError``: too many requests already wait for their first
+  token (``max_waiting_requests``); nothing was queued, retry later (HTTP 429).
+- ``RequestTimeoutError``: the request outlived its deadline (``timeout``);
+  it was aborted (``finish_reason`` "abort") and its blocks freed.
 """
 from __future__ import annotations
 
@@ -22,3 +29,21 @@ class RequestFailedError(RuntimeError):
     def __init__(self, request_id: str, message: str) -> None:
         super().__init__(message)
         self.request_id = request_id
+
+
+class EngineOverloadedError(RuntimeError):
+    """The waiting queue is full; the request was not queued. Retry after ``retry_after`` s."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class RequestTimeoutError(RuntimeError):
+    """A request outlived its deadline and was aborted; ``output`` is its last snapshot
+    (``finish_reason`` "abort"), or ``None`` if it never reached the engine."""
+
+    def __init__(self, request_id: str, message: str, output=None) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+        self.output = output

@@ -57,6 +57,8 @@ class Request:
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.monotonic()))
     samples: list[Sample] = field(default_factory=list)
     num_cached_tokens: int = 0
+    priority: int = 0  # vLLM's: lower is scheduled first (scheduling_policy "priority")
+    tenant: str | None = None  # who sent it (tenant_fairness)
 
     def __post_init__(self) -> None:
         grammar = (SequenceGrammar.start(self.compiled_grammar)

@@ -1,15 +1,19 @@
 """Continuous batching: which sequences run this step, and how many tokens each (no torch).
 
 Each step packs running sequences first (decodes and unfinished prefill
-chunks, oldest first), then admits waiting ones FCFS, all under
-``max_num_batched_tokens`` tokens and ``max_num_seqs`` sequences. A prefill
-that does not fit the remaining budget is chunked. A decode with draft tokens
-(speculative decoding, ``seq.spec_token_ids``) asks for ``1 + len(drafts)``
+chunks, oldest first), then admits waiting ones in ``WaitingQueue`` order
+(FCFS, or vLLM's ``priority`` policy; tenants take turns with fairness on),
+all under ``max_num_batched_tokens`` tokens and ``max_num_seqs`` sequences. A
+prefill that does not fit the remaining budget is chunked. A decode with draft
+tokens (speculative decoding, ``seq.spec_token_ids``) asks for ``1 + len(drafts)``
 tokens; drafts past the budget, or all of them when their blocks do not fit,
-are dropped before anything is preempted. When the cache is full the
-newest running sequence is preempted by recompute (its blocks are freed and it
-goes back to the front of the queue); the oldest one always makes progress, so
-every request finishes.
+are dropped before anything is preempted. When the cache is full a running
+sequence is preempted by recompute (its blocks are freed and it goes back to
+the front of its queue): the newest one under FCFS, the newest of the lowest
+priority (largest value) under ``priority``. The oldest sequence of the
+highest priority is never the victim while another runs, so it always makes
+progress and, the cache being large enough for any one sequence, every request
+finishes (under ``priority``, once higher-priority traffic lets it).
 
 Decode stalls are bounded by two limits (vLLM's names) that apply only to steps
 carrying at least one decode (a step with no decode in flight takes the whole
@@ -24,11 +28,11 @@ but never less than one block's worth, so waiting prompts keep being admitted.
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from .block_manager import KVCacheManager
 from .sequence import Sequence, SequenceStatus
+from .waiting_queue import WaitingQueue
 
 
 @dataclass
@@ -65,13 +69,15 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int,
                  max_num_batched_tokens: int, long_prefill_token_threshold: int = 0,
-                 max_num_partial_prefills: int = 0) -> None:
+                 max_num_partial_prefills: int = 0, policy: str = "fcfs",
+                 tenant_fairness: bool = False) -> None:
         self.kv = kv_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.long_prefill_token_threshold = long_prefill_token_threshold
         self.max_num_partial_prefills = max_num_partial_prefills
-        self.waiting: deque[Sequence] = deque()
+        self.policy = policy
+        self.waiting = WaitingQueue(policy, tenant_fairness)
         self.running: list[Sequence] = []
         self.num_preemptions = 0
 
@@ -100,7 +106,6 @@ class Scheduler:
     def schedule(self, max_step_tokens: int | None = None) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
-        scheduled_ids: set[int] = set()
         num_decodes = self._num_decodes_in_flight()
         limits = _PrefillLimits(self, num_decodes, max_step_tokens) if num_decodes else None
         i = 0
@@ -121,18 +126,19 @@ class Scheduler:
                     seq.spec_token_ids = []
                     num_new = min(pending, budget)
                     continue
-                victim = self.running[-1]
-                self._preempt(victim, out)
+                victim = self._victim()
+                if self.running.index(victim) < i:  # scheduled earlier in this step
+                    i -= 1
+                    budget += self._preempt(victim, out)
+                else:
+                    self._preempt(victim, out)
                 if victim is seq:
-                    break
+                    break  # running[i] is now the next sequence
             else:
                 del seq.spec_token_ids[max(num_new - pending, 0):]  # drafts past the budget
                 out.scheduled.append(ScheduledSequence(seq, num_new))
-                scheduled_ids.add(seq.seq_id)
                 budget -= num_new
                 i += 1
-                continue
-            break  # the sequence preempted itself: nothing newer is left to run
         if not out.preempted:
             self._admit_waiting(out, budget, limits)
         out.block_copies = self.kv.take_pending_copies()
@@ -144,7 +150,7 @@ class Scheduler:
     def _admit_waiting(self, out: SchedulerOutput, budget: int,
                        limits: "_PrefillLimits | None") -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+            seq = self.waiting.peek()
             cached = self.kv.find_cached_prefix(seq)
             num_cached_tokens = len(cached) * self.kv.block_size
             num_new = min(seq.num_tokens - seq.num_computed_tokens - num_cached_tokens, budget)
@@ -161,8 +167,18 @@ class Scheduler:
             out.scheduled.append(ScheduledSequence(seq, num_new))
             budget -= num_new
 
-    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
-        """Free a running sequence's blocks; it recomputes everything when readmitted."""
+    def _victim(self) -> Sequence:
+        """The running sequence to preempt: the newest (FCFS), or the newest of the lowest
+        priority (``policy="priority"``, vLLM's rule; ``seq_id`` grows with arrival)."""
+        if self.policy != "priority":
+            return self.running[-1]
+        return max(self.running, key=lambda s: (s.request.priority, s.seq_id))
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
+        """Free a running sequence's blocks; it recomputes everything when readmitted.
+
+        Returns the tokens it had been given in this step (0 if not scheduled yet)."""
+        given = sum(s.num_new_tokens for s in out.scheduled if s.seq is seq)
         self.running.remove(seq)
         self.kv.free(seq)
         seq.num_computed_tokens = 0
@@ -172,6 +188,7 @@ class Scheduler:
         self.num_preemptions += 1
         out.preempted.append(seq)
         out.scheduled = [s for s in out.scheduled if s.seq is not seq]
+        return given
 
 
 class _PrefillLimits:

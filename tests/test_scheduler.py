@@ -74,7 +74,7 @@ def test_preempted_sequence_recomputes_from_zero():
     out = run_step(sched)  # both need a second block; only one is left -> b preempted
     assert out.preempted == [b]
     assert b.status == SequenceStatus.WAITING and b.num_computed_tokens == 0
-    assert sched.waiting[0] is b
+    assert sched.waiting.peek() is b
 
 
 def _chunks(out):

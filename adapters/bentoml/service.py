@@ -10,6 +10,9 @@ Invariants:
 - the engine is built when BentoML creates the service instance (server
   startup), so ``/readyz`` (``__is_ready__``) is 200 only once it is loaded and
   its step loop alive; requests before then get 503;
+- SIGTERM / SIGINT (circus stopping the worker) drain the engine
+  (``drain_on_signals``): readiness false, new requests 503, open ones finish
+  within ``drain_timeout`` or end with an error event;
 - on shutdown (``@bentoml.on_shutdown``) the engine is detached first, then shut
   down, so no request reaches a stopping engine.
 
@@ -25,6 +28,8 @@ import bentoml
 
 from paged_core import AsyncEngine, EngineConfig
 from paged_core.openai import build_openai_app
+
+from .._drain import drain_on_signals
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +47,7 @@ class PagedLLM:
         logger.info("loading %s (dtype=%s)", config.model_name, config.dtype)
         self.engine = AsyncEngine(config)
         openai_app.state.holder.engine = self.engine
+        drain_on_signals(self.engine, config.drain_timeout)  # built inside uvicorn's startup
 
     def __is_ready__(self) -> bool:
         return openai_app.state.holder.ready

@@ -14,6 +14,9 @@ into broken 200 streams. So, invariants:
   its ASGI lifespan (after LitServe forks it; never in the parent) and shuts it
   down on exit: one engine whose continuous batching interleaves every
   request, streaming or not, from that process's event loop;
+- SIGTERM / SIGINT drain the engine (``drain_on_signals``): readiness false,
+  new requests 503, open ones finish within ``drain_timeout`` (keep it under
+  LitServe's 30 s grace) or end with an error event; then uvicorn exits;
 - LitServe still owns the processes, the uvicorn server, ``/health`` (ready only
   when its worker is up *and* the engine is loaded, via ``LitAPI.health``) and
   ``/info``; the LitAPI itself only answers the ``/litserve/ping`` probe, so its
@@ -33,6 +36,8 @@ from fastapi import FastAPI
 
 from paged_core.config import EngineConfig
 from paged_core.openai import EngineHolder, install_openai_routes
+
+from .._drain import drain_on_signals
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +84,7 @@ def _engine_lifespan(app: FastAPI, holder: EngineHolder, config: EngineConfig) -
             logger.info("loading %s (dtype=%s)", config.model_name, config.dtype)
             engine = await asyncio.to_thread(AsyncEngine, config)
             holder.engine = engine
+            drain_on_signals(engine, config.drain_timeout)  # uvicorn's handlers are set by now
             try:
                 yield
             finally:

@@ -10,8 +10,14 @@ Invariants:
   continuously together; ``execute`` only parses and schedules, never blocks;
 - every request gets exactly one response flagged FINAL: its last delta
   (``stream=true``), its whole text (``stream=false``), or an error;
+- a request refused because the waiting queue is full (``max_waiting_requests``),
+  or because the engine is draining or dead, gets an UNAVAILABLE error response
+  at once, never a hang;
 - a request the client cancels (``is_cancelled()``, polled every
   ``CANCEL_POLL_S``) is aborted in the engine, freeing its KV blocks;
+- unloading (Triton's shutdown on SIGINT/SIGTERM, or an explicit unload) drains
+  the engine: open requests get ``drain_timeout`` seconds to finish, the rest
+  end with an error response;
 - custom metrics (``pb_utils.MetricFamily``) mirror ``engine.stats()``.
 """
 from __future__ import annotations
@@ -25,7 +31,8 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from paged_core import AsyncEngine, EngineConfig, RequestOutput, SamplingParams
+from paged_core import (AsyncEngine, EngineConfig, EngineDeadError, EngineOverloadedError,
+                        RequestOutput, SamplingParams)
 
 from .request_parsing import parse_request
 
@@ -92,7 +99,8 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(
                 "paged_llm needs `model_transaction_policy { decoupled: true }` in config.pbtxt")
         settings = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
-        self.engine = AsyncEngine(EngineConfig.from_strings(settings))
+        self.config = EngineConfig.from_strings(settings)
+        self.engine = AsyncEngine(self.config)
         self.metrics = _Metrics(args["model_name"])
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="paged-core-triton",
@@ -118,7 +126,7 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self._metrics_task.cancel()
-        self.engine.shutdown_sync()
+        self.engine.drain(self.config.drain_timeout)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
 
@@ -139,7 +147,9 @@ class TritonPythonModel:
                                             pb_utils.TritonError.CANCELLED), flags=FINAL)
                 return
         error = work.exception()
-        if error is not None:
+        if isinstance(error, (EngineOverloadedError, EngineDeadError)):
+            sender.send(_error_response(str(error), pb_utils.TritonError.UNAVAILABLE), flags=FINAL)
+        elif error is not None:
             message = str(error) if isinstance(error, ValueError) else f"generation failed: {error!r}"
             sender.send(_error_response(message), flags=FINAL)
 

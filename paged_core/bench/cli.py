@@ -11,11 +11,12 @@ import os
 import sys
 import traceback
 
-from . import memory, prefix, serve, sharing, spec, structured, throughput, tp
+from . import memory, prefix, serve, sharing, soak, spec, structured, throughput, tp
 from .readme import write_readme
 from .report import DEFAULT_OUT, setup_threads, write_result
 
 BENCHMARKS = {m.NAME: m for m in (throughput, serve, memory, prefix, sharing, tp, structured, spec)}
+STANDALONE = {soak.NAME: soak}  # not part of ``bench all`` (a long server run, no README row)
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +31,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="paged-core bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="benchmark", required=True)
-    for name, module in BENCHMARKS.items():
+    for name, module in {**BENCHMARKS, **STANDALONE}.items():
         p = sub.add_parser(name, help=module.__doc__.splitlines()[0], description=module.__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         _add_common(p)
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = setup_threads(args.threads)
     if args.benchmark != "all":
         args.threads = threads
-        _run_one(BENCHMARKS[args.benchmark], args, argv)
+        _run_one({**BENCHMARKS, **STANDALONE}[args.benchmark], args, argv)
         return 0
     failed = []
     for name, module in BENCHMARKS.items():

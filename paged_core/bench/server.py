@@ -48,11 +48,13 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
 
 
 @contextlib.contextmanager
-def running_server(adapter: str, dtype: str, ready_timeout_s: float = 300.0) -> Iterator[str]:
-    """Serve the embedded model through ``adapter`` on a free port; yields ``http://.../v1``."""
+def running_server(adapter: str, dtype: str, ready_timeout_s: float = 300.0,
+                   extra_args: tuple[str, ...] | list[str] = ()) -> Iterator[str]:
+    """Serve the embedded model (or ``--model`` in ``extra_args``, more engine flags) through
+    ``adapter`` on a free port; yields ``http://.../v1``."""
     port = free_port()
     cmd = [sys.executable, "-m", "paged_core.cli", "serve", "--adapter", adapter,
-           "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype]
+           "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, *extra_args]
     with _serving(cmd, port, adapter, None, ready_timeout_s) as url:
         yield url
 

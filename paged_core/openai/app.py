@@ -17,6 +17,8 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
+from paged_core.engine_client import EngineClient
+
 from . import serving
 from .chat import chat_job
 from .completions import completion_job
@@ -28,7 +30,7 @@ from .protocol import ChatCompletionRequest, CompletionRequest
 class EngineHolder:
     """The engine behind the routes (``None`` until built) and its metrics."""
 
-    def __init__(self, engine: Any = None) -> None:
+    def __init__(self, engine: EngineClient | None = None) -> None:
         self.engine = engine
         self.created = int(time.time())
         self.metrics = ServingMetrics(self._stats)
@@ -41,12 +43,12 @@ class EngineHolder:
         """True once the engine is built and its step loop is alive."""
         return self.engine is not None and self.engine.is_running
 
-    def require(self) -> Any:
+    def require(self) -> EngineClient:
         if self.engine is None:
             raise OpenAIError(503, "the engine is still loading; retry shortly")
         return self.engine
 
-    def check_model(self, model: str | None) -> Any:
+    def check_model(self, model: str | None) -> EngineClient:
         """The engine, if ``model`` names it (or is omitted); else a 404."""
         engine = self.require()
         if model is not None and model != engine.model_name:
@@ -102,7 +104,7 @@ def install_openai_routes(app: FastAPI, holder: EngineHolder, health_path: str |
     app.include_router(openai_router(holder, health_path, metrics_path))
 
 
-def build_openai_app(engine: Any = None, *, health_path: str | None = "/health",
+def build_openai_app(engine: EngineClient | None = None, *, health_path: str | None = "/health",
                      metrics_path: str = "/metrics") -> FastAPI:
     """A standalone FastAPI app serving ``engine``; ``app.state.holder`` holds it."""
     app = FastAPI(title="paged-core OpenAI-compatible API")

@@ -10,11 +10,13 @@ import asyncio
 from functools import partial
 from typing import Any
 
+from paged_core.engine_client import EngineClient
 from paged_core.outputs import CompletionOutput
 
 from .errors import OpenAIError
 from .logprobs import chat_logprobs
-from .params import chat_params, engine_refusal
+from .metrics import ServingMetrics
+from .params import chat_params, engine_refusal, generate_options
 from .protocol import ChatCompletionRequest
 from .serving import Formatter, Job
 from .tool_calls import ToolCallMode, ToolCallStream, tool_call_mode, tool_choice_mode
@@ -58,12 +60,13 @@ class ChatFormatter(Formatter):
                 "finish_reason": finish_reason}
 
 
-async def chat_job(engine: Any, metrics: Any, req: ChatCompletionRequest) -> Job:
+async def chat_job(engine: EngineClient, metrics: ServingMetrics,
+                   req: ChatCompletionRequest) -> Job:
     """The job of a chat request; the template is rendered and tokenized in a worker thread."""
     params = chat_params(req)
     mode, name = tool_choice_mode(req.tools, req.tool_choice)
     template = getattr(engine.tokenizer, "chat_template", None)
-    tools = tool_call_mode(mode, name, template, getattr(engine.config, "tool_call_parser", None))
+    tools = tool_call_mode(mode, name, template, engine.tool_call_parser)
     try:
         messages, template_tools = template_inputs(
             [m.as_template_dict() for m in req.messages], req.tools if tools else None, template)
@@ -76,4 +79,4 @@ async def chat_job(engine: Any, metrics: Any, req: ChatCompletionRequest) -> Job
                formatter=ChatFormatter(req.logprobs, req.top_logprobs, tools),
                prompts=[{"prompt_token_ids": prompt_ids}], params=params,
                refusal=partial(engine_refusal, req=req, prompt_param="messages"),
-               include_usage=include_usage)
+               include_usage=include_usage, options=generate_options(req))

@@ -4,11 +4,13 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from paged_core.engine_client import EngineClient
 from paged_core.outputs import CompletionOutput
 
 from .errors import OpenAIError
 from .logprobs import completion_logprobs
-from .params import completion_params, engine_refusal
+from .metrics import ServingMetrics
+from .params import completion_params, engine_refusal, generate_options
 from .protocol import CompletionRequest
 from .serving import Formatter, Job
 
@@ -46,10 +48,10 @@ def _prompts(prompt: Any) -> list[Any]:
     return [p if isinstance(p, str) else {"prompt_token_ids": list(p)} for p in prompt]
 
 
-def completion_job(engine: Any, metrics: Any, req: CompletionRequest) -> Job:
+def completion_job(engine: EngineClient, metrics: ServingMetrics, req: CompletionRequest) -> Job:
     params = completion_params(req)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return Job(engine=engine, metrics=metrics, formatter=CompletionFormatter(req.logprobs),
                prompts=_prompts(req.prompt), params=params,
                refusal=partial(engine_refusal, req=req, prompt_param="prompt"),
-               include_usage=include_usage)
+               include_usage=include_usage, options=generate_options(req))

@@ -4,7 +4,9 @@ Invariant: every error the OpenAI routes return goes through ``error_response``,
 so clients always see the same JSON shape, and every 4xx names the offending
 request field in ``param`` when one is known. Engine failures map by kind: one
 request failed (``RequestFailedError``) -> 500, the server goes on serving; the
-engine stopped (``EngineDeadError``) -> 503.
+engine stopped (``EngineDeadError``) -> 503; the waiting queue is full
+(``EngineOverloadedError``) -> 429 with ``Retry-After``; the request outlived
+its deadline (``RequestTimeoutError``) -> 408.
 """
 from __future__ import annotations
 
@@ -17,10 +19,12 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
-from paged_core import EngineDeadError, RequestFailedError
+from paged_core import (EngineDeadError, EngineOverloadedError, RequestFailedError,
+                        RequestTimeoutError)
 
 _TYPES = {400: "invalid_request_error", 404: "invalid_request_error",
-          405: "invalid_request_error", 413: "invalid_request_error",
+          405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error",
+          429: "rate_limit_error",
           503: "service_unavailable", 500: "internal_server_error"}
 
 
@@ -28,22 +32,28 @@ class OpenAIError(Exception):
     """An error to report to the client with an HTTP status and an OpenAI error body."""
 
     def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None) -> None:
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
         return error_body(self.status, self.message, self.param, self.code)
 
 
-ENGINE_ERRORS = (RequestFailedError, EngineDeadError)
+ENGINE_ERRORS = (RequestFailedError, EngineDeadError, EngineOverloadedError, RequestTimeoutError)
 
 
-def engine_error(exc: RequestFailedError | EngineDeadError) -> OpenAIError:
-    """The client's view of an engine failure: 500 for one failed request, 503 for a dead engine."""
+def engine_error(exc: Exception) -> OpenAIError:
+    """The client's view of an ``ENGINE_ERRORS`` exception (see the module docstring)."""
+    if isinstance(exc, EngineOverloadedError):
+        return OpenAIError(429, str(exc), code="engine_overloaded",
+                           headers={"Retry-After": str(max(1, round(exc.retry_after)))})
+    if isinstance(exc, RequestTimeoutError):
+        return OpenAIError(408, str(exc), param="timeout", code="request_timeout")
     return OpenAIError(500 if isinstance(exc, RequestFailedError) else 503, str(exc))
 
 
@@ -62,8 +72,9 @@ class _ErrorJSONResponse(JSONResponse):
 
 
 def error_response(status: int, message: str, param: str | None = None,
-                   code: str | None = None) -> JSONResponse:
-    return _ErrorJSONResponse(error_body(status, message, param, code), status_code=status)
+                   code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    return _ErrorJSONResponse(error_body(status, message, param, code), status_code=status,
+                              headers=headers)
 
 
 def bad_request(exc: ValueError, known_params: list[str] | tuple[str, ...],
@@ -112,7 +123,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param, exc.code)
+        return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -120,8 +131,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(400, message, param)
 
     async def _engine_failure(_: Request, exc: Exception) -> JSONResponse:
-        error = engine_error(exc)  # type: ignore[arg-type]
-        return error_response(error.status, error.message)
+        error = engine_error(exc)
+        return error_response(error.status, error.message, error.param, error.code, error.headers)
 
     for kind in ENGINE_ERRORS:
         app.add_exception_handler(kind, _engine_failure)

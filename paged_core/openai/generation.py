@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, Callable
 
 import anyio
 
+from paged_core.engine_client import EngineClient
 from paged_core.outputs import RequestOutput
 from paged_core.sampling_params import SamplingParams
 
@@ -29,7 +30,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-async def _run(engine: Any, first: RequestOutput, gen: AsyncIterator[RequestOutput],
+async def _run(engine: EngineClient, first: RequestOutput, gen: AsyncIterator[RequestOutput],
                request_id: str, tracker: LatencyTracker) -> AsyncIterator[RequestOutput]:
     out = first
     try:
@@ -52,16 +53,19 @@ async def _run(engine: Any, first: RequestOutput, gen: AsyncIterator[RequestOutp
 Refusal = Callable[[ValueError], OpenAIError]
 
 
-async def start(engine: Any, prompt: Any, params: SamplingParams, metrics: ServingMetrics,
-                refusal: Refusal) -> AsyncIterator[RequestOutput]:
+async def start(engine: EngineClient, prompt: Any, params: SamplingParams,
+                metrics: ServingMetrics, refusal: Refusal, options: dict[str, Any]
+                ) -> AsyncIterator[RequestOutput]:
     """Submit one prompt and wait for its first output; engine refusals become ``refusal(exc)``.
+
+    ``options`` are further keywords of ``engine.generate`` (priority, timeout, tenant).
 
     Returns an async iterator over the request's outputs (the first included)
     that aborts the request if closed early.
     """
     request_id = new_id("req")
     tracker = metrics.tracker()  # TTFT counts from here: queueing and prefill included
-    gen = engine.generate(prompt, params, request_id=request_id)
+    gen = engine.generate(prompt, params, request_id=request_id, **options)
     try:
         first = await gen.__anext__()
     except ValueError as exc:
@@ -78,11 +82,11 @@ async def start(engine: Any, prompt: Any, params: SamplingParams, metrics: Servi
     return _run(engine, first, gen, request_id, tracker)
 
 
-async def start_all(engine: Any, prompts: list[Any], params: SamplingParams,
-                    metrics: ServingMetrics, refusal: Refusal
+async def start_all(engine: EngineClient, prompts: list[Any], params: SamplingParams,
+                    metrics: ServingMetrics, refusal: Refusal, options: dict[str, Any]
                     ) -> list[AsyncIterator[RequestOutput]]:
     """``start`` every prompt concurrently; if any is refused, abort the others and raise."""
-    tasks = [asyncio.ensure_future(start(engine, p, params, metrics, refusal))
+    tasks = [asyncio.ensure_future(start(engine, p, params, metrics, refusal, options))
              for p in prompts]
     try:
         await asyncio.wait(tasks)

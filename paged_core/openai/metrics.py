@@ -5,7 +5,8 @@ hits, running/waiting, preemptions, generated tokens, speculative decoding's
 draft / accepted tokens and mean acceptance length) are read from
 ``engine.stats()`` at scrape time, so they can never drift from the engine;
 latency histograms (time to first token, inter-token latency) are observed by
-the OpenAI layer as it streams. Each ``ServingMetrics`` owns its registry, so
+the OpenAI layer as it streams; ``process_*`` metrics (RSS, CPU) describe the
+process that holds the engine. Each ``ServingMetrics`` owns its registry, so
 several apps in one process never collide.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -38,6 +39,7 @@ _COUNTERS = {
     "spec_decode_num_draft_tokens": ("spec_decode_num_draft_tokens",
                                      "Draft tokens proposed and verified"),
     "spec_decode_num_accepted_tokens": ("spec_decode_num_accepted_tokens", "Draft tokens accepted"),
+    "num_rejected": ("num_requests_rejected", "Requests refused because the waiting queue was full"),
 }
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
                     1.0, 2.5, 5.0, 10.0, 20.0, 60.0)
@@ -65,6 +67,7 @@ class ServingMetrics:
     def __init__(self, stats: Callable[[], dict[str, Any] | None]) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_EngineStatsCollector(stats))
+        ProcessCollector(registry=self.registry)  # RSS, CPU, open files of the serving process
         self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds",
                               "Time from request arrival to its first generated token",
                               buckets=_LATENCY_BUCKETS, registry=self.registry)

@@ -23,7 +23,8 @@ _PASS_THROUGH = ("n", "temperature", "top_p", "stop", "seed", "presence_penalty"
                  "frequency_penalty", "top_k", "min_p", "repetition_penalty", "min_tokens",
                  "ignore_eos", "stop_token_ids", "skip_special_tokens",
                  "include_stop_str_in_output")
-_ENGINE_FIELDS = tuple(f.name for f in fields(SamplingParams)) + BEAM_SEARCH_FIELDS
+_GENERATE_OPTIONS = ("priority", "timeout")  # arguments of engine.generate, not SamplingParams
+_ENGINE_FIELDS = tuple(f.name for f in fields(SamplingParams)) + BEAM_SEARCH_FIELDS + _GENERATE_OPTIONS
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
 
 
@@ -44,6 +45,12 @@ def engine_refusal(exc: ValueError, req: SamplingFields, prompt_param: str) -> O
     prompt): ``param`` is the sampling field the message names, else ``prompt_param``."""
     return bad_request(exc, _ENGINE_FIELDS, rename=request_field_names(req),
                        default_param=prompt_param)
+
+
+def generate_options(req: SamplingFields) -> dict[str, Any]:
+    """Keyword arguments of ``engine.generate`` beside the prompt and ``SamplingParams``:
+    ``priority``, ``timeout`` and the ``user`` as the tenant (checked by the engine)."""
+    return {"priority": req.priority, "timeout": req.timeout, "tenant": req.user}
 
 
 def _common(req: SamplingFields) -> dict[str, Any]:

@@ -72,6 +72,8 @@ class SamplingFields(OpenAIBaseModel):
     guided_grammar: str | None = None
     use_beam_search: bool = False  # n = beam width (openai/beam_params.py)
     length_penalty: float | None = None
+    priority: int = 0  # vLLM's: lower runs first under scheduling_policy "priority"
+    timeout: float | None = None  # seconds; the server's request_timeout by default
 
 
 class CompletionRequest(SamplingFields):

@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from paged_core.engine_client import EngineClient
 from paged_core.outputs import CompletionOutput, RequestOutput
 from paged_core.sampling_params import SamplingParams
 
@@ -50,13 +51,14 @@ class Formatter:
 class Job:
     """One validated request, ready to run."""
 
-    engine: Any
+    engine: EngineClient
     metrics: ServingMetrics
     formatter: Formatter
     prompts: list[Any]
     params: SamplingParams
     refusal: generation.Refusal  # the engine's ValueError -> a 400 naming the request field
     include_usage: bool = False
+    options: dict[str, Any] = field(default_factory=dict)  # engine.generate keywords
     response_id: str = field(default="")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -85,7 +87,7 @@ async def run(request: Request, job: Job, stream: bool) -> Response:
         streams = await cancel_on_disconnect(
             request.receive,
             lambda: generation.start_all(job.engine, job.prompts, job.params, job.metrics,
-                                         job.refusal))
+                                         job.refusal, job.options))
     except ClientDisconnected:
         return NothingToSend()
     if stream:

@@ -1,0 +1,131 @@
+"""Overload and SIGTERM through every adapter, one server start each (a tiny random model,
+one running slot, one waiting slot): with a long request running and another waiting, a third is
+refused at once (429, or a Triton error response); then SIGTERM drains: both requests in
+flight complete, a new one is refused (no connection, or an error status), readiness turns
+false, and the process exits 0."""
+from __future__ import annotations
+
+import json
+import re
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from ..serving.conftest import tiny_folder  # noqa: F401  (fixture)
+from .conftest import free_port, python_cmd, running_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+MAX_TOKENS = 480
+PROMPT = "Tell me a long story"
+
+
+def launch(adapter: str, port: int) -> tuple[list[str], str, str, str]:
+    """(command, readiness path, streaming path, non-streaming path)."""
+    if adapter == "bentoml":
+        cmd = python_cmd("-m", "bentoml", "serve", "paged_core.adapters.bentoml.service:PagedLLM",
+                         "--host", "127.0.0.1", "--port", str(port))
+        return cmd, "/readyz", "/v1/completions", "/v1/completions"
+    if adapter == "litserve":
+        cmd = python_cmd("-m", "paged_core.adapters.litserve", "--host", "127.0.0.1",
+                         "--port", str(port))
+        return cmd, "/health", "/v1/completions", "/v1/completions"
+    cmd = python_cmd("-m", "paged_core.adapters.triton_server", "--host", "127.0.0.1",
+                     "--port", str(port))
+    return (cmd, "/v2/health/ready", "/v2/models/paged_llm/generate_stream",
+            "/v2/models/paged_llm/generate")
+
+
+def body(adapter: str, stream: bool, max_tokens: int = MAX_TOKENS) -> dict:
+    params = {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
+    if adapter == "triton":
+        return {"text_input": PROMPT, "stream": stream, "sampling_parameters": json.dumps(params)}
+    return {"prompt": PROMPT, "stream": stream, **params}
+
+
+def stream_in_background(url: str, payload: dict, started: threading.Event, events: list):
+    """Read an SSE stream into ``events`` (JSON or "[DONE]"); set ``started`` at the first."""
+    def read() -> None:
+        try:
+            with httpx.stream("POST", url, json=payload, timeout=120) as r:
+                events.append(r.status_code)
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        data = line[6:]
+                        events.append(data if data == "[DONE]" else json.loads(data))
+                        started.set()
+        except httpx.HTTPError as exc:
+            events.append(exc)
+        finally:
+            started.set()
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+def wait_for_one_waiting(metrics_url: str, timeout_s: float = 60.0) -> None:
+    """Until the engine's ``num_requests_waiting`` gauge reads 1."""
+    deadline = time.monotonic() + timeout_s
+    pattern = re.compile(r"^paged_core_num_requests_waiting(\{[^}]*\})? 1(\.0)?$", re.M)
+    while not pattern.search(httpx.get(metrics_url, timeout=5).text):
+        assert time.monotonic() < deadline, "the second request never waited"
+        time.sleep(0.05)
+
+
+def refused(url: str, payload: dict | None = None) -> bool:
+    """True if the server no longer takes this request: no connection, or an error status."""
+    try:
+        if payload is None:
+            return httpx.get(url, timeout=5).status_code != 200
+        return httpx.post(url, json=payload, timeout=5).status_code >= 400
+    except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
+        return True
+
+
+@pytest.mark.parametrize("adapter", ["litserve", "bentoml", "triton"])
+def test_sigterm_finishes_the_request_in_flight_refuses_new_ones_and_exits_0(
+        adapter, request, log_dir, tiny_folder):  # noqa: F811
+    if adapter == "triton":
+        pytest.importorskip("pytriton")
+    port = free_port(span=3)
+    cmd, ready, stream_path, plain_path = launch(adapter, port)
+    url = f"http://127.0.0.1:{port}"
+    env = {"PAGED_CORE_MODEL": tiny_folder, "PAGED_CORE_MAX_MODEL_LEN": "512",
+           "PAGED_CORE_DRAIN_TIMEOUT": "15", "PAGED_CORE_MAX_NUM_SEQS": "1",
+           "PAGED_CORE_MAX_WAITING_REQUESTS": "1"}
+    with running_server(request, adapter, cmd, url + ready, log_dir, extra_env=env) as server:
+        # a long request runs; once it streams (no longer waiting: max_waiting_requests=1
+        # would refuse a second one before that), a second long one waits behind it
+        started, events, waiting = threading.Event(), [], []
+        reader = stream_in_background(url + stream_path, body(adapter, True), started, events)
+        assert started.wait(60) and events[0] == 200, events
+        queued = threading.Thread(target=lambda: waiting.append(
+            httpx.post(url + plain_path, json=body(adapter, False), timeout=120)), daemon=True)
+        queued.start()
+        wait_for_one_waiting(f"http://127.0.0.1:{port + 2}/metrics" if adapter == "triton"
+                             else url + "/metrics")
+        start = time.monotonic()
+        overloaded = httpx.post(url + plain_path, json=body(adapter, False, 2), timeout=30)
+        # OpenAI routes: 429; Triton's HTTP generate endpoint answers any error response 400
+        assert overloaded.status_code == (400 if adapter == "triton" else 429), overloaded.text
+        assert "overloaded" in overloaded.text
+        assert time.monotonic() - start < 5
+        server.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while not refused(url + ready) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert refused(url + ready), "readiness still 200 after SIGTERM"
+        assert refused(url + plain_path, body(adapter, False))
+        reader.join(60)
+        queued.join(60)
+        assert server.proc.wait(timeout=60) == 0, server.log_tail()
+    assert waiting and waiting[0].status_code == 200, waiting
+    chunks = [e for e in events[1:] if isinstance(e, dict)]
+    assert events[-1] == "[DONE]" or adapter == "triton", events[-3:]
+    assert not any("error" in c for c in chunks), [c for c in chunks if "error" in c]
+    if adapter == "triton":
+        assert sum(bool(c["text_output"]) for c in chunks) >= MAX_TOKENS // 4
+    else:
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
