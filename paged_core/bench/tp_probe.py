@@ -39,7 +39,10 @@ def _tensor_bytes(tensors: Iterator[torch.Tensor]) -> int:
     seen: set[tuple[int, int]] = set()
     total = 0
     for t in tensors:
-        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        if t.is_mkldnn:  # a prepacked float32 weight: oneDNN's opaque storage, owned alone
+            key = (id(t), t.numel() * t.element_size())
+        else:
+            key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
         if key not in seen:
             seen.add(key)
             total += key[1]
