@@ -6,8 +6,8 @@ from paged_core import LLM, SamplingParams
 
 from .reference import hf_greedy, passage_token_ids
 
-PROMPT_LENGTHS = [5, 17, 33, 64, 100, 150, 255, 400]
-NEW_TOKENS = 64
+PROMPT_LENGTHS = [5, 33, 100, 255, 400]  # 1 to 26 blocks: partial, full and many blocks
+NEW_TOKENS = 32
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
 
 

@@ -34,18 +34,21 @@ def test_itl_target_is_validated_and_defaults_by_usage():
     assert EngineConfig.from_env({"PAGED_CORE_ITL_TARGET_MS": "80"}).itl_target_ms == 80.0
 
 
-def test_latency_target_keeps_greedy_outputs(tokenizer):
+def test_latency_target_keeps_greedy_outputs(tokenizer, tmp_path):
     """Steps cut to a tiny time budget give the same tokens as unbounded steps: once a
     sequence decodes, prompts advance one block (16 tokens) per step beside the decodes
     instead of ``max_num_batched_tokens`` (64); the step cost is learnt from the real steps."""
     from .reference import passage_token_ids
+    from .tiny_models import build_tiny_model
 
+    folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
     prompts = [passage_token_ids(tokenizer, n, offset=9 * i) for i, n in enumerate([5, 90, 60, 130])]
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    plain = LLM(dtype="float32", num_kv_blocks=64, max_num_batched_tokens=64)
+    plain = LLM(model=folder, dtype="float32", num_kv_blocks=64, max_num_batched_tokens=64)
     expected = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
     plain.shutdown()
-    bounded = LLM(dtype="float32", num_kv_blocks=64, max_num_batched_tokens=64, itl_target_ms=1)
+    bounded = LLM(model=folder, dtype="float32", num_kv_blocks=64, max_num_batched_tokens=64,
+                  itl_target_ms=1)
     engine = bounded.engine
     engine.step_cost.observe(1, 0.0005)
     engine.step_cost.observe(101, 0.0105)  # "1 token takes 0.1 ms": room for ~5 tokens
