@@ -64,8 +64,8 @@ def test_shared_prefixes(hf_embedded, tokenizer):
 
 
 def test_preemption_keeps_outputs(prompts, expected):
-    # 8 sequences of up to 464 tokens cannot all fit into 40 blocks of 16 tokens.
-    llm = LLM(dtype="float32", num_kv_blocks=40, enable_prefix_caching=False)
+    # 5 sequences of up to 432 tokens (63 blocks in all) cannot all fit into 30 blocks of 16.
+    llm = LLM(dtype="float32", num_kv_blocks=30, enable_prefix_caching=False)
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert llm.stats()["num_preemptions"] > 0
     assert _token_ids(outputs) == expected

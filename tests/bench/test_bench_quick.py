@@ -4,8 +4,8 @@ They check that the JSON is well formed and the numbers make sense (positive
 throughputs, waste in [0, 1], cache hits only with caching on, fewer blocks
 with shared parallel sampling, ~1/N of the weights and KV cache per
 tensor-parallel rank), not that anything is fast. ``bench all`` runs
-once for the module, with ``serve --in-process`` (no server start); one extra
-test drives a real LitServe server.
+once for the module, with ``serve --in-process`` (no server start; the real
+servers are driven by ``tests/e2e``).
 """
 import json
 
@@ -142,8 +142,3 @@ def test_readme_is_generated(results_dir):
 
 
 @pytest.mark.e2e
-def test_serve_through_litserve(tmp_path):
-    assert main(["serve", "--quick", "--adapter", "litserve", "--out", str(tmp_path)]) == 0
-    result = json.loads((tmp_path / "serve.json").read_text())
-    assert result["target"] == "paged-core serve --adapter litserve"
-    _check_serve(result)
