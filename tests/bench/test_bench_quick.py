@@ -139,6 +139,3 @@ def test_readme_is_generated(results_dir):
     for name in BENCHMARKS:
         assert f"## {name}" in readme and f"results/{name}.png" in readme
     assert "paged-core bench all --quick" in readme
-
-
-@pytest.mark.e2e
