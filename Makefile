@@ -24,8 +24,12 @@ $(STAMP): pyproject.toml constraints.txt
 serve: setup
 	$(VENV)/bin/paged-core serve --adapter $(ADAPTER) --host 127.0.0.1 --port $(PORT)
 
+# Two pytest workers, one test file each at a time (a file's servers and fixtures stay in one
+# process): most tests wait on a single thread or on a server, so two share 2 cores well.
+PYTEST_WORKERS ?= 2
+
 test: setup
-	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+	$(PY) -m pytest -q -ra -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: setup
 	$(VENV)/bin/paged-core bench all --quick
