@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from .spec_decode.config import SpeculativeConfig
@@ -79,6 +79,11 @@ class EngineConfig:
     ``scheduling_policy`` is vLLM's: ``"fcfs"`` or ``"priority"`` (lower
     ``priority`` first, FCFS within a level); ``tenant_fairness`` makes the
     tenants (the OpenAI ``user`` field) of one level take turns at admission.
+
+    ``batch_invariant`` (vLLM's batch-invariant mode; default: the environment variable
+    ``PAGED_CORE_BATCH_INVARIANT``, else off) makes a request's greedy tokens bit-identical
+    whatever else shares its steps, at a speed cost (``models.batch_invariant``); CPU only,
+    float32 or bfloat16.
     """
 
     model: str | None = None
@@ -108,6 +113,7 @@ class EngineConfig:
     drain_timeout: float = 20.0  # under the frameworks' 30 s grace periods
     scheduling_policy: str = "fcfs"
     tenant_fairness: bool = False
+    batch_invariant: bool = field(default_factory=lambda: _env_flag("batch_invariant"))
 
     def __post_init__(self) -> None:
         self.speculative_config = SpeculativeConfig.from_value(self.speculative_config)
@@ -144,6 +150,8 @@ class EngineConfig:
             raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
         if not self.drain_timeout >= 0:
             raise ValueError(f"drain_timeout must be >= 0 seconds, got {self.drain_timeout}")
+        if not isinstance(self.batch_invariant, bool):
+            raise ValueError(f"batch_invariant must be true or false, got {self.batch_invariant!r}")
         if self.scheduling_policy not in _SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {_SCHEDULING_POLICIES}, "
                              f"got {self.scheduling_policy!r}")
@@ -208,6 +216,12 @@ def _positive(name: str, value: Any) -> None:
 def _non_negative(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be an integer >= 0 (0 disables it), got {value!r}")
+
+
+def _env_flag(name: str) -> bool:
+    """The boolean setting ``PAGED_CORE_<NAME>`` from the environment (unset or empty: False)."""
+    raw = os.environ.get(f"PAGED_CORE_{name.upper()}", "")
+    return raw != "" and _convert(name, "bool", raw)
 
 
 def _convert(name: str, type_name: Any, raw: str) -> Any:

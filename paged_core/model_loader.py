@@ -12,10 +12,11 @@ import os
 import torch
 
 from .embedded_model import converted_folder_for, embedded_model_folder
-from .models.llama import LlamaForCausalLM
+from .models.batch_invariant import make_batch_invariant
 from .models.cpu_linear import packed_linear_dtype
 from .models.elementwise import select_ops
 from .models.layers import RotaryEmbedding
+from .models.llama import LlamaForCausalLM
 from .models.sharding import ShardPlan
 from .distributed.group import SINGLE, TensorParallelGroup
 
@@ -42,8 +43,12 @@ def load_tokenizer(folder: str):
 
 
 def load_model(folder: str, hf_config, max_positions: int, dtype: torch.dtype,
-               device: torch.device, tp: TensorParallelGroup = SINGLE) -> LlamaForCausalLM:
+               device: torch.device, tp: TensorParallelGroup = SINGLE,
+               batch_invariant: bool = False) -> LlamaForCausalLM:
     """Build the model without random init, then copy the checkpoint's weights in.
+
+    ``batch_invariant`` tiles every projection so that a token's output does not depend on
+    the rest of the batch (``models.batch_invariant``).
 
     Under tensor parallelism each rank reads only its slices from the safetensors
     files (``ShardPlan.slice_of``): no rank ever holds the whole model.
@@ -62,6 +67,8 @@ def load_model(folder: str, hf_config, max_positions: int, dtype: torch.dtype,
     compute_dtype = packed_linear_dtype(device, dtype)
     if compute_dtype is not None:
         model.pack_for_cpu(compute_dtype)
+    if batch_invariant:
+        make_batch_invariant(model)
     model.use_ops(select_ops(device, dtype))
     return model
 

@@ -9,6 +9,9 @@ completed / were rejected (429) / timed out / were aborted by their client /
 were refused as malformed / failed, p50/p99 latency per outcome, the server's
 RSS over time (``process_resident_memory_bytes`` from ``/metrics``), and at the
 end the engine's KV blocks used, running and waiting requests (all must be 0).
+``--batch-invariant`` starts the server in batch-invariant mode and checks it: a few
+greedy probes are answered once on the idle server, then again and again while the
+mix runs; every answer under load must be the same text (``batch_invariance``).
 
 Target: ``--url http://HOST:PORT`` (a running server), else a server this
 command starts (``paged-core serve --adapter litserve|bentoml``), or
@@ -33,6 +36,11 @@ NAME = "soak"
 SERVER_SETTINGS = {"num_kv_blocks": 64, "max_num_seqs": 16, "max_waiting_requests": 32,
                    "scheduling_policy": "priority", "tenant_fairness": True,
                    "max_model_len": 512, "request_timeout": 60.0}
+# Greedy probes of batch-invariant mode: prompts of a few lengths, answered alone then under load.
+PROBE_PROMPTS = ("Hello", "Write one sentence about the sea and the ships that sail on it",
+                 "List the planets of the solar system in order of their distance from the sun, "
+                 "starting with the closest one, and say one thing about each")
+PROBE_TOKENS = 24
 _FINAL_GAUGES = {"kv_blocks_used": "paged_core_kv_blocks_used",
                  "num_running": "paged_core_num_requests_running",
                  "num_waiting": "paged_core_num_requests_waiting"}
@@ -49,12 +57,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hang-timeout", type=float, default=120.0,
                         help="seconds without an answer that count as a hang")
     parser.add_argument("--rss-interval", type=float, default=2.0)
+    parser.add_argument("--batch-invariant", action="store_true",
+                        help="serve in batch-invariant mode and check greedy probes under load")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     num = min(200, args.requests) if args.quick else args.requests
     mix = make_mix(num, args.seed)
     settings = dict(SERVER_SETTINGS, dtype=args.dtype)
+    if args.batch_invariant:
+        settings["batch_invariant"] = True
     if args.model:
         settings["model"] = args.model
     return asyncio.run(_soak(args, mix, settings))
@@ -64,8 +76,12 @@ async def _soak(args: argparse.Namespace, mix: list, settings: dict[str, Any]) -
     async with _client(args, settings) as client:
         rss: list[tuple[float, float]] = []
         sampler = asyncio.ensure_future(_sample_rss(client, args.rss_interval, rss))
+        probes = ({p: await _greedy_text(client, p) for p in PROBE_PROMPTS}
+                  if settings.get("batch_invariant") else {})
         start = time.perf_counter()
-        outcomes = await _drive(client, mix, args.concurrency, args.hang_timeout)
+        driving = asyncio.ensure_future(_drive(client, mix, args.concurrency, args.hang_timeout))
+        invariance = await _probe_under_load(client, probes, driving)
+        outcomes = await driving
         duration = time.perf_counter() - start
         sampler.cancel()
         final = await _settled_gauges(client)
@@ -78,7 +94,7 @@ async def _soak(args: argparse.Namespace, mix: list, settings: dict[str, Any]) -
     return {"settings": settings, "requests": len(mix), "concurrency": args.concurrency,
             "duration_s": duration, "counts": counts, "latency_ms": latency,
             "rss_mb": [(t, m / 2**20) for t, m in rss], "final": final, "server_alive": alive,
-            "preemptions": preemptions,
+            "preemptions": preemptions, "batch_invariance": invariance,
             "error_samples": errors, "leak_free": all(v == 0 for v in final.values())}
 
 
@@ -124,6 +140,29 @@ async def _drive(client: Any, mix: list, concurrency: int, hang_s: float) -> lis
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return outcomes
+
+
+async def _greedy_text(client: Any, prompt: str) -> str | None:
+    """The greedy completion of ``prompt`` (``None`` if the server refused or timed it out)."""
+    body = {"prompt": prompt, "max_tokens": PROBE_TOKENS, "temperature": 0, "ignore_eos": True}
+    response = await client.post("/v1/completions", json=body)
+    return response.json()["choices"][0]["text"] if response.status_code == 200 else None
+
+
+async def _probe_under_load(client: Any, alone: dict[str, str | None],
+                            driving: asyncio.Future) -> dict[str, int] | None:
+    """Re-ask the probes until the mix is done: how many answers under load were checked and
+    how many equal the idle server's (``None`` without probes)."""
+    if not alone:
+        return None
+    checked = identical = 0
+    while not driving.done():
+        for prompt, expected in alone.items():
+            text = await _greedy_text(client, prompt)  # None: refused (429), asked again later
+            if text is not None and expected is not None and not driving.done():
+                checked += 1
+                identical += text == expected
+    return {"checked": checked, "identical": identical}
 
 
 def _gauge(text: str, name: str) -> float | None:
@@ -176,6 +215,10 @@ def print_summary(results: dict[str, Any]) -> None:
     if growth is not None:
         print(f"  server RSS after warm-up: {results['rss_mb'][len(results['rss_mb']) // 4][1]:.0f}"
               f" MB, growth to the end {growth:+.1f} MB")
+    if results["batch_invariance"] is not None:
+        probes = results["batch_invariance"]
+        print(f"  batch invariance: {probes['identical']} of {probes['checked']} greedy probes "
+              f"under load gave the idle server's text")
     print(f"  at the end: {results['final']}, {results['preemptions']} preemptions in all, "
           f"server alive: {results['server_alive']}")
     for detail in results["error_samples"]:

@@ -73,11 +73,11 @@ def load_hf_model(dtype: str):
 
 
 class PagedCore:
-    name = "paged-core"
-
-    def __init__(self, dtype: str, kv_cache_memory: int, progress: bool = True, **engine_args: Any):
+    def __init__(self, dtype: str, kv_cache_memory: int, progress: bool = True,
+                 name: str = "paged-core", **engine_args: Any):
         from paged_core import LLM
 
+        self.name = name
         self.llm = LLM(dtype=dtype, kv_cache_memory=kv_cache_memory, **engine_args)
         self.progress = progress
 

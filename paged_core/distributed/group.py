@@ -22,8 +22,14 @@ COLLECTIVE_TIMEOUT = timedelta(seconds=int(os.environ.get("PAGED_CORE_COLLECTIVE
 
 @dataclass(frozen=True)
 class TensorParallelGroup:
+    """``fixed_order_sums``: ``all_reduce`` adds the ranks' tensors in rank order on every
+    rank (an all-gather, then a local sum), so each element's sum does not depend on how
+    the collective chunks the tensor, i.e. on the batch size (batch-invariant mode; a sum of
+    two is the same either way, so only groups of 3+ ranks pay for it)."""
+
     rank: int = 0
     size: int = 1
+    fixed_order_sums: bool = False
 
     @property
     def is_driver(self) -> bool:
@@ -31,7 +37,14 @@ class TensorParallelGroup:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum ``x`` over the ranks, in place."""
-        if self.size > 1:
+        if self.size > 2 and self.fixed_order_sums:
+            parts = [torch.empty_like(x) for _ in range(self.size)]
+            dist.all_gather(parts, x.contiguous())
+            total = parts[0]
+            for part in parts[1:]:
+                total += part
+            x.copy_(total)
+        elif self.size > 1:
             dist.all_reduce(x)
         return x
 

@@ -27,7 +27,9 @@ import torch
 import torch.distributed as dist
 
 from ..attention import select_backend
+from ..attention.torch_backend import TorchAttentionBackend
 from ..config import EngineConfig
+from ..cpu_extension import cpu_extension_available, cpu_extension_error
 from ..model_loader import load_hf_config, load_model
 from ..model_runner import ModelRunner, kv_cache_bytes_per_block
 from ..packed_batch import PackedBatch
@@ -57,11 +59,14 @@ def for_rank(spec: RankSpec, rank: int) -> RankSpec:
 class Worker:
     def __init__(self, spec: RankSpec, tp: TensorParallelGroup) -> None:
         config = spec.config
-        self.tp = tp
-        hf_config = load_hf_config(spec.folder)
-        model = load_model(spec.folder, hf_config, spec.max_model_len, spec.dtype, spec.device, tp)
-        num_blocks = _agree_on_min(tp, kv_cache_num_blocks(config, model, spec.device, spec.dtype))
+        self.tp = tp = replace(tp, fixed_order_sums=config.batch_invariant)
         backend = select_backend(config.attention_backend, spec.device)
+        if config.batch_invariant:
+            _require_invariant_attention(backend, spec.device, spec.dtype)
+        hf_config = load_hf_config(spec.folder)
+        model = load_model(spec.folder, hf_config, spec.max_model_len, spec.dtype, spec.device, tp,
+                           batch_invariant=config.batch_invariant)
+        num_blocks = _agree_on_min(tp, kv_cache_num_blocks(config, model, spec.device, spec.dtype))
         self.runner = ModelRunner(model, backend, num_blocks, config.block_size, spec.device,
                                   spec.dtype)
         self.num_blocks = num_blocks
@@ -69,6 +74,20 @@ class Worker:
     def execute_model(self, packed: PackedBatch,
                       block_copies: list[tuple[int, int]]) -> torch.Tensor | None:
         return self.runner.execute(packed, block_copies)
+
+
+def _require_invariant_attention(backend, device: torch.device, dtype: torch.dtype) -> None:
+    """Batch-invariant mode needs the C++ CPU attention kernel (each query reduced over its
+    own keys in a fixed order); the other attention paths pad or split by batch."""
+    probe = torch.empty(0, device=device, dtype=dtype)
+    if isinstance(backend, TorchAttentionBackend) and backend.uses_cpu_kernel(probe):
+        return
+    reason = "" if cpu_extension_available() else f" (the kernel does not build here: " \
+                                                   f"{cpu_extension_error()})"
+    raise ValueError(
+        f"batch_invariant=True needs the CPU paged-attention kernel: device cpu, dtype float32 "
+        f"or bfloat16, attention_backend 'auto' or 'torch'; got device {device.type}, dtype "
+        f"{str(dtype).removeprefix('torch.')}, attention backend {backend.name}{reason}")
 
 
 def kv_cache_num_blocks(config: EngineConfig, model, device: torch.device,

@@ -19,11 +19,14 @@ def test_the_mix_holds_every_kind_of_request():
 
 
 async def test_soak_in_process_leaves_nothing_behind(tiny_folder):
-    args = argparse.Namespace(quick=True, requests=200, seed=0, dtype="float32",
+    """In bfloat16 and batch-invariant mode: greedy probes under the load equal their answers
+    on the idle server."""
+    args = argparse.Namespace(quick=True, requests=200, seed=0, dtype="bfloat16",
                               model=tiny_folder, in_process=True, url=None, adapter=None,
                               concurrency=40, hang_timeout=60.0, rss_interval=0.5)
-    result = await soak._soak(args, make_mix(200, 0), dict(soak.SERVER_SETTINGS,
-                                                           dtype="float32", model=tiny_folder))
+    settings = dict(soak.SERVER_SETTINGS, dtype="bfloat16", model=tiny_folder,
+                    batch_invariant=True)
+    result = await soak._soak(args, make_mix(200, 0), settings)
     soak.print_summary(result)
     counts = result["counts"]
     assert counts["error"] == 0, result["error_samples"]
@@ -32,3 +35,5 @@ async def test_soak_in_process_leaves_nothing_behind(tiny_folder):
         assert counts[kind] > 0, counts
     assert result["final"] == {"kv_blocks_used": 0, "num_running": 0, "num_waiting": 0}
     assert result["server_alive"] and result["preemptions"] > 0
+    probes = result["batch_invariance"]
+    assert probes["checked"] >= 1 and probes["identical"] == probes["checked"], probes
