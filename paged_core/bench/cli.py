@@ -1,8 +1,9 @@
 """``paged-core bench <benchmark> [--quick] [--out DIR] ...``: run benchmarks, write JSON + PNG.
 
 ``paged-core bench all`` runs every benchmark (options that only some of them
-know, such as ``--vllm-python`` or ``--url``, go to those) and then regenerates
-``README.md`` next to the results folder.
+know, such as ``--vllm-python`` or ``--url``, go to those). Every run of a benchmark
+(``soak`` aside) regenerates ``README.md`` next to the results folder from the results
+there.
 """
 from __future__ import annotations
 
@@ -67,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.benchmark != "all":
         args.threads = threads
         _run_one({**BENCHMARKS, **STANDALONE}[args.benchmark], args, argv)
+        if args.benchmark in BENCHMARKS:  # its README section now shows the new result
+            print(f"wrote {write_readme(args.out, list(BENCHMARKS.values()))}", file=sys.stderr)
         return 0
     failed = []
     for name, module in BENCHMARKS.items():

@@ -1,8 +1,8 @@
 """Regenerate ``benchmarks/README.md`` from the latest result files (never typed by hand).
 
-For each benchmark with a ``<out>/<name>.json``: its headline numbers (the
-module's ``readme_rows``), the machine, date and command that produced them,
-and a link to its plot.
+For each benchmark with a ``<out>/<name>.json`` (and each ``<name>_<variant>.json``
+that a ``--name`` run wrote): its headline numbers (the module's ``readme_rows``),
+the machine, date and command that produced them, and a link to its plot.
 """
 from __future__ import annotations
 
@@ -23,28 +23,38 @@ Subcommands: `throughput`, `serve`, `memory`, `prefix`, `sharing`, `tp`, `struct
 
 def _machine(result: dict) -> str:
     m = result["machine"]
-    return (f"{m['cpu']}, {m['cores']} cores, {m['threads']} threads, torch {m['torch']}, "
+    isa = f" ({m['cpu_isa']})" if m.get("cpu_isa") else ""
+    return (f"{m['cpu']}{isa}, {m['cores']} cores, {m['threads']} threads, torch {m['torch']}, "
             f"transformers {m['transformers']}")
+
+
+def _result_names(out_dir: Path, modules: list[ModuleType]) -> list[tuple[ModuleType, str]]:
+    """(module, result name) of every result file: ``<NAME>.json``, then the variants a
+    ``--name <NAME>_<variant>`` run wrote (e.g. ``throughput_long_tail``), in name order."""
+    found = []
+    for module in modules:
+        names = [module.NAME] if (out_dir / f"{module.NAME}.json").exists() else []
+        names += sorted(p.stem for p in out_dir.glob(f"{module.NAME}_*.json"))
+        found += [(module, name) for name in names]
+    return found
 
 
 def render(out_dir: Path, readme_dir: Path, modules: list[ModuleType]) -> str:
     results_rel = os.path.relpath(out_dir, readme_dir)
     parts = [HEADER.format(results=results_rel)]
-    for module in modules:
-        path = out_dir / f"{module.NAME}.json"
-        if not path.exists():
-            continue
+    for module, name in _result_names(out_dir, modules):
+        path = out_dir / f"{name}.json"
         result = json.loads(path.read_text(encoding="utf-8"))
         summary = (module.__doc__ or "").strip().splitlines()[0].replace("``", "`")
-        parts.append(f"## {module.NAME}\n\n{summary}\n")
+        parts.append(f"## {name}\n\n{summary}\n")
         parts.append("| measure | value |\n|---|---|")
         parts.extend(f"| {k} | {v} |" for k, v in module.readme_rows(result))
         parts.append(f"\nMachine: {_machine(result)}  \nDate: {result['date']}  \n"
                      f"Command: `{result['command']}`\n")
         for note in result.get("notes", []):
             parts.append(f"Note: {note}\n")
-        if (out_dir / f"{module.NAME}.png").exists():
-            parts.append(f"![{module.NAME}]({results_rel}/{module.NAME}.png)\n")
+        if (out_dir / f"{name}.png").exists():
+            parts.append(f"![{name}]({results_rel}/{name}.png)\n")
     return "\n".join(parts)
 
 

