@@ -64,7 +64,7 @@ def test_kernel_and_plain_torch_paths_match_the_reference(step, window, dtype):
     tolerance = {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
     for cpu_kernel in (True, False):
         backend = TorchAttentionBackend(cpu_kernel=cpu_kernel)
-        assert backend.uses_cpu_kernel(k_cache) == cpu_kernel
+        assert backend.uses_cpu_kernel(k_cache.device, k_cache.dtype) == cpu_kernel
         step_meta = dataclasses.replace(meta, backend_plans={})
         out = backend.attend(query, k_cache, v_cache, step_meta, DIM ** -0.5, window)
         assert bool(step_meta.backend_plans) != cpu_kernel  # the kernel needs no per-step plan
@@ -77,7 +77,7 @@ def test_float16_takes_the_plain_torch_path_and_cpu_engines_get_the_kernel():
     assert select_backend("torch", torch.device("cpu")).cpu_kernel
     query, k_cache, v_cache, meta = _step(*STEPS["mixed"], torch.float16)
     backend = TorchAttentionBackend()
-    assert not backend.uses_cpu_kernel(k_cache)
+    assert not backend.uses_cpu_kernel(k_cache.device, k_cache.dtype)
     out = backend.attend(query, k_cache, v_cache, meta, DIM ** -0.5)
     torch.testing.assert_close(out.float(), _expected(query, k_cache, v_cache, meta, None).float(),
                                atol=4e-3, rtol=4e-3)

@@ -83,7 +83,7 @@ class TorchAttentionBackend:
         out = torch.empty_like(query)
         if meta.has_padding:
             out[meta.num_scheduled_tokens:] = 0
-        if self.uses_cpu_kernel(k_cache):
+        if self.uses_cpu_kernel(k_cache.device, k_cache.dtype):
             return cpu_paged_attention(query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                        meta.query_start_loc, scale, sliding_window, out=out)
         key = (self.name, sliding_window)
@@ -94,10 +94,9 @@ class TorchAttentionBackend:
             _attend_group(query, k_cache, v_cache, group, scale, out)
         return out
 
-    def uses_cpu_kernel(self, k_cache: torch.Tensor) -> bool:
-        """True if attention over this cache goes to the C++ kernel."""
-        return (self.cpu_kernel and k_cache.device.type == "cpu"
-                and k_cache.dtype in _CPU_KERNEL_DTYPES)
+    def uses_cpu_kernel(self, device: torch.device, dtype: torch.dtype) -> bool:
+        """True if attention over a cache on ``device`` in ``dtype`` goes to the C++ kernel."""
+        return self.cpu_kernel and device.type == "cpu" and dtype in _CPU_KERNEL_DTYPES
 
     def copy_blocks(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
                     src: torch.Tensor, dst: torch.Tensor) -> None:

@@ -79,8 +79,7 @@ class Worker:
 def _require_invariant_attention(backend, device: torch.device, dtype: torch.dtype) -> None:
     """Batch-invariant mode needs the C++ CPU attention kernel (each query reduced over its
     own keys in a fixed order); the other attention paths pad or split by batch."""
-    probe = torch.empty(0, device=device, dtype=dtype)
-    if isinstance(backend, TorchAttentionBackend) and backend.uses_cpu_kernel(probe):
+    if isinstance(backend, TorchAttentionBackend) and backend.uses_cpu_kernel(device, dtype):
         return
     reason = "" if cpu_extension_available() else f" (the kernel does not build here: " \
                                                    f"{cpu_extension_error()})"

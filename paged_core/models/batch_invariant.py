@@ -40,19 +40,20 @@ class RowTiledLinear(nn.Module):
         if padded != rows:
             x = torch.cat([x, x.new_zeros(padded - rows, *x.shape[1:])])
         tiles = [self.inner(tile) for tile in x.split(self.tile_rows)]
-        return torch.cat(tiles)[:rows]
+        out = tiles[0] if len(tiles) == 1 else torch.cat(tiles)  # a decode step: one tile
+        return out[:rows]
 
 
 class WeightProduct(nn.Module):
-    """``x @ weight.T (+ bias)`` of a weight owned elsewhere (a tied embedding, a row-parallel
-    layer's local shard), so ``RowTiledLinear`` can wrap it."""
+    """``x @ weight.T`` of a weight owned elsewhere (a tied embedding, a row-parallel layer's
+    local shard, which adds its bias after the all-reduce), so ``RowTiledLinear`` can wrap it."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
-        self.weight, self.bias = weight, bias
+        self.weight = weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight)
 
 
 def make_batch_invariant(model: nn.Module, tile_rows: int = TILE_ROWS) -> None:
