@@ -10,7 +10,11 @@ The recipe (each step is a function below):
    ``PATH``, so the venv's ``bin`` goes first. ``LD_LIBRARY_PATH`` gets this
    interpreter's ``libpython`` directory, then ``nvidia_pytriton.libs``;
 3. ``server_command(...)``: ``tritonserver --model-repository R
-   --backend-directory B`` with explicit addresses and ports.
+   --backend-directory B`` with explicit addresses and ports, in explicit model
+   control (``EXPLICIT_MODE_ARGS``: every model of R loads at startup, as in the
+   default mode). Explicit mode is what lets a model whose engine died unload
+   itself, so that ``/v2/models/<name>/ready`` reports it (see ``python_model``);
+   ``POST /v2/repository/models/<name>/load`` then builds a fresh engine.
 
 ``TritonServer`` runs that in its own process group (on Linux it also gets
 SIGTERM if the launching process dies) and stops it with SIGINT
@@ -38,6 +42,10 @@ from paged_core.config import EngineConfig
 
 from .._process import popen_session
 from .repository import DEFAULT_MODEL_NAME, write_repository
+
+# load every model of the repository at startup, as the default mode does, but let models
+# be unloaded and loaded (by the repository API, or by a model whose engine died)
+EXPLICIT_MODE_ARGS = ("--model-control-mode=explicit", "--load-model=*")
 
 
 def tritonserver_dist() -> Path:
@@ -89,7 +97,7 @@ def server_command(repository: str | os.PathLike, backends: str | os.PathLike, h
             f"--http-address={host}", f"--http-port={http_port}",
             f"--grpc-address={host}", f"--grpc-port={grpc_port}",
             f"--metrics-address={host}", f"--metrics-port={metrics_port}",
-            "--exit-timeout-secs=10", "--log-verbose=0", *extra_args]
+            *EXPLICIT_MODE_ARGS, "--exit-timeout-secs=10", "--log-verbose=0", *extra_args]
 
 
 class TritonServer:

@@ -17,15 +17,30 @@ Invariants:
   ``CANCEL_POLL_S``) is aborted in the engine, freeing its KV blocks;
 - unloading (Triton's shutdown on SIGINT/SIGTERM, or an explicit unload) drains
   the engine: open requests get ``drain_timeout`` seconds to finish, the rest
-  end with an error response;
+  end with an error response, and ``finalize`` returns only once every
+  request's FINAL response is sent;
+- a dead engine (its step loop failed: ``engine.errored``) unloads its model:
+  within ``WATCH_PERIOD_S`` the watcher asks Triton, from a thread of its own,
+  to unload this model (``pb_utils.unload_model``; ``finalize`` then answers the
+  open requests first, as above). ``/v2/models/<name>/ready`` then stays non-200
+  and requests are refused by Triton itself, until
+  ``POST /v2/repository/models/<name>/load`` builds a fresh engine in a fresh
+  stub. ``/v2/health/ready`` is non-200 only while the model unloads: Triton's
+  strict readiness exempts unloaded models by design, so probe the model's
+  endpoint. A model may unload itself only under
+  ``--model-control-mode=explicit`` (the launcher's mode); in any other mode
+  the model logs an error naming that flag, stays loaded, and answers every
+  request UNAVAILABLE;
 - custom metrics (``pb_utils.MetricFamily``) mirror ``engine.stats()``.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import uuid
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,7 +52,7 @@ from paged_core import (AsyncEngine, EngineConfig, EngineDeadError, EngineOverlo
 from .request_parsing import parse_request
 
 CANCEL_POLL_S = 0.05
-METRICS_PERIOD_S = 0.25
+WATCH_PERIOD_S = 0.25  # metrics refresh; how soon a dead engine unloads its model
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
@@ -47,9 +62,30 @@ def _text_response(texts: list[str]) -> Any:
 
 
 def _log_failure(future: Any) -> None:
-    """Done-callback: a request task or the metrics task must never fail silently."""
+    """Done-callback: a request task or the watch task must never fail silently."""
     if not future.cancelled() and future.exception() is not None:
         pb_utils.Logger.log_error(f"paged_llm: background task failed: {future.exception()!r}")
+
+
+async def _settle() -> None:
+    """Wait for every other task of the running loop (the requests' ``_serve``) to end."""
+    others = asyncio.all_tasks() - {asyncio.current_task()}
+    await asyncio.gather(*others, return_exceptions=True)
+
+
+def _explicit_model_control() -> bool:
+    """True if the ``tritonserver`` running this stub (its parent process) has
+    ``--model-control-mode=explicit``, the one mode where a model may unload itself.
+
+    Checked first because, in this Triton build, ``pb_utils.unload_model`` in any
+    other mode does not raise: the stub segfaults and the server aborts.
+    """
+    try:
+        args = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().decode().split("\0")
+    except OSError:
+        return False
+    return ("--model-control-mode=explicit" in args
+            or any(a == "--model-control-mode" and b == "explicit" for a, b in zip(args, args[1:])))
 
 
 def _error_response(message: str, code: Any = None) -> Any:
@@ -101,13 +137,14 @@ class TritonPythonModel:
         settings = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
         self.config = EngineConfig.from_strings(settings)
         self.engine = AsyncEngine(self.config)
-        self.metrics = _Metrics(args["model_name"])
+        self.model_name = args["model_name"]
+        self.metrics = _Metrics(self.model_name)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="paged-core-triton",
                                        daemon=True)
         self.thread.start()
-        self._metrics_task = asyncio.run_coroutine_threadsafe(self._publish_metrics(), self.loop)
-        self._metrics_task.add_done_callback(_log_failure)
+        self._watch_task = asyncio.run_coroutine_threadsafe(self._watch_engine(), self.loop)
+        self._watch_task.add_done_callback(_log_failure)
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
@@ -125,10 +162,17 @@ class TritonPythonModel:
         return None
 
     def finalize(self) -> None:
-        self._metrics_task.cancel()
+        self._watch_task.cancel()
         self.engine.drain(self.config.drain_timeout)
+        try:
+            asyncio.run_coroutine_threadsafe(_settle(), self.loop).result(timeout=10)
+        except TimeoutError:
+            pb_utils.Logger.log_error(f"{self.model_name}: requests still unanswered at unload")
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
+        # drop the metric families while the stub runs: collected at its interpreter exit
+        # instead, they crash it (Metric::Clear writes to the closed shared memory pool)
+        del self.metrics
 
     @staticmethod
     def _input(request: Any, name: str) -> np.ndarray | None:
@@ -167,7 +211,20 @@ class TritonPythonModel:
         if not stream:
             sender.send(_text_response([c.text for c in last.outputs]), flags=FINAL)
 
-    async def _publish_metrics(self) -> None:
-        while True:
+    async def _watch_engine(self) -> None:
+        """Refresh the metrics every ``WATCH_PERIOD_S`` until the engine dies; then unload."""
+        while not self.engine.errored:
             self.metrics.update(self.engine.stats())
-            await asyncio.sleep(METRICS_PERIOD_S)
+            await asyncio.sleep(WATCH_PERIOD_S)
+        if not _explicit_model_control():
+            pb_utils.Logger.log_error(
+                f"{self.model_name}: the engine is dead; the model stays loaded and answers every "
+                "request UNAVAILABLE. Run tritonserver with --model-control-mode=explicit for the "
+                "model to unload itself, so that its readiness follows the engine.")
+            return
+        pb_utils.Logger.log_warn(
+            f"{self.model_name}: the engine is dead; unloading the model. Reload it with "
+            f"POST /v2/repository/models/{self.model_name}/load")
+        # not on this loop: Triton's unload calls finalize, which waits for this loop's tasks
+        threading.Thread(target=pb_utils.unload_model, args=(self.model_name,),
+                         name="paged-core-triton-unload", daemon=True).start()
