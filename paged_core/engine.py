@@ -33,8 +33,8 @@ from .request import Request
 from .sampler import Sampler
 from .sampling_params import SamplingParams
 from .structured_outputs import GrammarCompilerCache
-from .scheduler import Scheduler, SchedulerOutput
-from .step_cost import StepCostModel
+from .scheduler import Scheduler, SchedulerOutput, StepBudget
+from .step_cost import StepCostModel, latency_budget
 from .devices import resolve_device, resolve_dtype
 from .eos import eos_token_ids
 from .exceptions import RequestFailedError
@@ -156,10 +156,10 @@ class LLMEngine:
         leaves the whole step in doubt: it is logged with a one-line summary of
         the step (sizes and request ids, never text) and raised.
         """
-        sched = self.scheduler.schedule(self._max_step_tokens())
+        start = time.perf_counter()
+        sched = self.scheduler.schedule(self._step_budget())
         if sched.is_empty:
             return []
-        start = time.perf_counter()
         try:
             logits = self.execute_model(sched)
             outputs = self.update_from_output(sched, logits)
@@ -169,12 +169,16 @@ class LLMEngine:
             logger.error("engine step failed: %s", sched.describe())
             raise
         if self.itl_target_s:
-            self.step_cost.observe(sched.num_tokens, time.perf_counter() - start)
+            self.step_cost.observe(len(sched.scheduled), sched.num_tokens,
+                                   time.perf_counter() - start)
         return outputs
 
-    def _max_step_tokens(self) -> int | None:
-        """The step size that keeps a step with decodes within ``itl_target_ms`` (None: no cap)."""
-        return self.step_cost.tokens_within(self.itl_target_s) if self.itl_target_s else None
+    def _step_budget(self) -> StepBudget | None:
+        """What keeps a step with decodes within ``itl_target_ms`` (None: no target)."""
+        if not self.itl_target_s:
+            return None
+        return latency_budget(self.step_cost, self.itl_target_s,
+                              self.scheduler.num_decodes_in_flight)
 
     def execute_model(self, sched: SchedulerOutput) -> torch.Tensor:
         """Pack the step and run its forward (on every rank, through the executor); returns

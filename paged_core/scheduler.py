@@ -22,9 +22,17 @@ caps the prompt tokens one sequence computes in one step, and
 ``max_num_partial_prefills`` caps how many sequences compute prompt tokens in
 one step (0 disables either). So such a step carries at most
 ``threshold * max_num_partial_prefills`` prefill tokens besides its decodes.
-``schedule(max_step_tokens=...)`` adds a cap on the whole step (the engine
-derives it from a latency target); prefills then get what the decodes leave,
-but never less than one block's worth, so waiting prompts keep being admitted.
+``schedule(StepBudget(...))`` adds what a latency target allows (the engine
+derives it with ``step_cost.latency_budget``): ``prompt_tokens`` caps the
+prompt tokens beside the decodes of a step (never below one, so waiting
+prompts keep being admitted), and ``max_running`` caps how many sequences run
+at once, so that their decodes together fit the target; a burst then waits
+for its first token instead of slowing every stream. That cap never holds the
+batch below ``MIN_RUNNING_UNDER_LATENCY_TARGET`` sequences: on an overloaded
+machine, many slow streams beat a few fast ones while everyone else waits.
+For the same reason, while fewer sequences than that run, a new prompt that
+fits in one block starts whole, outside ``prompt_tokens``: it costs a step
+about what a few decodes do, and holding it back would leave its stream idle.
 """
 from __future__ import annotations
 
@@ -33,6 +41,15 @@ from dataclasses import dataclass, field
 from .block_manager import KVCacheManager
 from .sequence import Sequence, SequenceStatus
 from .waiting_queue import WaitingQueue
+
+MIN_RUNNING_UNDER_LATENCY_TARGET = 16
+
+
+@dataclass(frozen=True)
+class StepBudget:
+    """What a latency target allows one step (``None``: no limit; see the module docstring)."""
+    prompt_tokens: int | None = None  # prompt tokens beside the step's decodes
+    max_running: int | None = None  # sequences whose decodes together fit the target
 
 
 @dataclass
@@ -103,11 +120,12 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         self.kv.free(seq)
 
-    def schedule(self, max_step_tokens: int | None = None) -> SchedulerOutput:
+    def schedule(self, step_budget: StepBudget | None = None) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
-        num_decodes = self._num_decodes_in_flight()
-        limits = _PrefillLimits(self, num_decodes, max_step_tokens) if num_decodes else None
+        step_budget = step_budget or StepBudget()
+        limits = (_PrefillLimits(self, step_budget.prompt_tokens)
+                  if self.num_decodes_in_flight else None)
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -140,22 +158,32 @@ class Scheduler:
                 budget -= num_new
                 i += 1
         if not out.preempted:
-            self._admit_waiting(out, budget, limits)
+            self._admit_waiting(out, budget, limits, self._max_running(step_budget))
         out.block_copies = self.kv.take_pending_copies()
         return out
 
-    def _num_decodes_in_flight(self) -> int:
+    @property
+    def num_decodes_in_flight(self) -> int:
         return sum(seq.num_tokens - seq.num_computed_tokens == 1 for seq in self.running)
 
+    def _max_running(self, step_budget: StepBudget) -> int:
+        if step_budget.max_running is None:
+            return self.max_num_seqs
+        return min(self.max_num_seqs,
+                   max(step_budget.max_running, MIN_RUNNING_UNDER_LATENCY_TARGET))
+
     def _admit_waiting(self, out: SchedulerOutput, budget: int,
-                       limits: "_PrefillLimits | None") -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+                       limits: "_PrefillLimits | None", max_running: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < max_running:
             seq = self.waiting.peek()
             cached = self.kv.find_cached_prefix(seq)
             num_cached_tokens = len(cached) * self.kv.block_size
-            num_new = min(seq.num_tokens - seq.num_computed_tokens - num_cached_tokens, budget)
+            prompt_left = seq.num_tokens - seq.num_computed_tokens - num_cached_tokens
+            num_new = min(prompt_left, budget)
             if limits is not None:
-                num_new = limits.take(num_new)
+                short = (prompt_left <= self.kv.block_size
+                         and len(self.running) < MIN_RUNNING_UNDER_LATENCY_TARGET)
+                num_new = limits.take(num_new, timed=not short)
             if num_new == 0 or not self.kv.allocate_slots(seq, num_new, cached):
                 break
             self.kv.record_prefix_lookup(seq.num_tokens, num_cached_tokens)
@@ -194,19 +222,20 @@ class Scheduler:
 class _PrefillLimits:
     """The prefill allowance left in a step that carries decodes (see the module docstring)."""
 
-    def __init__(self, scheduler: Scheduler, num_decodes: int, max_step_tokens: int | None) -> None:
+    def __init__(self, scheduler: Scheduler, prompt_tokens: int | None) -> None:
         self.threshold = scheduler.long_prefill_token_threshold
         self.prefills_left = scheduler.max_num_partial_prefills or None
-        self.tokens_left = (None if max_step_tokens is None else
-                            max(scheduler.kv.block_size, max_step_tokens - num_decodes))
+        self.tokens_left = (None if prompt_tokens is None else
+                            max(1, prompt_tokens))
 
-    def take(self, num_new: int) -> int:
+    def take(self, num_new: int, timed: bool = True) -> int:
         """How many of a sequence's ``num_new`` tokens it may compute: a decode (one token)
         always all; a prefill chunk at most ``threshold`` and what is left of the step's
-        prefill tokens, and 0 once the prefill count or tokens are used up."""
+        prefill tokens, and 0 once the prefill count or tokens are used up. ``timed=False``
+        (a short prompt while few sequences run) leaves the latency budget's tokens out."""
         if num_new <= 1:
             return num_new
-        if self.tokens_left == 0:
+        if timed and self.tokens_left == 0:
             return 0
         if self.prefills_left is not None:
             if self.prefills_left == 0:
@@ -214,7 +243,7 @@ class _PrefillLimits:
             self.prefills_left -= 1
         if self.threshold:
             num_new = min(num_new, self.threshold)
-        if self.tokens_left is not None:
+        if timed and self.tokens_left is not None:
             num_new = min(num_new, self.tokens_left)
             self.tokens_left -= num_new
         return num_new

@@ -1,15 +1,29 @@
-"""``StepCostModel``: how long a step of ``n`` tokens takes on this machine, learnt online.
+"""``StepCostModel``: how long a step takes on this machine, learnt online.
 
-The engine reports every step's token count and wall time; the model fits
-``seconds = fixed + per_token * tokens`` by least squares over the last
-``window`` steps, and answers the inverse question: how many tokens fit in a
-step of a given duration. That lets the scheduler bound inter-token latency
-with a target in milliseconds (``EngineConfig.itl_target_ms``) rather than a
-token count tuned for one machine (this project's machines drift 2x between days).
+A step's time has two parts that grow differently: work per *token* (the
+linear layers: a prompt token costs what a decode token costs) and work per
+*sequence* (attention over its whole context, sampling, detokenizing and
+streaming its output). A decode-heavy step is one sequence per token, so a
+single per-token slope fitted on a mix of prefill and decode steps
+underestimates it. The engine therefore reports every step's sequence count,
+token count and wall time, and the model fits
 
-Invariants: before it has seen steps of at least two different sizes the model
-knows nothing and ``tokens_within`` returns ``None`` (no limit); a fit whose
-slope is not positive (noise) is ignored in favour of the last good one.
+    seconds = fixed + per_sequence * sequences + per_token * tokens
+
+by least squares over the last ``window`` steps. It answers the inverse
+questions a latency target asks (``EngineConfig.itl_target_ms``, a target in
+milliseconds rather than token counts tuned for one machine; this project's
+machines drift 2x between days): how many decodes fit in a step of a given
+duration, and how many prompt tokens fit beside a given number of decodes.
+``latency_budget`` turns those answers into the scheduler's ``StepBudget``.
+
+Invariants: before it has seen steps of at least two different token counts
+the model knows nothing and both answers are ``None`` (no limit). When the
+steps seen cannot tell sequences from tokens apart (every step had one
+sequence per token, or the same number of sequences), or that fit is not
+physical (a negative cost), the sequence term is dropped and one per-token
+slope is fitted; a fit whose per-token cost is not positive (noise) is ignored
+in favour of the last good one.
 """
 from __future__ import annotations
 
@@ -17,26 +31,70 @@ from collections import deque
 
 import numpy as np
 
+from .scheduler import StepBudget
+
+# When decodes alone fill the latency target, prompts still advance by what costs this
+# share of it, so a step overshoots the target by at most that much and the queue drains.
+PROMPT_PROGRESS_SHARE = 0.1
+
 
 class StepCostModel:
     def __init__(self, window: int = 256) -> None:
-        self._steps: deque[tuple[int, float]] = deque(maxlen=window)
+        self._steps: deque[tuple[int, int, float]] = deque(maxlen=window)
         self.fixed_s: float | None = None
+        self.per_sequence_s: float = 0.0
         self.per_token_s: float | None = None
 
-    def observe(self, num_tokens: int, seconds: float) -> None:
+    def observe(self, num_sequences: int, num_tokens: int, seconds: float) -> None:
         """Record one step and refit."""
-        self._steps.append((num_tokens, seconds))
-        tokens = np.fromiter((t for t, _ in self._steps), dtype=np.float64)
+        self._steps.append((num_sequences, num_tokens, seconds))
+        steps = np.array(self._steps, dtype=np.float64)
+        sequences, tokens, times = steps[:, 0], steps[:, 1], steps[:, 2]
         if np.ptp(tokens) == 0:
             return
-        times = np.fromiter((s for _, s in self._steps), dtype=np.float64)
-        per_token, fixed = np.polyfit(tokens, times, 1)
+        fit = _two_term_fit(sequences, tokens, times)
+        if fit is None:
+            per_token, fixed = np.polyfit(tokens, times, 1)
+            fit = (float(fixed), 0.0, float(per_token))
+        fixed, per_sequence, per_token = fit
         if per_token > 0:
-            self.per_token_s, self.fixed_s = float(per_token), max(0.0, float(fixed))
+            self.fixed_s, self.per_sequence_s, self.per_token_s = max(0.0, fixed), per_sequence, per_token
 
-    def tokens_within(self, seconds: float) -> int | None:
-        """The most tokens a step may carry to take at most ``seconds`` (``None``: unknown yet)."""
+    def decodes_within(self, seconds: float) -> int | None:
+        """The most decodes (one token each) a step may carry to take at most ``seconds``."""
         if self.per_token_s is None:
             return None
-        return max(0, int((seconds - self.fixed_s) / self.per_token_s))
+        return max(0, int((seconds - self.fixed_s) / (self.per_sequence_s + self.per_token_s)))
+
+    def prompt_tokens_within(self, seconds: float, num_decodes: int) -> int | None:
+        """The most prompt tokens of one more sequence that fit beside ``num_decodes`` decodes
+        in a step of at most ``seconds`` (``None``: unknown yet)."""
+        if self.per_token_s is None:
+            return None
+        spent = (self.fixed_s + (num_decodes + 1) * self.per_sequence_s
+                 + num_decodes * self.per_token_s)
+        return max(0, int((seconds - spent) / self.per_token_s))
+
+
+def _two_term_fit(sequences: np.ndarray, tokens: np.ndarray,
+                  times: np.ndarray) -> tuple[float, float, float] | None:
+    """(fixed, per_sequence, per_token) by least squares, or ``None`` when the steps cannot
+    separate the two terms or the fit gives either a negative cost."""
+    design = np.column_stack([np.ones_like(tokens), sequences, tokens])
+    if np.linalg.matrix_rank(design) < 3:
+        return None
+    (fixed, per_sequence, per_token), *_ = np.linalg.lstsq(design, times, rcond=None)
+    if per_sequence < 0 or per_token <= 0:
+        return None
+    return float(fixed), float(per_sequence), float(per_token)
+
+
+def latency_budget(cost: StepCostModel, target_s: float, num_decodes: int) -> StepBudget:
+    """What keeps a step with ``num_decodes`` decodes within ``target_s`` (no limits while the
+    model knows nothing): prompt tokens that fit beside the decodes, but at least
+    ``PROMPT_PROGRESS_SHARE`` of the target's worth, and the sequences whose decodes fit."""
+    prompt_tokens = cost.prompt_tokens_within(target_s, num_decodes)
+    if prompt_tokens is not None:
+        progress = max(1, int(PROMPT_PROGRESS_SHARE * target_s / cost.per_token_s))
+        prompt_tokens = max(prompt_tokens, progress)
+    return StepBudget(prompt_tokens=prompt_tokens, max_running=cost.decodes_within(target_s))

@@ -1,6 +1,6 @@
 """Scheduler: token budget, FCFS admission, chunked prefill, preemption by recompute, progress."""
 from paged_core.block_manager import KVCacheManager
-from paged_core.scheduler import Scheduler
+from paged_core.scheduler import MIN_RUNNING_UNDER_LATENCY_TARGET, Scheduler, StepBudget
 from paged_core.sequence import Sequence, SequenceStatus
 
 
@@ -8,9 +8,9 @@ def make_seq(seq_id, n):
     return Sequence(seq_id, None, list(range(100 * seq_id, 100 * seq_id + n)), n, 0)
 
 
-def run_step(sched: Scheduler, new_token=1):
+def run_step(sched: Scheduler, new_token=1, budget: StepBudget | None = None):
     """Apply a schedule the way the engine does: advance, then append one token to completed ones."""
-    out = sched.schedule()
+    out = sched.schedule(budget)
     for item in out.scheduled:
         seq = item.seq
         seq.num_computed_tokens += item.num_new_tokens
@@ -106,17 +106,55 @@ def test_prefill_limits_never_hold_back_decodes():
     assert _chunks(run_step(sched)) == [(1, 1), (2, 1), (3, 1), (9, 4)]
 
 
-def test_step_token_cap_leaves_prefills_what_decodes_do_not_use():
+def test_prompt_token_budget_bounds_prefill_beside_decodes():
     sched = Scheduler(KVCacheManager(200, 4, False), max_num_seqs=8, max_num_batched_tokens=100)
     sched.add(make_seq(1, 3))
     sched.add(make_seq(2, 3))
     run_step(sched, new_token=7)
     sched.add(make_seq(3, 50))
-    assert _chunks(sched.schedule(max_step_tokens=12)) == [
-        (1, 1), (2, 1), (3, 10)]
+    assert _chunks(sched.schedule(StepBudget(prompt_tokens=10))) == [(1, 1), (2, 1), (3, 10)]
     sched2 = Scheduler(KVCacheManager(200, 4, False), max_num_seqs=8, max_num_batched_tokens=100)
     sched2.add(make_seq(1, 3))
     run_step(sched2)
     sched2.add(make_seq(3, 50))
-    # decodes alone exceed the cap: prompts still advance one block (4 tokens) per step
-    assert _chunks(sched2.schedule(max_step_tokens=0)) == [(1, 1), (3, 4)]
+    # decodes alone exceed the target: prompts still advance (one token at the very least)
+    assert _chunks(sched2.schedule(StepBudget(prompt_tokens=0))) == [(1, 1), (3, 1)]
+
+
+def test_running_cap_holds_a_burst_in_the_queue_but_never_below_the_floor():
+    floor = MIN_RUNNING_UNDER_LATENCY_TARGET
+    sched = Scheduler(KVCacheManager(1000, 4, False), max_num_seqs=64, max_num_batched_tokens=1000)
+    for i in range(1, 41):
+        sched.add(make_seq(i, 3))
+    out = run_step(sched, budget=StepBudget(max_running=floor + 4))
+    assert len(out.scheduled) == floor + 4 and len(sched.waiting) == 40 - floor - 4
+    out = run_step(sched, budget=StepBudget(max_running=floor + 4))  # the rest keep waiting
+    assert [item.num_new_tokens for item in out.scheduled] == [1] * (floor + 4)
+    out = run_step(sched, budget=StepBudget(max_running=floor + 8))  # the step got cheaper
+    assert [item.num_new_tokens for item in out.scheduled] == [1] * (floor + 4) + [3] * 4
+    tight = Scheduler(KVCacheManager(1000, 4, False), max_num_seqs=64, max_num_batched_tokens=1000)
+    for i in range(1, 41):
+        tight.add(make_seq(i, 3))
+    assert len(tight.schedule(StepBudget(max_running=2)).scheduled) == floor
+    small = Scheduler(KVCacheManager(1000, 4, False), max_num_seqs=4, max_num_batched_tokens=1000)
+    for i in range(1, 9):
+        small.add(make_seq(i, 3))
+    assert len(small.schedule(StepBudget(max_running=100)).scheduled) == 4  # max_num_seqs rules
+
+
+def test_short_prompts_start_whole_while_few_run_long_ones_wait_for_the_budget():
+    sched = Scheduler(KVCacheManager(200, 4, False), max_num_seqs=32, max_num_batched_tokens=100)
+    sched.add(make_seq(1, 3))
+    run_step(sched)  # one sequence decodes from now on
+    for i, n in ((2, 4), (3, 30), (4, 3), (5, 2)):
+        sched.add(make_seq(i, n))
+    # two prompt tokens allowed: the long prompt gets them; short ones (<= a block) start whole
+    assert _chunks(sched.schedule(StepBudget(prompt_tokens=2))) == [
+        (1, 1), (2, 4), (3, 2), (4, 3), (5, 2)]
+    busy = Scheduler(KVCacheManager(400, 4, False), max_num_seqs=32, max_num_batched_tokens=100)
+    for i in range(1, MIN_RUNNING_UNDER_LATENCY_TARGET + 1):
+        busy.add(make_seq(i, 2))
+    run_step(busy)
+    busy.add(make_seq(40, 3))  # as many running as the floor: the short prompt takes its turn
+    out = busy.schedule(StepBudget(prompt_tokens=1))
+    assert _chunks(out)[-1] == (40, 1)

@@ -1,30 +1,73 @@
 """``StepCostModel`` and the latency target it serves (``EngineConfig.itl_target_ms``)."""
+import numpy as np
 import pytest
 
 from paged_core import LLM, SamplingParams
 from paged_core.config import EngineConfig
-from paged_core.step_cost import StepCostModel
+from paged_core.scheduler import StepBudget
+from paged_core.step_cost import PROMPT_PROGRESS_SHARE, StepCostModel, latency_budget
 
 
-def test_fit_recovers_fixed_and_per_token_cost():
+def test_fit_separates_per_sequence_from_per_token_cost():
+    def cost(seqs, tokens):
+        return 0.010 + 0.002 * seqs + 0.001 * tokens
+
     model = StepCostModel()
-    assert model.tokens_within(0.1) is None  # nothing seen yet: no limit
-    model.observe(8, 0.010 + 0.001 * 8)
-    assert model.tokens_within(0.1) is None  # one size only: the slope is unknown
-    for n in (1, 64, 200, 17, 512):
-        model.observe(n, 0.010 + 0.001 * n)
-    assert model.fixed_s == pytest.approx(0.010) and model.per_token_s == pytest.approx(0.001)
-    assert model.tokens_within(0.150) in (139, 140)
-    assert model.tokens_within(0.005) == 0
+    assert model.decodes_within(0.1) is None and model.prompt_tokens_within(0.1, 4) is None
+    model.observe(1, 8, cost(1, 8))
+    assert model.decodes_within(0.1) is None  # one size only: the slopes are unknown
+    for seqs, tokens in ((1, 512), (64, 64), (8, 200), (17, 17), (30, 300)):
+        model.observe(seqs, tokens, cost(seqs, tokens))
+    assert model.fixed_s == pytest.approx(0.010)
+    assert model.per_sequence_s == pytest.approx(0.002) and model.per_token_s == pytest.approx(0.001)
+    assert model.decodes_within(0.150) in (46, 47)  # 0.010 + 0.003 * 46.67
+    # beside 20 decodes (0.070 s) one more prompt pays 0.002, leaving 0.078 s: 78 tokens
+    assert model.prompt_tokens_within(0.150, 20) in (77, 78)
+    assert model.prompt_tokens_within(0.050, 20) == 0
+
+
+def test_decode_heavy_steps_are_not_underestimated_by_prefill_steps():
+    """One slope fitted on a mix sees the cheap prompt tokens and lets too many decodes in."""
+    steps = [(1, 400), (2, 600), (40, 40), (60, 75), (80, 80)]
+    times = [0.010 + 0.0015 * seqs + 0.0005 * tokens for seqs, tokens in steps]
+    model = StepCostModel()
+    for (seqs, tokens), seconds in zip(steps, times):
+        model.observe(seqs, tokens, seconds)
+    decodes = model.decodes_within(0.150)  # a decode step really costs 0.010 + 0.002 * n
+    assert decodes in (69, 70)
+    per_token, fixed = np.polyfit([tokens for _, tokens in steps], times, 1)
+    assert (0.150 - fixed) / per_token > 1.5 * decodes  # what one slope would have allowed
+
+
+def test_steps_that_cannot_separate_the_terms_fall_back_to_one_slope():
+    model = StepCostModel()
+    for n in (1, 64, 200, 17, 512):  # one sequence per token: pure decode steps
+        model.observe(n, n, 0.010 + 0.003 * n)
+    assert model.per_sequence_s == 0 and model.per_token_s == pytest.approx(0.003)
+    assert model.decodes_within(0.150) in (46, 47)
+    assert model.prompt_tokens_within(0.005, 0) == 0
+
+
+def test_latency_budget_fills_the_target_and_keeps_prompts_moving():
+    model = StepCostModel()
+    assert latency_budget(model, 0.150, 10) == StepBudget()  # nothing learnt: no limits
+    for seqs, tokens in ((1, 512), (64, 64), (8, 200), (17, 17), (30, 300)):
+        model.observe(seqs, tokens, 0.010 + 0.002 * seqs + 0.001 * tokens)
+    assert latency_budget(model, 0.150, 20) in (StepBudget(77, 46), StepBudget(78, 46),
+                                                 StepBudget(77, 47), StepBudget(78, 47))
+    # 60 decodes alone overshoot the target: prompts get a tenth of it (15 ms: 15 tokens)
+    starved = latency_budget(model, 0.150, 60)
+    assert starved.prompt_tokens == int(PROMPT_PROGRESS_SHARE * 0.150 / model.per_token_s)
+    assert starved.prompt_tokens in (14, 15)
 
 
 def test_noise_with_a_falling_slope_keeps_the_last_good_fit():
     model = StepCostModel(window=4)
-    model.observe(10, 0.02)
-    model.observe(100, 0.11)
+    model.observe(1, 10, 0.02)
+    model.observe(1, 100, 0.11)
     good = model.per_token_s
-    model.observe(400, 0.01)  # a step that took less than a much smaller one
-    model.observe(800, 0.005)
+    model.observe(1, 400, 0.01)  # a step that took less than a much smaller one
+    model.observe(1, 800, 0.005)
     assert model.per_token_s == good
 
 
@@ -34,10 +77,10 @@ def test_itl_target_is_validated_and_defaults_by_usage():
     assert EngineConfig.from_env({"PAGED_CORE_ITL_TARGET_MS": "80"}).itl_target_ms == 80.0
 
 
-def test_latency_target_keeps_greedy_outputs(tokenizer, tmp_path):
+def test_latency_target_keeps_greedy_outputs(tokenizer, tmp_path, monkeypatch):
     """Steps cut to a tiny time budget give the same tokens as unbounded steps: once a
-    sequence decodes, prompts advance one block (16 tokens) per step beside the decodes
-    instead of ``max_num_batched_tokens`` (64); the step cost is learnt from the real steps."""
+    sequence decodes, prompts advance a few tokens per step beside the decodes instead of
+    ``max_num_batched_tokens`` (64)."""
     from .reference import passage_token_ids
     from .tiny_models import build_tiny_model
 
@@ -50,18 +93,20 @@ def test_latency_target_keeps_greedy_outputs(tokenizer, tmp_path):
     bounded = LLM(model=folder, dtype="float32", num_kv_blocks=64, max_num_batched_tokens=64,
                   itl_target_ms=1)
     engine = bounded.engine
-    engine.step_cost.observe(1, 0.0005)
-    engine.step_cost.observe(101, 0.0105)  # "1 token takes 0.1 ms": room for ~5 tokens
+    engine.step_cost.observe(1, 1, 0.0005)
+    engine.step_cost.observe(1, 101, 0.0105)  # "1 token takes 0.1 ms": room for ~5 tokens
+    monkeypatch.setattr(engine.step_cost, "observe", lambda *step: None)  # keep that cost
     sizes = []
     schedule = engine.scheduler.schedule
 
-    def recording_schedule(max_step_tokens=None):
-        out = schedule(max_step_tokens)
-        sizes.append(out.num_tokens)
+    def recording_schedule(step_budget=None):
+        decoding = engine.scheduler.num_decodes_in_flight > 0
+        out = schedule(step_budget)
+        sizes.append(out.num_tokens if decoding else None)
         return out
 
     engine.scheduler.schedule = recording_schedule
     got = [o.outputs[0].token_ids for o in bounded.generate(prompts, params, use_tqdm=False)]
     assert got == expected
-    assert sizes[0] == 64 and max(sizes[1:]) <= len(prompts) + 16
-    assert engine.step_cost.per_token_s is not None and engine.step_cost.per_token_s > 0
+    bounded_sizes = [n for n in sizes if n is not None]  # steps that carry decodes
+    assert len(bounded_sizes) > 10 and max(bounded_sizes) <= 6  # 1 ms: 0.4 fixed + 6 of 0.1
