@@ -10,7 +10,10 @@ token count and wall time, and the model fits
 
     seconds = fixed + per_sequence * sequences + per_token * tokens
 
-by least squares over the last ``window`` steps. It answers the inverse
+by least squares over the last ``window`` steps, and keeps the spread of the
+steps around that fit (``spread_s``: the 90th percentile of the steps' excess
+over it: load from other threads and processes, memory effects). It answers,
+for 9 steps in 10 (the spread comes off the duration asked about), the inverse
 questions a latency target asks (``EngineConfig.itl_target_ms``, a target in
 milliseconds rather than token counts tuned for one machine; this project's
 machines drift 2x between days): how many decodes fit in a step of a given
@@ -36,6 +39,7 @@ from .scheduler import StepBudget
 # When decodes alone fill the latency target, prompts still advance by what costs this
 # share of it, so a step overshoots the target by at most that much and the queue drains.
 PROMPT_PROGRESS_SHARE = 0.1
+SPREAD_PERCENTILE = 90  # steps are sized for this share of them to meet the duration asked
 
 
 class StepCostModel:
@@ -44,6 +48,7 @@ class StepCostModel:
         self.fixed_s: float | None = None
         self.per_sequence_s: float = 0.0
         self.per_token_s: float | None = None
+        self.spread_s: float = 0.0
 
     def observe(self, num_sequences: int, num_tokens: int, seconds: float) -> None:
         """Record one step and refit."""
@@ -59,19 +64,23 @@ class StepCostModel:
         fixed, per_sequence, per_token = fit
         if per_token > 0:
             self.fixed_s, self.per_sequence_s, self.per_token_s = max(0.0, fixed), per_sequence, per_token
+            excess = times - (self.fixed_s + per_sequence * sequences + per_token * tokens)
+            self.spread_s = max(0.0, float(np.percentile(excess, SPREAD_PERCENTILE)))
 
     def decodes_within(self, seconds: float) -> int | None:
-        """The most decodes (one token each) a step may carry to take at most ``seconds``."""
+        """The most decodes (one token each) a step may carry to take at most ``seconds``
+        (9 times in 10; ``None``: unknown yet)."""
         if self.per_token_s is None:
             return None
-        return max(0, int((seconds - self.fixed_s) / (self.per_sequence_s + self.per_token_s)))
+        spent = self.fixed_s + self.spread_s
+        return max(0, int((seconds - spent) / (self.per_sequence_s + self.per_token_s)))
 
     def prompt_tokens_within(self, seconds: float, num_decodes: int) -> int | None:
         """The most prompt tokens of one more sequence that fit beside ``num_decodes`` decodes
-        in a step of at most ``seconds`` (``None``: unknown yet)."""
+        in a step of at most ``seconds`` (9 times in 10; ``None``: unknown yet)."""
         if self.per_token_s is None:
             return None
-        spent = (self.fixed_s + (num_decodes + 1) * self.per_sequence_s
+        spent = (self.fixed_s + self.spread_s + (num_decodes + 1) * self.per_sequence_s
                  + num_decodes * self.per_token_s)
         return max(0, int((seconds - spent) / self.per_token_s))
 

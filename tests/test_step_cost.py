@@ -48,6 +48,20 @@ def test_steps_that_cannot_separate_the_terms_fall_back_to_one_slope():
     assert model.prompt_tokens_within(0.005, 0) == 0
 
 
+def test_noisy_steps_are_sized_for_nine_in_ten_to_meet_the_target():
+    quiet, noisy = StepCostModel(), StepCostModel()
+    for i, (seqs, tokens) in enumerate(((1, 512), (64, 64), (8, 200), (17, 17), (30, 300)) * 4):
+        seconds = 0.010 + 0.002 * seqs + 0.001 * tokens
+        quiet.observe(seqs, tokens, seconds)
+        noisy.observe(seqs, tokens, seconds + (0.020 if i % 2 else -0.020))  # +-20 ms
+    assert quiet.spread_s == pytest.approx(0, abs=1e-9)
+    assert noisy.spread_s == pytest.approx(0.020, abs=0.002)
+    # 20 ms less room: about 6-7 fewer decodes (3 ms each) and 20 fewer prompt tokens
+    assert quiet.decodes_within(0.150) - noisy.decodes_within(0.150) in (6, 7, 8)
+    assert quiet.prompt_tokens_within(0.150, 20) - noisy.prompt_tokens_within(0.150, 20) in (
+        19, 20, 21)
+
+
 def test_latency_budget_fills_the_target_and_keeps_prompts_moving():
     model = StepCostModel()
     assert latency_budget(model, 0.150, 10) == StepBudget()  # nothing learnt: no limits
