@@ -90,10 +90,8 @@ def _two_term_fit(sequences: np.ndarray, tokens: np.ndarray,
     """(fixed, per_sequence, per_token) by least squares, or ``None`` when the steps cannot
     separate the two terms or the fit gives either a negative cost."""
     design = np.column_stack([np.ones_like(tokens), sequences, tokens])
-    if np.linalg.matrix_rank(design) < 3:
-        return None
-    (fixed, per_sequence, per_token), *_ = np.linalg.lstsq(design, times, rcond=None)
-    if per_sequence < 0 or per_token <= 0:
+    (fixed, per_sequence, per_token), _, rank, _ = np.linalg.lstsq(design, times, rcond=None)
+    if rank < 3 or per_sequence < 0 or per_token <= 0:
         return None
     return float(fixed), float(per_sequence), float(per_token)
 
