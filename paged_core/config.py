@@ -61,9 +61,10 @@ class EngineConfig:
     arriving under load stall running streams by at most one such step; see
     ``paged_core.scheduler``); 0 disables either. ``itl_target_ms`` bounds such
     steps by time instead: they take only as much prompt work as the measured
-    step cost predicts fits in that many milliseconds (9 steps in 10), and new
-    sequences start only while the running ones' decodes fit in it (never
-    fewer than 16; see ``paged_core.step_cost``) (``None``: the usage default,
+    step cost predicts fits in that many milliseconds (9 steps in 10), and long
+    prompts start only while the running ones' decodes fit in it (short ones
+    while fewer than 16 run; see ``paged_core.step_cost`` and
+    ``paged_core.scheduler``) (``None``: the usage default,
     ``SERVING_ITL_TARGET_MS`` for ``AsyncEngine`` servers, off for the offline
     ``LLM``; 0: off).
     ``speculative_config`` turns on speculative decoding with vLLM's dict

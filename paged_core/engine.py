@@ -26,7 +26,7 @@ from .distributed.worker import RankSpec
 from .model_loader import load_hf_config, load_tokenizer, resolve_model_folder
 from .models.llama import LlamaFamilySpec
 from .models.sharding import ShardPlan
-from .packed_batch import StepInput, pack_batch
+from .packed_batch import StepInput, bucketed_num_tokens, pack_batch
 from .outputs import RequestOutput
 from .prompts import PromptInput, tokenize_prompt
 from .request import Request
@@ -82,7 +82,8 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.generated_tokens = 0
         self.itl_target_s = (config.itl_target_ms or 0) / 1000
-        self.step_cost = StepCostModel()  # fed only when there is a latency target
+        self.step_cost = StepCostModel(  # fed only when there is a latency target
+            rows_of=bucketed_num_tokens if self.runner.model.prefers_bucketed_batches else int)
         spec = config.speculative_config
         self.proposer = make_proposer(spec, self) if spec is not None else None
         self.spec_stats = SpecDecodingStats(spec.num_speculative_tokens if spec else 0)

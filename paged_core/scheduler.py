@@ -27,12 +27,15 @@ derives it with ``step_cost.latency_budget``): ``prompt_tokens`` caps the
 prompt tokens beside the decodes of a step (never below one, so waiting
 prompts keep being admitted), and ``max_running`` caps how many sequences run
 at once, so that their decodes together fit the target; a burst then waits
-for its first token instead of slowing every stream. That cap never holds the
-batch below ``MIN_RUNNING_UNDER_LATENCY_TARGET`` sequences: on an overloaded
-machine, many slow streams beat a few fast ones while everyone else waits.
-For the same reason, while fewer sequences than that run, a new prompt that
-fits in one block starts whole, outside ``prompt_tokens``: it costs a step
-about what a few decodes do, and holding it back would leave its stream idle.
+for its first token instead of slowing every stream (a step with no decode in
+flight, whose prompt tokens are not limited, admits no more than that either,
+so the wave it starts fits the target too). Short prompts are the exception:
+while fewer than ``MIN_RUNNING_UNDER_LATENCY_TARGET`` sequences run, a new
+prompt that fits in one block (cached prefix aside) starts, and starts whole,
+outside both limits: it costs a step about what one decode does, and on an
+overloaded machine many slow streams of chat turns beat a few fast ones while
+everyone else waits. A long prompt starts only under the cap (one sequence at
+least runs, so the queue always drains).
 """
 from __future__ import annotations
 
@@ -158,7 +161,7 @@ class Scheduler:
                 budget -= num_new
                 i += 1
         if not out.preempted:
-            self._admit_waiting(out, budget, limits, self._max_running(step_budget))
+            self._admit_waiting(out, budget, limits, step_budget)
         out.block_copies = self.kv.take_pending_copies()
         return out
 
@@ -166,24 +169,28 @@ class Scheduler:
     def num_decodes_in_flight(self) -> int:
         return sum(seq.num_tokens - seq.num_computed_tokens == 1 for seq in self.running)
 
-    def _max_running(self, step_budget: StepBudget) -> int:
+    def _max_running(self, step_budget: StepBudget, short: bool) -> int:
+        """How many may run once this one starts: the latency cap (at least one), raised to
+        the floor for a short prompt (see the module docstring)."""
         if step_budget.max_running is None:
             return self.max_num_seqs
-        return min(self.max_num_seqs,
-                   max(step_budget.max_running, MIN_RUNNING_UNDER_LATENCY_TARGET))
+        floor = MIN_RUNNING_UNDER_LATENCY_TARGET if short else 1
+        return min(self.max_num_seqs, max(step_budget.max_running, floor))
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int,
-                       limits: "_PrefillLimits | None", max_running: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < max_running:
+                       limits: "_PrefillLimits | None", step_budget: StepBudget) -> None:
+        while self.waiting and budget > 0:
             seq = self.waiting.peek()
             cached = self.kv.find_cached_prefix(seq)
             num_cached_tokens = len(cached) * self.kv.block_size
             prompt_left = seq.num_tokens - seq.num_computed_tokens - num_cached_tokens
+            short = prompt_left <= self.kv.block_size
+            if len(self.running) >= self._max_running(step_budget, short):
+                break
             num_new = min(prompt_left, budget)
             if limits is not None:
-                short = (prompt_left <= self.kv.block_size
-                         and len(self.running) < MIN_RUNNING_UNDER_LATENCY_TARGET)
-                num_new = limits.take(num_new, timed=not short)
+                untimed = short and len(self.running) < MIN_RUNNING_UNDER_LATENCY_TARGET
+                num_new = limits.take(num_new, timed=not untimed)
             if num_new == 0 or not self.kv.allocate_slots(seq, num_new, cached):
                 break
             self.kv.record_prefix_lookup(seq.num_tokens, num_cached_tokens)

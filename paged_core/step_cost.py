@@ -1,14 +1,17 @@
 """``StepCostModel``: how long a step takes on this machine, learnt online.
 
-A step's time has two parts that grow differently: work per *token* (the
+A step's time has two parts that grow differently: work per *row* (the
 linear layers: a prompt token costs what a decode token costs) and work per
 *sequence* (attention over its whole context, sampling, detokenizing and
 streaming its output). A decode-heavy step is one sequence per token, so a
 single per-token slope fitted on a mix of prefill and decode steps
-underestimates it. The engine therefore reports every step's sequence count,
-token count and wall time, and the model fits
+underestimates it. Rows are what the forward computes: a model that pads its
+token rows to buckets (``prefers_bucketed_batches``, oneDNN's prepacked
+linears) pays for the padding, so the model counts ``rows_of(tokens)``, not
+tokens. The engine reports every step's sequence count, token count and wall
+time, and the model fits
 
-    seconds = fixed + per_sequence * sequences + per_token * tokens
+    seconds = fixed + per_sequence * sequences + per_token * rows_of(tokens)
 
 by least squares over the last ``window`` steps, and keeps the spread of the
 steps around that fit (``spread_s``: the 90th percentile of the steps' excess
@@ -18,19 +21,23 @@ questions a latency target asks (``EngineConfig.itl_target_ms``, a target in
 milliseconds rather than token counts tuned for one machine; this project's
 machines drift 2x between days): how many decodes fit in a step of a given
 duration, and how many prompt tokens fit beside a given number of decodes.
+Both answers fill the padding they pay for: a step of 9 tokens padded to 16
+rows costs what 16 tokens do, so the answer is 16, not 9.
 ``latency_budget`` turns those answers into the scheduler's ``StepBudget``.
 
-Invariants: before it has seen steps of at least two different token counts
+Invariants: before it has seen steps of at least two different row counts
 the model knows nothing and both answers are ``None`` (no limit). When the
-steps seen cannot tell sequences from tokens apart (every step had one
+steps seen cannot tell sequences from rows apart (every step had one
 sequence per token, or the same number of sequences), or that fit is not
-physical (a negative cost), the sequence term is dropped and one per-token
-slope is fitted; a fit whose per-token cost is not positive (noise) is ignored
-in favour of the last good one.
+physical (a negative cost), the sequence term is dropped and one per-row
+slope is fitted; a fit whose per-row cost is not positive (noise) is ignored
+in favour of the last good one. With the identity ``rows_of`` (a model that
+does not pad) rows are tokens.
 """
 from __future__ import annotations
 
 from collections import deque
+from typing import Callable
 
 import numpy as np
 
@@ -43,28 +50,29 @@ SPREAD_PERCENTILE = 90  # steps are sized for this share of them to meet the dur
 
 
 class StepCostModel:
-    def __init__(self, window: int = 256) -> None:
+    def __init__(self, window: int = 256, rows_of: Callable[[int], int] = int) -> None:
+        self.rows_of = rows_of  # the rows a forward computes for a step of n tokens
         self._steps: deque[tuple[int, int, float]] = deque(maxlen=window)
         self.fixed_s: float | None = None
         self.per_sequence_s: float = 0.0
-        self.per_token_s: float | None = None
+        self.per_token_s: float | None = None  # per row: a token or a padding row
         self.spread_s: float = 0.0
 
     def observe(self, num_sequences: int, num_tokens: int, seconds: float) -> None:
         """Record one step and refit."""
-        self._steps.append((num_sequences, num_tokens, seconds))
+        self._steps.append((num_sequences, self.rows_of(num_tokens), seconds))
         steps = np.array(self._steps, dtype=np.float64)
-        sequences, tokens, times = steps[:, 0], steps[:, 1], steps[:, 2]
-        if np.ptp(tokens) == 0:
+        sequences, rows, times = steps[:, 0], steps[:, 1], steps[:, 2]
+        if np.ptp(rows) == 0:
             return
-        fit = _two_term_fit(sequences, tokens, times)
+        fit = _two_term_fit(sequences, rows, times)
         if fit is None:
-            per_token, fixed = np.polyfit(tokens, times, 1)
+            per_token, fixed = np.polyfit(rows, times, 1)
             fit = (float(fixed), 0.0, float(per_token))
         fixed, per_sequence, per_token = fit
         if per_token > 0:
             self.fixed_s, self.per_sequence_s, self.per_token_s = max(0.0, fixed), per_sequence, per_token
-            excess = times - (self.fixed_s + per_sequence * sequences + per_token * tokens)
+            excess = times - (self.fixed_s + per_sequence * sequences + per_token * rows)
             self.spread_s = max(0.0, float(np.percentile(excess, SPREAD_PERCENTILE)))
 
     def decodes_within(self, seconds: float) -> int | None:
@@ -72,24 +80,44 @@ class StepCostModel:
         (9 times in 10; ``None``: unknown yet)."""
         if self.per_token_s is None:
             return None
-        spent = self.fixed_s + self.spread_s
-        return max(0, int((seconds - spent) / (self.per_sequence_s + self.per_token_s)))
+        upper = int((seconds - self.fixed_s - self.spread_s)
+                    / (self.per_sequence_s + self.per_token_s))
+        return _most(upper, lambda n: self._seconds(n, n) <= seconds)
 
     def prompt_tokens_within(self, seconds: float, num_decodes: int) -> int | None:
         """The most prompt tokens of one more sequence that fit beside ``num_decodes`` decodes
         in a step of at most ``seconds`` (9 times in 10; ``None``: unknown yet)."""
         if self.per_token_s is None:
             return None
-        spent = (self.fixed_s + self.spread_s + (num_decodes + 1) * self.per_sequence_s
-                 + num_decodes * self.per_token_s)
-        return max(0, int((seconds - spent) / self.per_token_s))
+        upper = int((seconds - self._seconds(num_decodes + 1, num_decodes, rows=num_decodes))
+                    / self.per_token_s)
+        return _most(upper, lambda n: self._seconds(num_decodes + 1, num_decodes + n) <= seconds)
+
+    def _seconds(self, num_sequences: int, num_tokens: int, rows: int | None = None) -> float:
+        """The predicted time of a step, with the spread (9 steps in 10 take at most this)."""
+        rows = self.rows_of(num_tokens) if rows is None else rows
+        return (self.fixed_s + self.spread_s + self.per_sequence_s * num_sequences
+                + self.per_token_s * rows)
 
 
-def _two_term_fit(sequences: np.ndarray, tokens: np.ndarray,
+def _most(upper: int, fits: Callable[[int], bool]) -> int:
+    """The largest ``n`` in ``[0, upper]`` for which ``fits(n)`` (0 when none), by bisection:
+    ``fits`` holds up to some ``n`` and not past it (a step's cost grows with its rows)."""
+    low, high = 0, max(0, upper)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _two_term_fit(sequences: np.ndarray, rows: np.ndarray,
                   times: np.ndarray) -> tuple[float, float, float] | None:
     """(fixed, per_sequence, per_token) by least squares, or ``None`` when the steps cannot
     separate the two terms or the fit gives either a negative cost."""
-    design = np.column_stack([np.ones_like(tokens), sequences, tokens])
+    design = np.column_stack([np.ones_like(rows), sequences, rows])
     (fixed, per_sequence, per_token), _, rank, _ = np.linalg.lstsq(design, times, rcond=None)
     if rank < 3 or per_sequence < 0 or per_token <= 0:
         return None
@@ -99,9 +127,11 @@ def _two_term_fit(sequences: np.ndarray, tokens: np.ndarray,
 def latency_budget(cost: StepCostModel, target_s: float, num_decodes: int) -> StepBudget:
     """What keeps a step with ``num_decodes`` decodes within ``target_s`` (no limits while the
     model knows nothing): prompt tokens that fit beside the decodes, but at least
-    ``PROMPT_PROGRESS_SHARE`` of the target's worth, and the sequences whose decodes fit."""
+    ``PROMPT_PROGRESS_SHARE`` of the target's worth (and the padding rows that brings), and
+    the sequences whose decodes fit."""
     prompt_tokens = cost.prompt_tokens_within(target_s, num_decodes)
     if prompt_tokens is not None:
         progress = max(1, int(PROMPT_PROGRESS_SHARE * target_s / cost.per_token_s))
-        prompt_tokens = max(prompt_tokens, progress)
+        if prompt_tokens < progress:  # fill the rows the progress pays for anyway
+            prompt_tokens = cost.rows_of(num_decodes + progress) - num_decodes
     return StepBudget(prompt_tokens=prompt_tokens, max_running=cost.decodes_within(target_s))

@@ -142,6 +142,22 @@ def test_running_cap_holds_a_burst_in_the_queue_but_never_below_the_floor():
     assert len(small.schedule(StepBudget(max_running=100)).scheduled) == 4  # max_num_seqs rules
 
 
+def test_running_cap_holds_long_prompts_even_when_nothing_decodes():
+    """A step with no decode in flight computes whole prompts, but only as many as whose
+    decodes fit the target: the floor is for short prompts, and one always runs."""
+    sched = Scheduler(KVCacheManager(1000, 4, False), max_num_seqs=64, max_num_batched_tokens=1000)
+    for i in range(1, 21):
+        sched.add(make_seq(i, 30))
+    out = run_step(sched, budget=StepBudget(max_running=5))
+    assert _chunks(out) == [(i, 30) for i in range(1, 6)] and len(sched.waiting) == 15
+    sched.add(make_seq(40, 3))  # behind the long ones (FCFS): it waits its turn too
+    assert [n for _, n in _chunks(sched.schedule(StepBudget(max_running=5)))] == [1] * 5
+    starved = Scheduler(KVCacheManager(1000, 4, False), max_num_seqs=64, max_num_batched_tokens=1000)
+    for i in range(1, 4):
+        starved.add(make_seq(i, 30))
+    assert _chunks(starved.schedule(StepBudget(max_running=0))) == [(1, 30)]
+
+
 def test_short_prompts_start_whole_while_few_run_long_ones_wait_for_the_budget():
     sched = Scheduler(KVCacheManager(200, 4, False), max_num_seqs=32, max_num_batched_tokens=100)
     sched.add(make_seq(1, 3))

@@ -75,6 +75,27 @@ def test_latency_budget_fills_the_target_and_keeps_prompts_moving():
     assert starved.prompt_tokens in (14, 15)
 
 
+def test_padded_rows_are_what_a_step_costs_and_budgets_fill_them():
+    """A model that pads token rows to multiples of 8 pays for the padding: the fit counts
+    rows, and the answers are whole buckets (9 tokens cost what 16 do, so 16 fit, not 9)."""
+    def rows_of(n):
+        return -(-n // 8) * 8
+
+    def cost(seqs, tokens):
+        return 0.010 + 0.002 * seqs + 0.001 * rows_of(tokens)
+
+    model = StepCostModel(rows_of=rows_of)
+    for seqs, tokens in ((1, 1), (1, 9), (4, 4), (3, 17), (12, 12), (20, 20), (2, 200)):
+        model.observe(seqs, tokens, cost(seqs, tokens))
+    assert model.per_token_s == pytest.approx(0.001) and model.per_sequence_s == pytest.approx(0.002)
+    # 50.5 ms: 3 decodes and one prompt (18 ms) leave 32.5 ms: 32 rows, 29 of them prompt
+    assert model.prompt_tokens_within(0.0505, 3) == 29
+    assert model.prompt_tokens_within(0.0475, 3) == 21  # 29 rows' time buys 24 rows, not 29
+    assert model.decodes_within(0.0505) == 12  # 16 rows: 50 ms; 13 decodes would take 52
+    # 40 decodes alone overshoot: the progress floor (5 tokens) fills its 48-row bucket
+    assert latency_budget(model, 0.0505, 40).prompt_tokens == 8
+
+
 def test_noise_with_a_falling_slope_keeps_the_last_good_fit():
     model = StepCostModel(window=4)
     model.observe(1, 10, 0.02)
