@@ -31,10 +31,11 @@ for its first token instead of slowing every stream (a step with no decode in
 flight, whose prompt tokens are not limited, admits no more than that either,
 so the wave it starts fits the target too). Short prompts are the exception:
 while fewer than ``MIN_RUNNING_UNDER_LATENCY_TARGET`` sequences run, a new
-prompt that fits in one block (cached prefix aside) starts, and starts whole,
+prompt that fits in one block (the whole prompt: a long one whose prefix is
+cached is cheap to start but streams like any other) starts, and starts whole,
 outside both limits: it costs a step about what one decode does, and on an
-overloaded machine many slow streams of chat turns beat a few fast ones while
-everyone else waits. A long prompt starts only under the cap (one sequence at
+overloaded machine many slow streams of short chat turns beat a few fast ones
+while everyone else waits. A long prompt starts only under the cap (one sequence at
 least runs, so the queue always drains).
 """
 from __future__ import annotations
@@ -184,7 +185,7 @@ class Scheduler:
             cached = self.kv.find_cached_prefix(seq)
             num_cached_tokens = len(cached) * self.kv.block_size
             prompt_left = seq.num_tokens - seq.num_computed_tokens - num_cached_tokens
-            short = prompt_left <= self.kv.block_size
+            short = seq.num_tokens - seq.num_computed_tokens <= self.kv.block_size
             if len(self.running) >= self._max_running(step_budget, short):
                 break
             num_new = min(prompt_left, budget)

@@ -158,6 +158,25 @@ def test_running_cap_holds_long_prompts_even_when_nothing_decodes():
     assert _chunks(starved.schedule(StepBudget(max_running=0))) == [(1, 30)]
 
 
+def test_a_long_prompt_with_a_cached_prefix_is_not_short():
+    """The floor is for short prompts: a long one whose prefix is cached (its rest fits in a
+    block) starts under the latency cap like any long prompt; a short one still starts."""
+    sched = Scheduler(KVCacheManager(200, 4, True), max_num_seqs=32, max_num_batched_tokens=100)
+    first = make_seq(1, 30)
+    sched.add(first)
+    run_step(sched)
+    sched.finish(first)  # its full blocks stay in the prefix cache
+    sched.add(make_seq(2, 3))
+    run_step(sched)  # one sequence decodes from now on
+    sched.add(Sequence(3, None, list(range(100, 130)), 30, 0))  # 28 of 30 tokens cached
+    sched.add(make_seq(4, 3))
+    out = sched.schedule(StepBudget(prompt_tokens=100, max_running=1))
+    assert _chunks(out) == [(2, 1)] and len(sched.waiting) == 2  # FCFS: the short one waits
+    # once the cap allows it, it computes only its uncached rest; the short one follows
+    assert _chunks(sched.schedule(StepBudget(prompt_tokens=100, max_running=2))) == [
+        (2, 1), (3, 2), (4, 3)]
+
+
 def test_short_prompts_start_whole_while_few_run_long_ones_wait_for_the_budget():
     sched = Scheduler(KVCacheManager(200, 4, False), max_num_seqs=32, max_num_batched_tokens=100)
     sched.add(make_seq(1, 3))
