@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-median", type=int, default=WorkloadSpec.prompt_median)
     parser.add_argument("--output-median", type=int, default=WorkloadSpec.output_median)
     parser.add_argument("--name", default=NAME, help="result file name (without extension)")
+    parser.add_argument("--request-timeout", type=float, default=600.0,
+                        help="seconds a client waits for the next chunk (a first token "
+                             "included) before it gives up on a request (counted as failed)")
 
 
 def workload(args: argparse.Namespace) -> tuple[list[float], int, list[int], WorkloadSpec]:
@@ -68,7 +71,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         targets = [stack.enter_context(_target(args))]
         if getattr(args, "vllm_python", None):
             url = stack.enter_context(running_vllm_server(args.vllm_python, args.dtype, args.threads))
-            targets.append(("vllm serve", lambda: HTTPClient(url, model="SmolLM2-135M-Instruct")))
+            targets.append(("vllm serve", lambda: HTTPClient(url, args.request_timeout,
+                                                             model="SmolLM2-135M-Instruct")))
         scenarios = asyncio.run(_run_scenarios([make for _, make in targets], requests, rates,
                                                per_rate, bursts, args.seed))
     result = {"target": targets[0][0], "dtype": args.dtype, "workload": summarize(requests),
@@ -86,10 +90,11 @@ def _target(args: argparse.Namespace):
 
         yield "in-process AsyncEngine", lambda: InProcessClient(AsyncEngine(dtype=args.dtype))
     elif args.url:
-        yield f"server at {args.url}", lambda: HTTPClient(args.url)
+        yield f"server at {args.url}", lambda: HTTPClient(args.url, args.request_timeout)
     else:
         with running_server(args.adapter, args.dtype) as url:
-            yield f"paged-core serve --adapter {args.adapter}", lambda: HTTPClient(url)
+            yield (f"paged-core serve --adapter {args.adapter}",
+                   lambda: HTTPClient(url, args.request_timeout))
 
 
 async def _run_scenarios(make_clients, requests: list[BenchRequest], rates: list[float],
