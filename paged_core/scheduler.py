@@ -184,8 +184,9 @@ class Scheduler:
             seq = self.waiting.peek()
             cached = self.kv.find_cached_prefix(seq)
             num_cached_tokens = len(cached) * self.kv.block_size
-            prompt_left = seq.num_tokens - seq.num_computed_tokens - num_cached_tokens
-            short = seq.num_tokens - seq.num_computed_tokens <= self.kv.block_size
+            uncomputed = seq.num_tokens - seq.num_computed_tokens
+            short = uncomputed <= self.kv.block_size  # in full: a cached prefix does not count
+            prompt_left = uncomputed - num_cached_tokens
             if len(self.running) >= self._max_running(step_budget, short):
                 break
             num_new = min(prompt_left, budget)

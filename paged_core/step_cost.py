@@ -11,7 +11,7 @@ linears) pays for the padding, so the model counts ``rows_of(tokens)``, not
 tokens. The engine reports every step's sequence count, token count and wall
 time, and the model fits
 
-    seconds = fixed + per_sequence * sequences + per_token * rows_of(tokens)
+    seconds = fixed + per_sequence * sequences + per_row * rows_of(tokens)
 
 by least squares over the last ``window`` steps, and keeps the spread of the
 steps around that fit (``spread_s``: the 90th percentile of the steps' excess
@@ -55,7 +55,7 @@ class StepCostModel:
         self._steps: deque[tuple[int, int, float]] = deque(maxlen=window)
         self.fixed_s: float | None = None
         self.per_sequence_s: float = 0.0
-        self.per_token_s: float | None = None  # per row: a token or a padding row
+        self.per_row_s: float | None = None  # a token's row or a padding row
         self.spread_s: float = 0.0
 
     def observe(self, num_sequences: int, num_tokens: int, seconds: float) -> None:
@@ -67,37 +67,37 @@ class StepCostModel:
             return
         fit = _two_term_fit(sequences, rows, times)
         if fit is None:
-            per_token, fixed = np.polyfit(rows, times, 1)
-            fit = (float(fixed), 0.0, float(per_token))
-        fixed, per_sequence, per_token = fit
-        if per_token > 0:
-            self.fixed_s, self.per_sequence_s, self.per_token_s = max(0.0, fixed), per_sequence, per_token
-            excess = times - (self.fixed_s + per_sequence * sequences + per_token * rows)
+            per_row, fixed = np.polyfit(rows, times, 1)
+            fit = (float(fixed), 0.0, float(per_row))
+        fixed, per_sequence, per_row = fit
+        if per_row > 0:
+            self.fixed_s, self.per_sequence_s, self.per_row_s = (max(0.0, fixed), per_sequence,
+                                                                 per_row)
+            excess = times - (self.fixed_s + per_sequence * sequences + per_row * rows)
             self.spread_s = max(0.0, float(np.percentile(excess, SPREAD_PERCENTILE)))
 
     def decodes_within(self, seconds: float) -> int | None:
         """The most decodes (one token each) a step may carry to take at most ``seconds``
         (9 times in 10; ``None``: unknown yet)."""
-        if self.per_token_s is None:
+        if self.per_row_s is None:
             return None
         upper = int((seconds - self.fixed_s - self.spread_s)
-                    / (self.per_sequence_s + self.per_token_s))
+                    / (self.per_sequence_s + self.per_row_s))  # as if nothing were padded
         return _most(upper, lambda n: self._seconds(n, n) <= seconds)
 
     def prompt_tokens_within(self, seconds: float, num_decodes: int) -> int | None:
         """The most prompt tokens of one more sequence that fit beside ``num_decodes`` decodes
         in a step of at most ``seconds`` (9 times in 10; ``None``: unknown yet)."""
-        if self.per_token_s is None:
+        if self.per_row_s is None:
             return None
-        upper = int((seconds - self._seconds(num_decodes + 1, num_decodes, rows=num_decodes))
-                    / self.per_token_s)
+        room = seconds - self.fixed_s - self.spread_s - self.per_sequence_s * (num_decodes + 1)
+        upper = int(room / self.per_row_s) - num_decodes  # as if nothing were padded
         return _most(upper, lambda n: self._seconds(num_decodes + 1, num_decodes + n) <= seconds)
 
-    def _seconds(self, num_sequences: int, num_tokens: int, rows: int | None = None) -> float:
+    def _seconds(self, num_sequences: int, num_tokens: int) -> float:
         """The predicted time of a step, with the spread (9 steps in 10 take at most this)."""
-        rows = self.rows_of(num_tokens) if rows is None else rows
         return (self.fixed_s + self.spread_s + self.per_sequence_s * num_sequences
-                + self.per_token_s * rows)
+                + self.per_row_s * self.rows_of(num_tokens))
 
 
 def _most(upper: int, fits: Callable[[int], bool]) -> int:
@@ -115,13 +115,13 @@ def _most(upper: int, fits: Callable[[int], bool]) -> int:
 
 def _two_term_fit(sequences: np.ndarray, rows: np.ndarray,
                   times: np.ndarray) -> tuple[float, float, float] | None:
-    """(fixed, per_sequence, per_token) by least squares, or ``None`` when the steps cannot
+    """(fixed, per_sequence, per_row) by least squares, or ``None`` when the steps cannot
     separate the two terms or the fit gives either a negative cost."""
     design = np.column_stack([np.ones_like(rows), sequences, rows])
-    (fixed, per_sequence, per_token), _, rank, _ = np.linalg.lstsq(design, times, rcond=None)
-    if rank < 3 or per_sequence < 0 or per_token <= 0:
+    (fixed, per_sequence, per_row), _, rank, _ = np.linalg.lstsq(design, times, rcond=None)
+    if rank < 3 or per_sequence < 0 or per_row <= 0:
         return None
-    return float(fixed), float(per_sequence), float(per_token)
+    return float(fixed), float(per_sequence), float(per_row)
 
 
 def latency_budget(cost: StepCostModel, target_s: float, num_decodes: int) -> StepBudget:
@@ -131,7 +131,7 @@ def latency_budget(cost: StepCostModel, target_s: float, num_decodes: int) -> St
     the sequences whose decodes fit."""
     prompt_tokens = cost.prompt_tokens_within(target_s, num_decodes)
     if prompt_tokens is not None:
-        progress = max(1, int(PROMPT_PROGRESS_SHARE * target_s / cost.per_token_s))
+        progress = max(1, int(PROMPT_PROGRESS_SHARE * target_s / cost.per_row_s))
         if prompt_tokens < progress:  # fill the rows the progress pays for anyway
             prompt_tokens = cost.rows_of(num_decodes + progress) - num_decodes
     return StepBudget(prompt_tokens=prompt_tokens, max_running=cost.decodes_within(target_s))

@@ -19,7 +19,7 @@ def test_fit_separates_per_sequence_from_per_token_cost():
     for seqs, tokens in ((1, 512), (64, 64), (8, 200), (17, 17), (30, 300)):
         model.observe(seqs, tokens, cost(seqs, tokens))
     assert model.fixed_s == pytest.approx(0.010)
-    assert model.per_sequence_s == pytest.approx(0.002) and model.per_token_s == pytest.approx(0.001)
+    assert model.per_sequence_s == pytest.approx(0.002) and model.per_row_s == pytest.approx(0.001)
     assert model.decodes_within(0.150) in (46, 47)  # 0.010 + 0.003 * 46.67
     # beside 20 decodes (0.070 s) one more prompt pays 0.002, leaving 0.078 s: 78 tokens
     assert model.prompt_tokens_within(0.150, 20) in (77, 78)
@@ -43,7 +43,7 @@ def test_steps_that_cannot_separate_the_terms_fall_back_to_one_slope():
     model = StepCostModel()
     for n in (1, 64, 200, 17, 512):  # one sequence per token: pure decode steps
         model.observe(n, n, 0.010 + 0.003 * n)
-    assert model.per_sequence_s == 0 and model.per_token_s == pytest.approx(0.003)
+    assert model.per_sequence_s == 0 and model.per_row_s == pytest.approx(0.003)
     assert model.decodes_within(0.150) in (46, 47)
     assert model.prompt_tokens_within(0.005, 0) == 0
 
@@ -71,7 +71,7 @@ def test_latency_budget_fills_the_target_and_keeps_prompts_moving():
                                                  StepBudget(77, 47), StepBudget(78, 47))
     # 60 decodes alone overshoot the target: prompts get a tenth of it (15 ms: 15 tokens)
     starved = latency_budget(model, 0.150, 60)
-    assert starved.prompt_tokens == int(PROMPT_PROGRESS_SHARE * 0.150 / model.per_token_s)
+    assert starved.prompt_tokens == int(PROMPT_PROGRESS_SHARE * 0.150 / model.per_row_s)
     assert starved.prompt_tokens in (14, 15)
 
 
@@ -87,7 +87,7 @@ def test_padded_rows_are_what_a_step_costs_and_budgets_fill_them():
     model = StepCostModel(rows_of=rows_of)
     for seqs, tokens in ((1, 1), (1, 9), (4, 4), (3, 17), (12, 12), (20, 20), (2, 200)):
         model.observe(seqs, tokens, cost(seqs, tokens))
-    assert model.per_token_s == pytest.approx(0.001) and model.per_sequence_s == pytest.approx(0.002)
+    assert model.per_row_s == pytest.approx(0.001) and model.per_sequence_s == pytest.approx(0.002)
     # 50.5 ms: 3 decodes and one prompt (18 ms) leave 32.5 ms: 32 rows, 29 of them prompt
     assert model.prompt_tokens_within(0.0505, 3) == 29
     assert model.prompt_tokens_within(0.0475, 3) == 21  # 29 rows' time buys 24 rows, not 29
@@ -100,10 +100,10 @@ def test_noise_with_a_falling_slope_keeps_the_last_good_fit():
     model = StepCostModel(window=4)
     model.observe(1, 10, 0.02)
     model.observe(1, 100, 0.11)
-    good = model.per_token_s
+    good = model.per_row_s
     model.observe(1, 400, 0.01)  # a step that took less than a much smaller one
     model.observe(1, 800, 0.005)
-    assert model.per_token_s == good
+    assert model.per_row_s == good
 
 
 def test_itl_target_is_validated_and_defaults_by_usage():
