@@ -32,12 +32,17 @@ BASELINE = "hf-static"
 KV_CACHE_MEMORY = 1 << 30
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="sharegpt",
+def add_workload_arguments(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--workload`` and the size flags that override its fields (read by ``workload_spec``)."""
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default=default,
                         help="request mix; the size flags below override its fields")
     parser.add_argument("--num-requests", type=int, default=None)
     parser.add_argument("--prompt-median", type=int, default=None)
     parser.add_argument("--output-median", type=int, default=None)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_workload_arguments(parser, default="sharegpt")
     parser.add_argument("--batch-size", type=int, default=16, help="hf-static batch size")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per system")
     parser.add_argument("--systems", default=",".join(SYSTEMS),

@@ -47,6 +47,21 @@ def test_throughput(results_dir):
     assert any("vLLM skipped" in note for note in result["notes"])
 
 
+def test_steps(results_dir):
+    """Every step of the timed pass is counted once: groups cover the steps, phases the run."""
+    from paged_core.bench.step_phases import PHASES
+
+    result = _load(results_dir, "steps")
+    assert result["output_tokens"] == result["workload"]["output_tokens"]
+    assert sum(g["steps"] for g in result["groups"]) == result["num_steps"] == len(result["steps"])
+    assert abs(sum(result["phase_share"].values()) - 1) < 1e-9
+    assert all(result["phase_seconds"][p] > 0 for p in PHASES if p != "other")
+    assert {g["kind"] for g in result["groups"]} == {"decode", "mixed"}
+    for g in result["groups"]:
+        assert abs(sum(g["phase_ms"].values()) - g["mean_ms"]) < 1e-6
+        assert g["mean_rows"] >= g["mean_tokens"] >= g["mean_seqs"] >= 1
+
+
 def _check_serve(result):
     for scenario in result["scenarios"]:
         assert scenario["failed"] == 0 and scenario["completed"] == scenario["num_requests"]

@@ -1,0 +1,135 @@
+"""``bench steps``: where an offline step's time goes (schedule, prepare, forward, logits, sample, update), by batch size.
+
+The workload of ``bench throughput`` (``--workload``, the same sizes and seed; greedy,
+exact output lengths) runs through one ``LLMEngine`` twice, as ``LLM.generate`` would
+run it: once to warm up (oneDNN builds a kernel for each row count the first time it
+sees one) and once timed, every step split into phases by ``PhaseTimer``
+(``step_phases.py`` says what each phase covers). Steps are grouped by kind
+(``decode``: every sequence decodes one token; ``mixed``: prompt chunks too) and by
+how many sequences they carry (1, 2, 3-4, 5-8, ...); each group reports its mean
+milliseconds per phase. The totals say which phase to make cheaper, the groups at
+which batch sizes.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .engine_driver import make_engine, run_until_done, submit
+from .report import new_figure, save_plot
+from .step_phases import PHASES, PhaseTimer, StepRecord
+from .throughput import KV_CACHE_MEMORY, add_workload_arguments, workload_spec
+from .workload import embedded_tokenizer, sharegpt_like, summarize
+
+NAME = "steps"
+COLORS = dict(zip(PHASES, ("tab:purple", "tab:orange", "tab:olive", "tab:blue", "tab:cyan",
+                           "tab:green", "tab:red", "tab:gray"), strict=True))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_workload_arguments(parser, default="long-tail")
+    parser.add_argument("--name", default=NAME, help="result file name (without extension)")
+
+
+def size_group(num_seqs: int) -> str:
+    """``1``, ``2``, ``3-4``, ``5-8``, ...: powers of two, each group ending at one."""
+    if num_seqs <= 2:
+        return str(num_seqs)
+    top = 1 << (num_seqs - 1).bit_length()
+    return f"{top // 2 + 1}-{top}"
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    requests = sharegpt_like(workload_spec(args), embedded_tokenizer())
+    engine = make_engine(args.dtype, kv_cache_memory=KV_CACHE_MEMORY)
+    try:
+        for attempt in ("warmup", "timed"):
+            engine.reset_prefix_cache()  # the timed pass computes every prompt, as the first did
+            for i, request in enumerate(requests):
+                submit(engine, f"{attempt}-{i}", request)
+            if attempt == "warmup":
+                run_until_done(engine)
+                continue
+            with PhaseTimer(engine) as timer:
+                finished = run_until_done(engine)
+    finally:
+        engine.shutdown()
+    generated = sum(len(out.outputs[0].token_ids) for out in finished.values())
+    return {"workload": summarize(requests), "workload_name": args.workload, "dtype": args.dtype,
+            "attention_backend": engine.attention_backend, "output_tokens": generated,
+            **summarize_steps(timer.steps)}
+
+
+def summarize_steps(steps: list[StepRecord]) -> dict[str, Any]:
+    """Totals per phase over the run, and mean milliseconds per phase for each step group."""
+    total = {p: sum(s.seconds[p] for s in steps) for p in PHASES}
+    seconds = sum(total.values())
+    groups: dict[tuple[str, str], list[StepRecord]] = {}
+    for step in steps:
+        groups.setdefault((step.kind, size_group(step.num_seqs)), []).append(step)
+    rows = []
+    for (kind, group), members in sorted(groups.items(),
+                                         key=lambda kv: (kv[0][0], min(s.num_seqs for s in kv[1]))):
+        n = len(members)
+        rows.append({
+            "kind": kind, "seqs": group, "steps": n,
+            "mean_seqs": sum(s.num_seqs for s in members) / n,
+            "mean_tokens": sum(s.num_tokens for s in members) / n,
+            "mean_rows": sum(s.num_rows for s in members) / n,
+            "mean_ms": sum(s.total_s for s in members) / n * 1e3,
+            "phase_ms": {p: sum(s.seconds[p] for s in members) / n * 1e3 for p in PHASES},
+        })
+    return {"num_steps": len(steps), "seconds": seconds, "phase_seconds": total,
+            "phase_share": {p: total[p] / seconds for p in PHASES}, "groups": rows,
+            "steps": [s.as_dict() for s in steps]}
+
+
+def _shares(result: dict[str, Any]) -> str:
+    return ", ".join(f"{p} {result['phase_share'][p]:.0%}" for p in PHASES)
+
+
+def print_summary(results: dict[str, Any]) -> None:
+    w = results["workload"]
+    print(f"{w['num_requests']} requests, {results['output_tokens']} output tokens, "
+          f"{results['num_steps']} steps, {results['seconds']:.1f} s, dtype {results['dtype']}")
+    print(f"share of the run: {_shares(results)}")
+    print(f"{'kind':<8}{'seqs':>8}{'steps':>7}{'tokens':>8}{'rows':>7}{'ms':>8}"
+          + "".join(f"{p:>10}" for p in PHASES))
+    for g in results["groups"]:
+        print(f"{g['kind']:<8}{g['seqs']:>8}{g['steps']:>7}{g['mean_tokens']:>8.1f}"
+              f"{g['mean_rows']:>7.1f}{g['mean_ms']:>8.1f}"
+              + "".join(f"{g['phase_ms'][p]:>10.2f}" for p in PHASES))
+
+
+def plot(results: dict[str, Any], out_dir, name: str) -> None:
+    """Mean milliseconds per phase (stacked) for each group of steps, decode and mixed apart."""
+    fig, axes = new_figure(ncols=2)
+    for ax, kind in zip(axes[0], ("decode", "mixed")):
+        groups = [g for g in results["groups"] if g["kind"] == kind]
+        labels = [g["seqs"] for g in groups]
+        bottom = [0.0] * len(groups)
+        for phase in PHASES:
+            heights = [g["phase_ms"][phase] for g in groups]
+            ax.bar(labels, heights, bottom=bottom, color=COLORS[phase], label=phase)
+            bottom = [b + h for b, h in zip(bottom, heights)]
+        ax.set_xlabel("sequences in the step")
+        ax.set_ylabel("mean ms per step")
+        ax.set_title(f"{kind} steps ({sum(g['steps'] for g in groups)})")
+    axes[0][0].legend(fontsize="small")
+    save_plot(fig, out_dir, name)
+
+
+def readme_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    w = result["workload"]
+    rows = [("workload", f"{w['num_requests']} requests ({result['workload_name']}), "
+                         f"{w['prompt_tokens']} prompt + {w['output_tokens']} output tokens, "
+                         f"{result['dtype']}, {result['attention_backend']} attention"),
+            ("run", f"{result['num_steps']} steps, {result['seconds']:.1f} s, "
+                    f"{result['output_tokens'] / result['seconds']:.1f} output tok/s"),
+            ("share of the run", _shares(result))]
+    for g in result["groups"]:
+        phases = ", ".join(f"{p} {g['phase_ms'][p]:.1f}" for p in PHASES)
+        rows.append((f"{g['kind']} steps of {g['seqs']} sequences ({g['steps']} steps, "
+                     f"{g['mean_tokens']:.0f} tokens, {g['mean_rows']:.0f} rows)",
+                     f"{g['mean_ms']:.1f} ms: {phases}"))
+    return rows
