@@ -43,21 +43,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     requests = sharegpt_like(workload_spec(args), embedded_tokenizer())
     engine = make_engine(args.dtype, kv_cache_memory=KV_CACHE_MEMORY)
     try:
-        for attempt in ("warmup", "timed"):
-            engine.reset_prefix_cache()  # the timed pass computes every prompt, as the first did
-            for i, request in enumerate(requests):
-                submit(engine, f"{attempt}-{i}", request)
-            if attempt == "warmup":
-                run_until_done(engine)
-                continue
-            with PhaseTimer(engine) as timer:
-                finished = run_until_done(engine)
+        _submit_all(engine, requests, "warmup")
+        run_until_done(engine)
+        _submit_all(engine, requests, "timed")
+        with PhaseTimer(engine) as timer:
+            finished = run_until_done(engine)
     finally:
         engine.shutdown()
     generated = sum(len(out.outputs[0].token_ids) for out in finished.values())
     return {"workload": summarize(requests), "workload_name": args.workload, "dtype": args.dtype,
             "attention_backend": engine.attention_backend, "output_tokens": generated,
             **summarize_steps(timer.steps)}
+
+
+def _submit_all(engine, requests: list, tag: str) -> None:
+    """Queue every request with an empty prefix cache (each pass computes every prompt)."""
+    engine.reset_prefix_cache()
+    for i, request in enumerate(requests):
+        submit(engine, f"{tag}-{i}", request)
 
 
 def summarize_steps(steps: list[StepRecord]) -> dict[str, Any]:
