@@ -68,11 +68,10 @@ def summarize_steps(steps: list[StepRecord]) -> dict[str, Any]:
     total = {p: sum(s.seconds[p] for s in steps) for p in PHASES}
     seconds = sum(total.values())
     groups: dict[tuple[str, str], list[StepRecord]] = {}
-    for step in steps:
+    for step in sorted(steps, key=lambda s: (s.kind, s.num_seqs)):  # groups in that order
         groups.setdefault((step.kind, size_group(step.num_seqs)), []).append(step)
     rows = []
-    for (kind, group), members in sorted(groups.items(),
-                                         key=lambda kv: (kv[0][0], min(s.num_seqs for s in kv[1]))):
+    for (kind, group), members in groups.items():
         n = len(members)
         rows.append({
             "kind": kind, "seqs": group, "steps": n,

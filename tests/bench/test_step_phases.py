@@ -37,7 +37,7 @@ def test_phases_add_up_to_each_step_and_the_engine_is_restored(llm_fp32):
         assert wall - 0.05 <= record.total_s <= wall  # only the call into step() is outside
         assert record.num_seqs == 2 and record.num_rows >= record.num_tokens
     first, *rest = timer.steps
-    prompt_tokens = sum(len(llm_fp32.engine.tokenizer.encode(p)) for p in PROMPTS)
+    prompt_tokens = sum(len(engine.tokenizer.encode(p)) for p in PROMPTS)
     assert first.kind == "mixed" and first.num_tokens == prompt_tokens
     assert all(r.kind == "decode" and r.num_tokens == 2 for r in rest)
     assert engine.sampler is sampler and isinstance(engine.sampler, Sampler)
