@@ -8,15 +8,22 @@ RMSNorm, rotary embedding, SiLU-and-multiply). They are compiled with
 ``~/.cache/torch_extensions`` or ``$TORCH_EXTENSIONS_DIR``).
 ``cpu_extension_available()`` says whether that worked; on failure it logs one
 warning with the reason, and every caller keeps its plain-torch path.
+
+Processes that load at the same time (server workers, test workers, TP ranks)
+take turns through an ``flock`` on the build folder (``_build_folder_lock``), so
+a process killed while loading never leaves the others waiting forever.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import logging
 import os
 import platform
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -33,6 +40,17 @@ def _has_avx2_fma_f16c() -> bool:
     return all(caps.get(flag) is True for flag in ("avx2", "fma3", "f16c"))
 
 
+def _isa_cflags() -> list[str]:
+    """AVX2+FMA+F16C where the CPU has them; never ``-march=native``, so a build cache
+    shared between machines stays safe."""
+    return ["-mavx2", "-mfma", "-mf16c"] if _has_avx2_fma_f16c() else []
+
+
+def extension_name() -> str:
+    """This CPU's build (and build folder) name: the suffix keeps the two ISA builds apart."""
+    return _EXTENSION_NAME + ("_avx2" if _isa_cflags() else "_generic")
+
+
 def _ensure_ninja_on_path() -> None:
     """torch runs ``ninja`` from PATH; a venv used without activation has it only in its bin."""
     if shutil.which("ninja"):
@@ -44,28 +62,51 @@ def _ensure_ninja_on_path() -> None:
     os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
+@contextlib.contextmanager
+def _build_folder_lock(build_directory: Path) -> Iterator[None]:
+    """Hold ``build_directory`` alone while torch loads (and if needed builds) into it.
+
+    torch marks a load in progress with a ``lock`` file there that only a normal
+    return removes: a process killed inside ``load`` (SIGKILL, SIGTERM, OOM) leaves
+    it behind, and every later ``load`` of that folder then sleeps forever without
+    a word. An ``flock`` is dropped by the kernel when its holder dies; since every
+    paged-core load takes this one first, a ``lock`` file found while holding it
+    belongs to no live process, and is removed.
+    """
+    build_directory.mkdir(parents=True, exist_ok=True)
+    with open(build_directory / "paged_core.flock", "a", encoding="utf-8") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes or this process dies
+        stale = build_directory / "lock"
+        if stale.exists():
+            logger.warning("removing %s, left by a process killed while loading the C++ kernels",
+                           stale)
+            stale.unlink(missing_ok=True)
+        yield
+
+
 @functools.lru_cache(maxsize=None)
 def _load() -> str | None:
     """Build and load the extension once; return None on success, else why not."""
     if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
         return f"needs x86-64 Linux, this is {sys.platform}/{platform.machine()}"
     try:
-        from torch.utils.cpp_extension import load
+        from torch.utils.cpp_extension import _get_build_directory, load
 
         _ensure_ninja_on_path()
-        # No implicit FMA contraction: the fused ops round where torch rounds.
-        # AVX2+FMA+F16C where the CPU has them (the name keeps the two builds apart in the cache);
-        # never -march=native, so a build cache shared between machines stays safe.
-        isa = ["-mavx2", "-mfma", "-mf16c"] if _has_avx2_fma_f16c() else []
-        load(
-            name=_EXTENSION_NAME + ("_avx2" if isa else "_generic"),
-            sources=[str(_CSRC / name) for name in _SOURCES],
-            extra_include_paths=[str(_CSRC)],
-            extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off", *isa],
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-            verbose=False,
-        )
+        name = extension_name()
+        build_directory = Path(_get_build_directory(name, verbose=False))  # torch's own choice
+        with _build_folder_lock(build_directory):
+            load(
+                name=name,
+                sources=[str(_CSRC / source) for source in _SOURCES],
+                extra_include_paths=[str(_CSRC)],
+                # No implicit FMA contraction: the fused ops round where torch rounds.
+                extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off", *_isa_cflags()],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(build_directory),
+                is_python_module=False,
+                verbose=False,
+            )
         ops = torch.ops.paged_core_cpu
         ops.paged_attention, ops.rms_norm, ops.add_rms_norm, ops.rotary_embedding, ops.silu_and_mul  # noqa: B018
     except Exception as exc:  # noqa: BLE001 - reported, not swallowed
