@@ -46,9 +46,16 @@ def _isa_cflags() -> list[str]:
     return ["-mavx2", "-mfma", "-mf16c"] if _has_avx2_fma_f16c() else []
 
 
-def extension_name() -> str:
-    """This CPU's build (and build folder) name: the suffix keeps the two ISA builds apart."""
+def _extension_name() -> str:
+    """This CPU's build name: the suffix keeps the two ISA builds apart in the cache."""
     return _EXTENSION_NAME + ("_avx2" if _isa_cflags() else "_generic")
+
+
+def build_directory() -> Path:
+    """The folder torch builds this CPU's kernels in (created if missing), as torch chooses it."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    return Path(_get_build_directory(_extension_name(), verbose=False))
 
 
 def _ensure_ninja_on_path() -> None:
@@ -63,8 +70,8 @@ def _ensure_ninja_on_path() -> None:
 
 
 @contextlib.contextmanager
-def _build_folder_lock(build_directory: Path) -> Iterator[None]:
-    """Hold ``build_directory`` alone while torch loads (and if needed builds) into it.
+def _build_folder_lock(folder: Path) -> Iterator[None]:
+    """Hold the (existing) build ``folder`` alone while torch loads (and if needed builds) into it.
 
     torch marks a load in progress with a ``lock`` file there that only a normal
     return removes: a process killed inside ``load`` (SIGKILL, SIGTERM, OOM) leaves
@@ -73,10 +80,9 @@ def _build_folder_lock(build_directory: Path) -> Iterator[None]:
     paged-core load takes this one first, a ``lock`` file found while holding it
     belongs to no live process, and is removed.
     """
-    build_directory.mkdir(parents=True, exist_ok=True)
-    with open(build_directory / "paged_core.flock", "a", encoding="utf-8") as handle:
+    with open(folder / "paged_core.flock", "a", encoding="utf-8") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes or this process dies
-        stale = build_directory / "lock"
+        stale = folder / "lock"
         if stale.exists():
             logger.warning("removing %s, left by a process killed while loading the C++ kernels",
                            stale)
@@ -90,20 +96,19 @@ def _load() -> str | None:
     if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
         return f"needs x86-64 Linux, this is {sys.platform}/{platform.machine()}"
     try:
-        from torch.utils.cpp_extension import _get_build_directory, load
+        from torch.utils.cpp_extension import load
 
         _ensure_ninja_on_path()
-        name = extension_name()
-        build_directory = Path(_get_build_directory(name, verbose=False))  # torch's own choice
-        with _build_folder_lock(build_directory):
+        folder = build_directory()
+        with _build_folder_lock(folder):
             load(
-                name=name,
+                name=_extension_name(),
                 sources=[str(_CSRC / source) for source in _SOURCES],
                 extra_include_paths=[str(_CSRC)],
                 # No implicit FMA contraction: the fused ops round where torch rounds.
                 extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off", *_isa_cflags()],
                 extra_ldflags=["-fopenmp"],
-                build_directory=str(build_directory),
+                build_directory=str(folder),
                 is_python_module=False,
                 verbose=False,
             )

@@ -75,9 +75,7 @@ def test_a_live_holder_keeps_others_out_until_it_is_killed(tmp_path):
 @pytest.mark.skipif(not cpu_extension.cpu_extension_available(), reason="the C++ kernels do not build here")
 def test_loading_after_a_killed_load_does_not_hang(tmp_path):
     """A fresh process loads the kernels from a build folder whose last loader was killed."""
-    from torch.utils.cpp_extension import _get_build_directory
-
-    built = Path(_get_build_directory(cpu_extension.extension_name(), verbose=False))
+    built = cpu_extension.build_directory()
     copy = tmp_path / built.name  # TORCH_EXTENSIONS_DIR/<name>
     shutil.copytree(built, copy, ignore=shutil.ignore_patterns("lock", "*.flock"))
     holder = _start_holder(copy)
