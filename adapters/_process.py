@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import fields
 from typing import Mapping, Sequence
 
 import psutil
@@ -23,8 +24,11 @@ from ._settings import config_env
 
 
 def child_env(config: EngineConfig, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Our environment, minus stale ``PAGED_CORE_*`` values, plus ``config``'s."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PAGED_CORE_")}
+    """Our environment, minus stale engine settings (``PAGED_CORE_<EngineConfig field>``), plus
+    ``config``'s. Process-wide ``PAGED_CORE_*`` settings that are no engine field
+    (``PAGED_CORE_CPU_ISA``, ``PAGED_CORE_CACHE_DIR``, ...) pass through unchanged."""
+    engine_settings = {f"PAGED_CORE_{f.name.upper()}" for f in fields(EngineConfig)}
+    env = {k: v for k, v in os.environ.items() if k not in engine_settings}
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     env.update(config_env(config))
     env.update(extra or {})

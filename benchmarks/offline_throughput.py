@@ -14,5 +14,5 @@ from paged_core.bench.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["throughput", "--systems", "paged-core,hf-static", "--repeats", "1",
-                   "--name", "offline_throughput", "--out", str(Path(__file__).parent / "results"),
+                   "--name", "offline_throughput", "--out", str(Path(__file__).parent),
                    *sys.argv[1:]]))

@@ -134,15 +134,13 @@ class AsyncEngine:
         """
         self._check_alive()
         timeout = check_timeout(self.config.request_timeout if timeout is None else timeout)
-        _check_priority(priority)
         deadline = None if timeout is None else time.monotonic() + timeout
         self._gate.admit()
         waiting = True  # holds an admission slot until its first output
         try:
             request_id = request_id or uuid.uuid4().hex
             request = await asyncio.to_thread(self.engine.make_request, request_id, prompt,
-                                              sampling_params)
-            request.priority, request.tenant = priority, tenant
+                                              sampling_params, priority=priority, tenant=tenant)
             if request_id in self._streams:
                 raise ValueError(f"request_id {request_id!r} is already in use")
         except BaseException:
@@ -321,8 +319,3 @@ class AsyncEngine:
             self._streams.pop(request_id, None)
             return False
         return True
-
-
-def _check_priority(priority: int) -> None:
-    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 2**31:
-        raise ValueError(f"priority must be an integer in [-2**31, 2**31], got {priority!r}")

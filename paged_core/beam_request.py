@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -34,6 +35,7 @@ from .beam_search import beam_score
 from .beam_search_params import BeamSearchParams
 from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from .request import _seq_ids  # one id space for every sequence: block tables are keyed by it
+from .scheduling_fields import SchedulingFields
 from .sequence import Sequence
 
 TokenRecord = tuple[int, float, int]  # (token id, log-probability, rank: 1 = most likely)
@@ -63,9 +65,13 @@ class _Candidate:
     record: TokenRecord
 
 
-class BeamSearchRequest:
+class BeamSearchRequest(SchedulingFields):
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                 params: BeamSearchParams, eos_token_ids: frozenset[int], tokenizer: object) -> None:
+                 params: BeamSearchParams, eos_token_ids: frozenset[int], tokenizer: object,
+                 **scheduling: Any) -> None:
+        """``scheduling``: the ``SchedulingFields`` keywords (``priority``, ``tenant``); every
+        beam is scheduled with them, as the sequences of one ``Request`` are."""
+        super().__init__(**scheduling)
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids

@@ -1,13 +1,19 @@
-"""The C++ CPU kernels of paged-core, built on first use and loaded as ``torch.ops.paged_core_cpu``.
+"""The C++ CPU kernels of paged-core, built on first use, one build per CPU path.
 
 Sources live in ``paged_core/csrc``: ``paged_attention.cpp`` (attention of a
 packed step over the paged cache) and ``fused_ops.cpp`` (RMSNorm, add +
-RMSNorm, rotary embedding, SiLU-and-multiply). They are compiled with
-``torch.utils.cpp_extension.load`` (a C++ compiler and ``ninja``, which the
-``ninja`` wheel brings; a few seconds once per machine, then cached under
-``~/.cache/torch_extensions`` or ``$TORCH_EXTENSIONS_DIR``).
-``cpu_extension_available()`` says whether that worked; on failure it logs one
-warning with the reason, and every caller keeps its plain-torch path.
+RMSNorm, rotary embedding, SiLU-and-multiply). Each level of
+``paged_core.cpu_isa`` (``generic``, ``avx2``, ``avx512``, ``avx512_bf16``) is its
+own build, compiled with that level's explicit ISA flags (never ``-march=native``,
+so a build cache shared between machines stays safe) and registered as its own op
+namespace, ``torch.ops.paged_core_cpu_<level>``: one process can load several
+(tests run every path the host supports) and each caller picks one with
+``cpu_ops(level)``. They are compiled with ``torch.utils.cpp_extension.load`` (a
+C++ compiler and ``ninja``, which the ``ninja`` wheel brings; seconds once per
+machine and level, then cached under ``~/.cache/torch_extensions`` or
+``$TORCH_EXTENSIONS_DIR``). ``cpu_extension_available()`` says whether that
+worked; on failure it logs one warning with the reason, and every caller keeps
+its plain-torch path.
 
 Processes that load at the same time (server workers, test workers, TP ranks)
 take turns through an ``flock`` on the build folder (``_build_folder_lock``), so
@@ -28,34 +34,39 @@ from pathlib import Path
 
 import torch
 
+from .cpu_isa import selected_cpu_isa, unsupported_reason
+
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("paged_attention.cpp", "fused_ops.cpp")
-_EXTENSION_NAME = "paged_core_cpu"
+
+# Compiler flags each level adds to the one below it (see ``paged_core.cpu_isa``).
+_LEVEL_CFLAGS = {
+    "generic": [],
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"],
+    "avx512_bf16": ["-mavx512bf16"],
+}
 
 
-def _has_avx2_fma_f16c() -> bool:
-    caps = torch.cpu.get_capabilities()
-    return all(caps.get(flag) is True for flag in ("avx2", "fma3", "f16c"))
+def _isa_cflags(level: str) -> list[str]:
+    """The explicit ISA flags of ``level`` and every level below it."""
+    levels = list(_LEVEL_CFLAGS)
+    return [flag for lvl in levels[:levels.index(level) + 1] for flag in _LEVEL_CFLAGS[lvl]]
 
 
-def _isa_cflags() -> list[str]:
-    """AVX2+FMA+F16C where the CPU has them; never ``-march=native``, so a build cache
-    shared between machines stays safe."""
-    return ["-mavx2", "-mfma", "-mf16c"] if _has_avx2_fma_f16c() else []
+def ops_namespace(level: str) -> str:
+    """The extension's name and op namespace of ``level``'s build: ``paged_core_cpu_<level>``."""
+    return f"paged_core_cpu_{level}"
 
 
-def _extension_name() -> str:
-    """This CPU's build name: the suffix keeps the two ISA builds apart in the cache."""
-    return _EXTENSION_NAME + ("_avx2" if _isa_cflags() else "_generic")
-
-
-def build_directory() -> Path:
-    """The folder torch builds this CPU's kernels in (created if missing), as torch chooses it."""
+def build_directory(level: str | None = None) -> Path:
+    """The folder torch builds ``level``'s kernels in (default: the selected level; created if
+    missing), as torch chooses it."""
     from torch.utils.cpp_extension import _get_build_directory
 
-    return Path(_get_build_directory(_extension_name(), verbose=False))
+    return Path(_get_build_directory(ops_namespace(level or selected_cpu_isa()), verbose=False))
 
 
 def _ensure_ninja_on_path() -> None:
@@ -91,28 +102,32 @@ def _build_folder_lock(folder: Path) -> Iterator[None]:
 
 
 @functools.lru_cache(maxsize=None)
-def _load() -> str | None:
-    """Build and load the extension once; return None on success, else why not."""
+def _load(level: str) -> str | None:
+    """Build and load ``level``'s extension once; return None on success, else why not."""
     if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
         return f"needs x86-64 Linux, this is {sys.platform}/{platform.machine()}"
+    reason = unsupported_reason(level)
+    if reason is not None:
+        return reason
     try:
         from torch.utils.cpp_extension import load
 
         _ensure_ninja_on_path()
-        folder = build_directory()
+        folder = build_directory(level)
         with _build_folder_lock(folder):
             load(
-                name=_extension_name(),
+                name=ops_namespace(level),
                 sources=[str(_CSRC / source) for source in _SOURCES],
                 extra_include_paths=[str(_CSRC)],
                 # No implicit FMA contraction: the fused ops round where torch rounds.
-                extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off", *_isa_cflags()],
+                extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off",
+                              f"-DPAGED_CORE_OPS={ops_namespace(level)}", *_isa_cflags(level)],
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(folder),
                 is_python_module=False,
                 verbose=False,
             )
-        ops = torch.ops.paged_core_cpu
+        ops = getattr(torch.ops, ops_namespace(level))
         ops.paged_attention, ops.rms_norm, ops.add_rms_norm, ops.rotary_embedding, ops.silu_and_mul  # noqa: B018
     except Exception as exc:  # noqa: BLE001 - reported, not swallowed
         return f"{type(exc).__name__}: {exc}"
@@ -120,16 +135,32 @@ def _load() -> str | None:
 
 
 @functools.lru_cache(maxsize=None)
-def cpu_extension_available() -> bool:
-    """True if the C++ kernels are built and loaded (builds them on the first call)."""
-    reason = _load()
+def _available(level: str) -> bool:
+    reason = _load(level)
     if reason is not None:
-        logger.warning("paged-core's C++ CPU kernels are unavailable, using plain-torch code: %s",
-                       reason)
+        logger.warning("paged-core's %s C++ CPU kernels are unavailable, using plain-torch code: "
+                       "%s", level, reason)
         return False
     return True
 
 
-def cpu_extension_error() -> str | None:
-    """Why the C++ kernels could not be loaded, or None if they are."""
-    return _load()
+def cpu_extension_available(level: str | None = None) -> bool:
+    """True if ``level``'s C++ kernels (default: the selected level's) are built and loaded
+    (builds them on the first call)."""
+    return _available(level or selected_cpu_isa())
+
+
+def cpu_extension_error(level: str | None = None) -> str | None:
+    """Why ``level``'s C++ kernels (default: the selected level's) could not be loaded, or None."""
+    return _load(level or selected_cpu_isa())
+
+
+def cpu_ops(level: str | None = None):
+    """``torch.ops.paged_core_cpu_<level>`` (default: the selected level), built if needed.
+
+    Raises ``RuntimeError`` with the reason if that build is unavailable.
+    """
+    level = level or selected_cpu_isa()
+    if not cpu_extension_available(level):
+        raise RuntimeError(f"the {level} C++ CPU kernels are unavailable: {_load(level)}")
+    return getattr(torch.ops, ops_namespace(level))

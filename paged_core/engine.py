@@ -93,13 +93,15 @@ class LLMEngine:
         return self.runner.backend.name
 
     def make_request(self, request_id: str, prompt: PromptInput,
-                     params: SamplingParams | BeamSearchParams | None = None
+                     params: SamplingParams | BeamSearchParams | None = None, *,
+                     priority: int = 0, tenant: str | None = None
                      ) -> Request | BeamSearchRequest:
         """Validate, tokenize and compile ``structured_outputs`` (so ``AsyncEngine``, which calls
         this in a worker thread, admits a request only once its grammar is ready); raises
         ``ValueError`` saying what to change. No side effects on the engine.
 
-        ``BeamSearchParams`` make a beam search request (``beam_request.py``)."""
+        ``BeamSearchParams`` make a beam search request (``beam_request.py``). ``priority``
+        (vLLM's) and ``tenant`` are its ``SchedulingFields``, whatever its kind."""
         params = params or SamplingParams()
         if not isinstance(params, (SamplingParams, BeamSearchParams)):
             raise ValueError(f"sampling_params must be a SamplingParams or BeamSearchParams, "
@@ -119,11 +121,12 @@ class LLMEngine:
         if isinstance(params, BeamSearchParams):
             params.verify_kv_capacity(len(token_ids), self.kv.num_blocks, self.config.block_size)
             return BeamSearchRequest(request_id, text, token_ids, params, self.eos_token_ids,
-                                     self.tokenizer)
+                                     self.tokenizer, priority=priority, tenant=tenant)
         so = params.structured_outputs
         compiled = self.grammar_compiler.compile(so) if so is not None else None
         return Request(request_id, text, token_ids, params, self.eos_token_ids,
-                       self.max_total_tokens, self.tokenizer, compiled)
+                       self.max_total_tokens, self.tokenizer, compiled,
+                       priority=priority, tenant=tenant)
 
     def add_request(self, request: Request | BeamSearchRequest) -> None:
         if request.request_id in self.requests:

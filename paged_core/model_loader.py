@@ -11,9 +11,9 @@ import os
 
 import torch
 
+from .cpu_isa import packed_linear_dtype
 from .embedded_model import converted_folder_for, embedded_model_folder
 from .models.batch_invariant import make_batch_invariant
-from .models.cpu_linear import packed_linear_dtype
 from .models.elementwise import select_ops
 from .models.layers import RotaryEmbedding
 from .models.llama import LlamaForCausalLM

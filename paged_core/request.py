@@ -22,6 +22,7 @@ from .detokenizer import IncrementalDetokenizer
 from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from .sampler import SamplingRow, TokenLogprobs
 from .sampling_params import SamplingParams
+from .scheduling_fields import SchedulingFields
 from .sequence import Sequence
 from .structured_outputs import SequenceGrammar
 
@@ -45,7 +46,10 @@ class Sample:
 
 
 @dataclass
-class Request:
+class Request(SchedulingFields):
+    """A sampling request; ``priority`` and ``tenant`` (keyword-only) come from
+    ``SchedulingFields``."""
+
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
@@ -57,10 +61,9 @@ class Request:
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.monotonic()))
     samples: list[Sample] = field(default_factory=list)
     num_cached_tokens: int = 0
-    priority: int = 0  # vLLM's: lower is scheduled first (scheduling_policy "priority")
-    tenant: str | None = None  # who sent it (tenant_fairness)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         grammar = (SequenceGrammar.start(self.compiled_grammar)
                    if self.compiled_grammar is not None else None)
         self.samples.append(self._new_sample(list(self.prompt_token_ids), 0, grammar))

@@ -37,3 +37,26 @@ def llm_fp32():
     """One shared fp32 engine on the embedded model (tests must leave it idle)."""
     from paged_core import LLM
     return LLM(dtype="float32", kv_cache_memory="256MiB")
+
+
+def _cpu_isa_params():
+    from paged_core.cpu_isa import CPU_ISA_LEVELS
+    return CPU_ISA_LEVELS
+
+
+@pytest.fixture(params=_cpu_isa_params())
+def cpu_isa(request, monkeypatch):
+    """Each CPU path (``paged_core.cpu_isa`` level) in turn, selected through the user's
+    setting ``PAGED_CORE_CPU_ISA`` for the test's duration; a level this CPU cannot run
+    skips, saying which flags it lacks, and one whose kernels do not build skips with why."""
+    from paged_core.cpu_extension import cpu_extension_available, cpu_extension_error
+    from paged_core.cpu_isa import unsupported_reason
+
+    level = request.param
+    reason = unsupported_reason(level)
+    if reason is not None:
+        pytest.skip(reason)
+    if not cpu_extension_available(level):
+        pytest.skip(f"the {level} C++ kernels do not build here: {cpu_extension_error(level)}")
+    monkeypatch.setenv("PAGED_CORE_CPU_ISA", level)
+    return level

@@ -1,6 +1,7 @@
 """Beam search inside the engine: token-for-token parity with transformers' ``generate(num_beams=k)``
 (fp32, tiny random Llama and the embedded model, k = 1, 2, 4, 8), with EOS, ``length_penalty``
-and ``early_stopping``; blocks shared between beams and freed at once; preemption; validation."""
+and ``early_stopping``; blocks shared between beams and freed at once; preemption; the
+``priority`` policy and tenant fairness; validation."""
 import asyncio
 import json
 import os
@@ -173,6 +174,47 @@ def test_preempted_beams_recompute_and_give_the_same_result(tiny_folder, tiny_ll
     assert any(isinstance(r, BeamSearchRequest) for r in victims)
     assert [prompt + c.token_ids for c in finished["beam"].outputs] == _tokens(expected)
     assert engine.stats()["kv_blocks_used"] == 0
+
+
+@pytest.mark.parametrize("scheduling", [{"scheduling_policy": "priority"},
+                                        {"tenant_fairness": True},
+                                        {"scheduling_policy": "priority", "tenant_fairness": True}])
+def test_every_scheduling_policy_gives_the_fcfs_beams(tiny_folder, tiny_llm, prompts, scheduling):
+    params = BeamSearchParams(beam_width=3, max_tokens=NEW_TOKENS, ignore_eos=True)
+    expected = tiny_llm.beam_search(prompts, params)  # fcfs, no fairness
+    llm = LLM(model=tiny_folder, dtype="float32", num_kv_blocks=128, **scheduling)
+    assert llm.beam_search(prompts, params) == expected
+    assert llm.stats()["kv_blocks_used"] == 0
+
+
+def test_beam_requests_are_admitted_by_priority_then_tenant_turns(tiny_folder, prompts):
+    """One group runs at a time (``max_num_seqs=1``: a group's forks never let the next one
+    in), so the finish order is the admission order: the lowest ``priority`` first, the
+    tenants of a level taking turns; arrival order would be a-low, a1, a2, b1."""
+    llm = LLM(model=tiny_folder, dtype="float32", num_kv_blocks=128, max_num_seqs=1,
+              scheduling_policy="priority", tenant_fairness=True)
+    engine = llm.engine
+    params = BeamSearchParams(beam_width=2, max_tokens=3, ignore_eos=True)
+    for request_id, priority, tenant in (("a-low", 1, "a"), ("a1", 0, "a"), ("a2", 0, "a"),
+                                         ("b1", 0, "b")):
+        request = engine.make_request(request_id, {"prompt_token_ids": prompts[0]}, params,
+                                      priority=priority, tenant=tenant)
+        assert isinstance(request, BeamSearchRequest)
+        assert (request.priority, request.tenant) == (priority, tenant)
+        engine.add_request(request)
+    order = []
+    while engine.has_unfinished_requests():
+        order += [out.request_id for out in engine.step() if out.finished]
+    assert order == ["a1", "b1", "a2", "a-low"]
+    assert engine.stats()["kv_blocks_used"] == 0
+
+
+@pytest.mark.parametrize("priority", [2**31 + 1, 1.5, True])
+def test_a_bad_priority_is_refused_for_beam_requests_too(tiny_llm, prompts, priority):
+    with pytest.raises(ValueError, match="priority must be an integer"):
+        tiny_llm.engine.make_request("bad", {"prompt_token_ids": prompts[0]},
+                                     BeamSearchParams(beam_width=2, max_tokens=3),
+                                     priority=priority)
 
 
 @pytest.mark.parametrize("kwargs, field", [

@@ -1,18 +1,14 @@
 """The C++ CPU paged-attention kernel matches the kernels' float64 reference on packed steps:
 decodes, fresh prefills and chunks after a cached prefix mixed, GQA, sliding windows,
-shuffled blocks, NaN in every slot no sequence owns, padding rows, bad arguments."""
+shuffled blocks, NaN in every slot no sequence owns, padding rows, bad arguments; on every
+CPU path this host can run (``cpu_isa`` fixture)."""
 import math
 
 import pytest
 import torch
 
 from paged_core.attention.cpu_kernels import cpu_paged_attention
-from paged_core.cpu_extension import cpu_extension_available
 from paged_core.kernels import reference
-
-pytestmark = pytest.mark.skipif(not cpu_extension_available(),
-                                reason="the CPU attention kernel could not be built here "
-                                       "(see the logged warning for why)")
 
 
 def _step(seq_lens, query_lens, num_kv_heads, group, head_dim, block_size, dtype, pad=0, seed=0):
@@ -55,12 +51,13 @@ STEPS = {
 @pytest.mark.parametrize("head_dim", [64, 128, 80])
 @pytest.mark.parametrize("num_kv_heads,group", [(2, 1), (2, 3), (1, 4)])
 @pytest.mark.parametrize("step", list(STEPS))
-def test_matches_reference(step, num_kv_heads, group, head_dim, block_size, window, dtype):
+def test_matches_reference(step, num_kv_heads, group, head_dim, block_size, window, dtype, cpu_isa):
     seq_lens, query_lens = STEPS[step]
     query, k_cache, v_cache, tables, lens, starts = _step(
         seq_lens, query_lens, num_kv_heads, group, head_dim, block_size, dtype)
     scale = 1 / math.sqrt(head_dim)
-    out = cpu_paged_attention(query, k_cache, v_cache, tables, lens, starts, scale, window)
+    out = cpu_paged_attention(query, k_cache, v_cache, tables, lens, starts, scale, window,
+                              cpu_isa=cpu_isa)
     assert out.dtype == dtype and out.shape == query.shape
     assert torch.isfinite(out).all()
     expected = _reference(query, k_cache, v_cache, tables, lens, starts, scale, window)
@@ -70,7 +67,7 @@ def test_matches_reference(step, num_kv_heads, group, head_dim, block_size, wind
         torch.testing.assert_close(out.double(), expected, rtol=2e-2, atol=2e-2)
 
 
-def test_out_argument_padding_rows_threads_and_strided_query():
+def test_out_argument_padding_rows_threads_and_strided_query(cpu_isa):
     query, k_cache, v_cache, tables, lens, starts = _step([5, 300, 41], [5, 20, 1], 2, 2, 64, 16,
                                                           torch.float32, pad=3, seed=1)
     expected = _reference(query, k_cache, v_cache, tables, lens, starts, 0.125, None)
@@ -85,14 +82,14 @@ def test_out_argument_padding_rows_threads_and_strided_query():
             torch.set_num_threads(n)
             out.fill_(7.0)
             assert cpu_paged_attention(strided, k_cache, v_cache, tables, lens, starts, 0.125,
-                                       out=out) is out
+                                       out=out, cpu_isa=cpu_isa) is out
             torch.testing.assert_close(out[:real].double(), expected[:real], rtol=1e-5, atol=1e-5)
             assert (out[real:] == 7.0).all()  # padding rows are left alone
     finally:
         torch.set_num_threads(threads)
 
 
-def test_inconsistent_arguments_raise():
+def test_inconsistent_arguments_raise(cpu_isa):
     query, k_cache, v_cache, tables, lens, starts = _step([20, 9], [4, 9], 1, 1, 64, 16,
                                                           torch.float32)
     bad_table = tables.clone()

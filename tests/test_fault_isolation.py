@@ -40,8 +40,8 @@ def break_request(monkeypatch, engine, request_id: str, where) -> None:
     """Patch the one request ``request_id`` as the engine makes it: ``where(request)``."""
     make_request = engine.engine.make_request
 
-    def patched(rid, prompt, params=None):
-        request = make_request(rid, prompt, params)
+    def patched(rid, prompt, params=None, **scheduling):
+        request = make_request(rid, prompt, params, **scheduling)
         if rid == request_id:
             where(request)
         return request

@@ -1,14 +1,10 @@
 """The fused C++ elementwise ops give the plain-torch ops' numbers: bit for bit where no
 float32 sum is involved (rotary, the residual add), within one rounding step of RMSNorm's
-sum of squares otherwise; and CPU engines use them."""
+sum of squares otherwise, on every CPU path (``cpu_isa`` fixture); and CPU engines use them."""
 import pytest
 import torch
 
-from paged_core.cpu_extension import cpu_extension_available
-from paged_core.models.elementwise import FUSED_CPU_OPS, TORCH_OPS, select_ops
-
-pytestmark = pytest.mark.skipif(not cpu_extension_available(),
-                                reason="the C++ CPU kernels could not be built here")
+from paged_core.models.elementwise import TORCH_OPS, FusedCpuOps, select_ops
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -26,34 +22,35 @@ def _close_to_one_rounding(actual, expected):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 5, 37])
-def test_rms_norm_and_add_rms_norm(rows, dtype):
+def test_rms_norm_and_add_rms_norm(rows, dtype, cpu_isa):
     gen = torch.Generator().manual_seed(rows)
     x = (torch.randn(rows, 576, generator=gen) * 3).to(dtype)
     weight = torch.randn(576, generator=gen).to(dtype)
-    _close_to_one_rounding(FUSED_CPU_OPS.rms_norm(x, weight, 1e-5), TORCH_OPS.rms_norm(x, weight, 1e-5))
+    fused = FusedCpuOps(cpu_isa)
+    _close_to_one_rounding(fused.rms_norm(x, weight, 1e-5), TORCH_OPS.rms_norm(x, weight, 1e-5))
 
     residual = torch.randn(rows, 576, generator=gen).to(dtype)
     expected_residual, expected = TORCH_OPS.add_rms_norm(residual, x, weight, 1e-5)
     mine = residual.clone()
-    new_residual, normed = FUSED_CPU_OPS.add_rms_norm(mine, x, weight, 1e-5)
+    new_residual, normed = fused.add_rms_norm(mine, x, weight, 1e-5)
     assert new_residual is mine  # updated in place
     assert torch.equal(new_residual, expected_residual)
     _close_to_one_rounding(normed, expected)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rms_norm_of_a_strided_per_head_view(dtype):
+def test_rms_norm_of_a_strided_per_head_view(dtype, cpu_isa):
     """Qwen3's q/k norm runs over head_dim on a view of the fused qkv output."""
     qkv = torch.randn(6, 3 * 4 * 32).to(dtype)
     q = qkv[:, :128].view(6, 4, 32)
     weight = torch.rand(32).to(dtype)
-    out = FUSED_CPU_OPS.rms_norm(q, weight, 1e-6)
+    out = FusedCpuOps(cpu_isa).rms_norm(q, weight, 1e-6)
     assert out.shape == q.shape
     _close_to_one_rounding(out, TORCH_OPS.rms_norm(q, weight, 1e-6))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rotary_embedding_is_bit_identical_in_place(dtype):
+def test_rotary_embedding_is_bit_identical_in_place(dtype, cpu_isa):
     gen = torch.Generator().manual_seed(0)
     tokens, q_heads, kv_heads, dim = 9, 6, 2, 64
 
@@ -67,38 +64,42 @@ def test_rotary_embedding_is_bit_identical_in_place(dtype):
     k = qkv[:, q_heads * dim:(q_heads + kv_heads) * dim].view(tokens, kv_heads, dim)
     v_before = qkv[:, (q_heads + kv_heads) * dim:].clone()
     expected_q, expected_k = TORCH_OPS.rotate(q, k, TORCH_OPS.rope_tables(Tables, positions))
-    out_q, out_k = FUSED_CPU_OPS.rotate(q, k, FUSED_CPU_OPS.rope_tables(Tables, positions))
+    fused = FusedCpuOps(cpu_isa)
+    out_q, out_k = fused.rotate(q, k, fused.rope_tables(Tables, positions))
     assert out_q.data_ptr() == q.data_ptr() and out_k.data_ptr() == k.data_ptr()
     assert torch.equal(out_q, expected_q) and torch.equal(out_k, expected_k)
     assert torch.equal(qkv[:, (q_heads + kv_heads) * dim:], v_before)  # v untouched
 
 
-def test_bad_inputs_raise():
+def test_bad_inputs_raise(cpu_isa):
     tables = torch.zeros(4, 8), torch.zeros(4, 8)
     q, k = torch.zeros(2, 1, 8), torch.zeros(2, 1, 8)
     with pytest.raises(RuntimeError, match="outside the 4-row rotary tables"):
-        FUSED_CPU_OPS.rotate(q, k, (torch.tensor([0, 4]), *tables))
+        FusedCpuOps(cpu_isa).rotate(q, k, (torch.tensor([0, 4]), *tables))
     with pytest.raises(RuntimeError, match="share x's dtype"):
-        FUSED_CPU_OPS.rms_norm(torch.zeros(2, 8), torch.zeros(8, dtype=torch.bfloat16), 1e-6)
+        FusedCpuOps(cpu_isa).rms_norm(torch.zeros(2, 8), torch.zeros(8, dtype=torch.bfloat16), 1e-6)
 
 
-def test_cpu_engines_use_the_fused_ops():
-    assert select_ops(torch.device("cpu"), torch.float32) is FUSED_CPU_OPS
-    assert select_ops(torch.device("cpu"), torch.bfloat16) is FUSED_CPU_OPS
+def test_cpu_engines_use_the_fused_ops_of_the_selected_path(cpu_isa):
+    for dtype in (torch.float32, torch.bfloat16):
+        ops = select_ops(torch.device("cpu"), dtype)
+        assert isinstance(ops, FusedCpuOps) and ops.cpu_isa == cpu_isa
     assert select_ops(torch.device("cpu"), torch.float16) is TORCH_OPS
     assert select_ops(torch.device("cuda"), torch.bfloat16) is TORCH_OPS
     from paged_core import LLM
     model = LLM(dtype="float32", num_kv_blocks=8).engine.runner.model
-    assert model.ops is FUSED_CPU_OPS and model.layers[0].input_layernorm.ops is FUSED_CPU_OPS
-    assert model.layers[0].self_attn.ops is FUSED_CPU_OPS and model.layers[0].mlp.ops is FUSED_CPU_OPS
+    ops = model.ops
+    assert isinstance(ops, FusedCpuOps) and ops.cpu_isa == cpu_isa
+    assert model.layers[0].input_layernorm.ops is ops
+    assert model.layers[0].self_attn.ops is ops and model.layers[0].mlp.ops is ops
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 9])
-def test_silu_and_mul(rows, dtype):
+def test_silu_and_mul(rows, dtype, cpu_isa):
     gen = torch.Generator().manual_seed(rows)
     gate_up = (torch.randn(rows, 2 * 1539, generator=gen) * 6).to(dtype)  # not a multiple of 8
     gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # exp overflow territory, zeros
-    out = FUSED_CPU_OPS.silu_and_mul(gate_up)
+    out = FusedCpuOps(cpu_isa).silu_and_mul(gate_up)
     assert out.shape == (rows, 1539) and torch.isfinite(out).all()
     _close_to_one_rounding(out, TORCH_OPS.silu_and_mul(gate_up))

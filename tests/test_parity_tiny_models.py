@@ -1,5 +1,6 @@
 """Greedy parity with transformers for tiny random Llama, Mistral (sliding window), Qwen2
-(qkv bias, tied embeddings) and Qwen3 (q/k norm), mixing prefill and decode in one batch."""
+(qkv bias, tied embeddings) and Qwen3 (q/k norm), mixing prefill and decode in one batch, on
+every CPU path this host can run (``cpu_isa`` fixture: each C++ kernel build)."""
 import pytest
 import torch
 
@@ -12,7 +13,7 @@ ARCHITECTURES = ["llama", "llama3-rope", "mistral", "qwen2", "qwen3"]
 
 
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
-def test_tiny_model_matches_transformers(model_type, tokenizer, tmp_path):
+def test_tiny_model_matches_transformers(model_type, tokenizer, tmp_path, cpu_isa):
     from transformers import AutoModelForCausalLM
 
     folder = build_tiny_model(model_type, str(tmp_path / model_type), tokenizer)
@@ -21,6 +22,7 @@ def test_tiny_model_matches_transformers(model_type, tokenizer, tmp_path):
     expected = [hf_greedy(reference, p, 40) for p in prompts]
 
     llm = LLM(model=folder, dtype="float32", num_kv_blocks=64, max_num_batched_tokens=64)
+    assert llm.engine.runner.model.ops.cpu_isa == cpu_isa
     # Stagger arrivals so later prompts prefill while earlier ones decode.
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     outputs = llm.generate(prompts, params, use_tqdm=False)

@@ -7,12 +7,8 @@ import pytest
 import torch
 
 from paged_core.attention import AttentionMetadata, select_backend
-from paged_core.cpu_extension import cpu_extension_available
 from paged_core.attention.torch_backend import TorchAttentionBackend
 from paged_core.kernels import reference
-
-needs_kernel = pytest.mark.skipif(not cpu_extension_available(),
-                                  reason="the CPU attention kernel could not be built here")
 
 BLOCK_SIZE, KV_HEADS, HEADS, DIM = 8, 2, 6, 64
 
@@ -53,11 +49,10 @@ STEPS = {
 }
 
 
-@needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [None, 10])
 @pytest.mark.parametrize("step", list(STEPS))
-def test_kernel_and_plain_torch_paths_match_the_reference(step, window, dtype):
+def test_kernel_and_plain_torch_paths_match_the_reference(step, window, dtype, cpu_isa):
     query, k_cache, v_cache, meta = _step(*STEPS[step], dtype, pad=3)
     real = meta.num_scheduled_tokens
     expected = _expected(query, k_cache, v_cache, meta, window).float()[:real]
@@ -65,6 +60,7 @@ def test_kernel_and_plain_torch_paths_match_the_reference(step, window, dtype):
     for cpu_kernel in (True, False):
         backend = TorchAttentionBackend(cpu_kernel=cpu_kernel)
         assert backend.uses_cpu_kernel(k_cache.device, k_cache.dtype) == cpu_kernel
+        assert backend.cpu_isa == (cpu_isa if cpu_kernel else None)  # the user's setting
         step_meta = dataclasses.replace(meta, backend_plans={})
         out = backend.attend(query, k_cache, v_cache, step_meta, DIM ** -0.5, window)
         assert bool(step_meta.backend_plans) != cpu_kernel  # the kernel needs no per-step plan
@@ -72,8 +68,7 @@ def test_kernel_and_plain_torch_paths_match_the_reference(step, window, dtype):
         assert (out[real:] == 0).all()
 
 
-@needs_kernel
-def test_float16_takes_the_plain_torch_path_and_cpu_engines_get_the_kernel():
+def test_float16_takes_the_plain_torch_path_and_cpu_engines_get_the_kernel(cpu_isa):
     assert select_backend("torch", torch.device("cpu")).cpu_kernel
     query, k_cache, v_cache, meta = _step(*STEPS["mixed"], torch.float16)
     backend = TorchAttentionBackend()

@@ -31,7 +31,8 @@ Invariants:
   ``--model-control-mode=explicit`` (the launcher's mode); in any other mode
   the model logs an error naming that flag, stays loaded, and answers every
   request UNAVAILABLE;
-- custom metrics (``pb_utils.MetricFamily``) mirror ``engine.stats()``.
+- custom metrics (``pb_utils.MetricFamily``) mirror ``engine.stats()``: the rows of the
+  engine metrics table that the OpenAI layer exports too (``metrics.py``).
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ import triton_python_backend_utils as pb_utils
 from paged_core import (AsyncEngine, EngineConfig, EngineDeadError, EngineOverloadedError,
                         RequestOutput, SamplingParams)
 
+from .metrics import TritonMetrics
 from .request_parsing import parse_request
 
 CANCEL_POLL_S = 0.05
@@ -93,41 +95,6 @@ def _error_response(message: str, code: Any = None) -> Any:
     return pb_utils.InferenceResponse(error=error)
 
 
-class _Metrics:
-    """Triton custom metrics fed from ``engine.stats()`` (gauges set, counters by delta)."""
-
-    GAUGES = {"kv_usage": "paged_core_kv_cache_usage_ratio",
-              "kv_blocks_used": "paged_core_kv_blocks_used",
-              "kv_blocks_cached": "paged_core_kv_blocks_cached",
-              "num_running": "paged_core_num_requests_running",
-              "num_waiting": "paged_core_num_requests_waiting"}
-    COUNTERS = {"prefix_cache_queries": "paged_core_prefix_cache_queries",
-                "prefix_cache_hits": "paged_core_prefix_cache_hits",
-                "num_preemptions": "paged_core_num_preemptions",
-                "generated_tokens": "paged_core_generation_tokens"}
-
-    def __init__(self, model_name: str) -> None:
-        labels = {"model": model_name}
-        self._families = []
-        self._gauges, self._counters, self._last = {}, {}, {}
-        for table, kind, target in ((self.GAUGES, pb_utils.MetricFamily.GAUGE, self._gauges),
-                                    (self.COUNTERS, pb_utils.MetricFamily.COUNTER, self._counters)):
-            for key, name in table.items():
-                family = pb_utils.MetricFamily(name=name, description=f"paged-core {key}", kind=kind)
-                self._families.append(family)
-                target[key] = family.Metric(labels=labels)
-
-    def update(self, stats: dict[str, float]) -> None:
-        for key, metric in self._gauges.items():
-            metric.set(float(stats.get(key, 0.0)))
-        for key, metric in self._counters.items():
-            value = float(stats.get(key, 0.0))
-            delta = value - self._last.get(key, 0.0)
-            if delta > 0:
-                metric.increment(delta)
-            self._last[key] = value
-
-
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         model_config = json.loads(args["model_config"])
@@ -138,7 +105,8 @@ class TritonPythonModel:
         self.config = EngineConfig.from_strings(settings)
         self.engine = AsyncEngine(self.config)
         self.model_name = args["model_name"]
-        self.metrics = _Metrics(self.model_name)
+        self.metrics = TritonMetrics(pb_utils.MetricFamily, self.model_name,
+                                     self.engine.stats())
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="paged-core-triton",
                                        daemon=True)

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import torch
 
-from ..cpu_extension import cpu_extension_available, cpu_extension_error
+from ..cpu_extension import cpu_ops
 
 
 def cpu_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         block_tables: torch.Tensor, seq_lens: torch.Tensor,
                         query_start_loc: torch.Tensor, scale: float,
                         sliding_window: int | None = None,
-                        out: torch.Tensor | None = None) -> torch.Tensor:
+                        out: torch.Tensor | None = None, cpu_isa: str | None = None) -> torch.Tensor:
     """Attention of a packed step's queries over each sequence's paged context.
 
     ``query`` ``[num_tokens, Hq, D]`` (last dim contiguous): sequence ``s`` owns rows
@@ -35,11 +35,11 @@ def cpu_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     float32 or bfloat16 (accumulated in float32). Returns ``[num_tokens, Hq, D]`` in the
     query dtype, written into ``out`` (contiguous, like query) if given; rows past
     ``query_start_loc[-1]`` (padding) are left as they were.
-    Raises ``RuntimeError`` if the kernel is unavailable (``cpu_extension_available``)
+    ``cpu_isa`` picks the build (``paged_core.cpu_isa`` level; default: the selected one).
+    Raises ``RuntimeError`` if that kernel is unavailable (``cpu_extension_available``)
     or an argument is inconsistent (the message says which).
     """
-    if not cpu_extension_available():
-        raise RuntimeError(f"CPU paged-attention kernel unavailable: {cpu_extension_error()}")
+    ops = cpu_ops(cpu_isa)
     if sliding_window is not None and sliding_window <= 0:
         raise ValueError(f"sliding_window must be positive, got {sliding_window}")
     if query.stride(-1) != 1:
@@ -48,6 +48,6 @@ def cpu_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
              for t in (block_tables, seq_lens, query_start_loc)]
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    torch.ops.paged_core_cpu.paged_attention(query, k_cache, v_cache, *int32, float(scale),
-                                             int(sliding_window or 0), out)
+    ops.paged_attention(query, k_cache, v_cache, *int32, float(scale), int(sliding_window or 0),
+                        out)
     return out

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..cpu_extension import cpu_extension_available
+from ..cpu_isa import selected_cpu_isa
 from .cpu_kernels import cpu_paged_attention
 from .metadata import AttentionMetadata
 
@@ -54,13 +55,21 @@ class TorchAttentionBackend:
     ``cpu_kernel`` (default: on) sends each step to the C++ kernel when the cache
     is a CPU float32/bfloat16 tensor and the kernel builds here; off, or where it
     cannot be used, the plain-torch path runs. Both compute the same attention.
+    ``cpu_isa`` is the kernel build it uses (``paged_core.cpu_isa`` level, fixed at
+    construction: the selected one by default), ``None`` without the kernel.
     """
 
     name = "torch"
 
-    def __init__(self, cpu_kernel: bool = True) -> None:
+    def __init__(self, cpu_kernel: bool = True, cpu_isa: str | None = None) -> None:
+        cpu_isa = cpu_isa or selected_cpu_isa()
         # Build the kernel now (once per machine, then cached) rather than in the first step.
-        self.cpu_kernel = cpu_kernel and cpu_extension_available()
+        self.cpu_isa = cpu_isa if cpu_kernel and cpu_extension_available(cpu_isa) else None
+
+    @property
+    def cpu_kernel(self) -> bool:
+        """True if steps on CPU float32/bfloat16 caches go to the C++ kernel."""
+        return self.cpu_isa is not None
 
     @staticmethod
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,
@@ -85,7 +94,8 @@ class TorchAttentionBackend:
             out[meta.num_scheduled_tokens:] = 0
         if self.uses_cpu_kernel(k_cache.device, k_cache.dtype):
             return cpu_paged_attention(query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                       meta.query_start_loc, scale, sliding_window, out=out)
+                                       meta.query_start_loc, scale, sliding_window, out=out,
+                                       cpu_isa=self.cpu_isa)
         key = (self.name, sliding_window)
         plan = meta.backend_plans.get(key)
         if plan is None:

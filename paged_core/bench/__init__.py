@@ -1,6 +1,7 @@
 """``paged-core bench``: side-by-side measurements of the engine, written as JSON + PNG.
 
-Subcommands (``paged-core bench <name> [--quick] [--out DIR]``):
+Subcommands (``paged-core bench <name> [--quick] [--out DIR]``; a run writes only inside
+``DIR``, ``benchmarks`` by default: ``DIR/results/`` and ``DIR/README.md``):
 
 - ``throughput``: offline generation against naive ``transformers`` static
   batching, ``transformers`` continuous batching (``generate_batch``) and,
@@ -11,5 +12,5 @@ Subcommands (``paged-core bench <name> [--quick] [--out DIR]``):
 - ``prefix``: time to first token with a shared system prompt, prefix caching on and off;
 - ``sharing``: KV blocks of parallel sampling (``n > 1``) against ``n`` independent requests;
 - ``tp``: tensor parallelism: weight and KV bytes per rank, step time, communication share;
-- ``all``: every benchmark, then ``benchmarks/README.md`` regenerated from the results.
+- ``all``: every benchmark, then ``DIR/README.md`` regenerated from the results.
 """

@@ -1,9 +1,11 @@
 """``paged-core bench <benchmark> [--quick] [--out DIR] ...``: run benchmarks, write JSON + PNG.
 
 ``paged-core bench all`` runs every benchmark (options that only some of them
-know, such as ``--vllm-python`` or ``--url``, go to those). Every run of a benchmark
-(``soak`` aside) regenerates ``README.md`` next to the results folder from the results
-there.
+know, such as ``--vllm-python`` or ``--url``, go to those).
+
+Invariant: a run writes only inside ``--out DIR`` (``benchmarks`` by default):
+``DIR/results/<name>.json`` and ``.png``, and (``soak`` aside) ``DIR/README.md``,
+regenerated from every result in ``DIR/results``.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import traceback
 
 from . import memory, prefix, serve, sharing, soak, spec, steps, structured, throughput, tp
 from .readme import write_readme
-from .report import DEFAULT_OUT, setup_threads, write_result
+from .report import DEFAULT_OUT, results_dir, setup_threads, write_result
 
 BENCHMARKS = {m.NAME: m for m in (throughput, steps, serve, memory, prefix, sharing, tp,
                                         structured, spec)}
@@ -23,7 +25,8 @@ STANDALONE = {soak.NAME: soak}  # not part of ``bench all`` (a long server run, 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes (CI smoke test)")
-    parser.add_argument("--out", default=str(DEFAULT_OUT), help="results folder (JSON + PNG)")
+    parser.add_argument("--out", default=str(DEFAULT_OUT),
+                        help="folder of the run: results/ (JSON + PNG) and README.md")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads for every system (default: all cores)")
@@ -53,8 +56,9 @@ def _run_one(module, args: argparse.Namespace, argv: list[str]) -> None:
     args.argv = argv  # the command line, for results that print it (plot titles)
     results = module.run(args)
     name = getattr(args, "name", module.NAME)
-    write_result(args.out, name, argv, args.threads, results)
-    module.plot(results, args.out, name)
+    out = results_dir(args.out)
+    write_result(out, name, argv, args.threads, results)
+    module.plot(results, out, name)
     module.print_summary(results)
 
 

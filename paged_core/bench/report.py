@@ -1,7 +1,8 @@
 """What every benchmark result carries: the machine, the date, the command, the numbers.
 
 ``setup_threads`` fixes the intra-op thread count for every system under test;
-``write_result`` saves ``<out>/<name>.json`` (and ``save_plot`` the PNG next to it).
+``write_result`` saves ``<results>/<name>.json`` (and ``save_plot`` the PNG next to it),
+where ``<results>`` is ``results_dir(out)``, inside the ``--out`` folder.
 """
 from __future__ import annotations
 
@@ -14,7 +15,12 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-DEFAULT_OUT = Path("benchmarks") / "results"
+DEFAULT_OUT = Path("benchmarks")  # --out: README.md here, the result files in results/
+
+
+def results_dir(out_dir: str | Path) -> Path:
+    """``<out_dir>/results``: where a run with ``--out out_dir`` writes its JSON and PNG files."""
+    return Path(out_dir) / "results"
 
 
 def setup_threads(threads: int | None) -> int:
@@ -37,14 +43,28 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_flags() -> list[str]:
+    """This CPU's vector-ISA flags as torch reports them (avx2, avx512_bf16, amx_bf16, ...)."""
+    import torch
+
+    caps = torch.cpu.get_capabilities()
+    return sorted(name for name, value in caps.items()
+                  if value is True and name.startswith(("avx", "amx", "fma", "f16c")))
+
+
 def machine_info(threads: int) -> dict[str, Any]:
     import torch
     import transformers
+
+    from ..cpu_isa import selected_cpu_isa
 
     info = {
         "cpu": cpu_model(),
         # the widest vector ISA torch uses here (e.g. AVX2, AVX512): CPU engines differ most by it
         "cpu_isa": torch.backends.cpu.get_cpu_capability(),
+        # paged-core's own CPU path (PAGED_CORE_CPU_ISA or detected) and the flags it rests on
+        "paged_core_cpu_isa": selected_cpu_isa(),
+        "cpu_flags": cpu_flags(),
         "cores": os.cpu_count(),
         "threads": threads,
         "torch": torch.__version__,

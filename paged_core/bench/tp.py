@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from ..cpu_isa import packed_linear_dtype
 from ..config import EngineConfig
 from ..engine import LLMEngine
 from ..models.llama import LlamaFamilySpec
@@ -125,8 +126,7 @@ def _run_model(folder: str | None, sizes: list[int], args: argparse.Namespace,
 
 
 def _native_bf16() -> bool:
-    caps = torch.cpu.get_capabilities()
-    return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+    return packed_linear_dtype(torch.device("cpu"), torch.bfloat16) == torch.bfloat16
 
 
 def _run_size(folder: str | None, size: int, args: argparse.Namespace, s: dict[str, Any],

@@ -6,6 +6,18 @@
 #include <cstdint>
 #include <cstring>
 
+// The op namespace of this build: paged_core/cpu_extension.py passes
+// -DPAGED_CORE_OPS=paged_core_cpu_<level>, one namespace per ISA level, so several
+// levels' builds can live in one process. (Two macro levels: the name is expanded
+// before TORCH_LIBRARY pastes it.)
+#ifndef PAGED_CORE_OPS
+#error "build with -DPAGED_CORE_OPS=<op namespace> (see paged_core/cpu_extension.py)"
+#endif
+#define PAGED_CORE_LIBRARY_IN(ns, m) TORCH_LIBRARY(ns, m)
+#define PAGED_CORE_LIBRARY_FRAGMENT_IN(ns, m) TORCH_LIBRARY_FRAGMENT(ns, m)
+#define PAGED_CORE_LIBRARY(m) PAGED_CORE_LIBRARY_IN(PAGED_CORE_OPS, m)
+#define PAGED_CORE_LIBRARY_FRAGMENT(m) PAGED_CORE_LIBRARY_FRAGMENT_IN(PAGED_CORE_OPS, m)
+
 namespace paged_core_cpu {
 
 inline float bf16_bits_to_float(uint16_t v) {

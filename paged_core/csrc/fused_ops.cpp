@@ -11,7 +11,7 @@
 //   (silu's float32 value may differ from torch's in the last bit: another exp).
 //
 // T is the tensor dtype (float32 or bfloat16); arithmetic is in float32.
-// Registered in torch.ops.paged_core_cpu (the library paged_attention.cpp defines).
+// Registered in torch.ops.paged_core_cpu_<level> (the library paged_attention.cpp defines).
 #include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -223,7 +223,7 @@ void silu_and_mul(const at::Tensor& gate_up, at::Tensor& out) {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(paged_core_cpu, m) {
+PAGED_CORE_LIBRARY_FRAGMENT(m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps, Tensor(a!) out) -> ()");
   m.def("add_rms_norm(Tensor(a!) residual, Tensor x, Tensor weight, float eps, Tensor(b!) out) -> ()");
   m.def("rotary_embedding(Tensor(a!) q, Tensor(b!) k, Tensor positions, Tensor cos, Tensor sin) -> ()");

@@ -15,7 +15,7 @@
 // are widened on load; the output has the input dtype. Rows past
 // query_start_loc[num_seqs] (padding) are not written.
 //
-// Registered as torch.ops.paged_core_cpu.paged_attention (no pybind needed).
+// Registered as torch.ops.paged_core_cpu_<level>.paged_attention (no pybind needed).
 #include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -384,7 +384,7 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
 
 }  // namespace
 
-TORCH_LIBRARY(paged_core_cpu, m) {
+PAGED_CORE_LIBRARY(m) {
   m.def(
       "paged_attention(Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
       "Tensor seq_lens, Tensor query_start_loc, float scale, int sliding_window, "

@@ -6,8 +6,9 @@ Which processes do the forward is the executor's business:
 
 - ``UniProcExecutor`` (``tensor_parallel_size=1``): one ``Worker`` in this process.
 - ``MultiprocExecutor`` (``"mp"``): this process is rank 0 (the driver) and
-  spawns ``tensor_parallel_size - 1`` worker processes on this machine; they
-  meet over ``torch.distributed`` on a free port of 127.0.0.1.
+  starts ``tensor_parallel_size - 1`` worker processes on this machine, each a
+  fresh interpreter that never imports the user's ``__main__`` (see ``launch``);
+  they meet over ``torch.distributed`` on a free port of 127.0.0.1.
 - ``ExternalLauncherExecutor`` (``"external_launcher"``): ``torchrun`` started
   every rank (on one machine or several) with the same command; rank 0 becomes
   the driver and returns, every other rank serves steps inside the constructor
@@ -24,19 +25,19 @@ with a dead peer fails at once, so a step in flight raises too.
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import multiprocessing.connection
 import os
+import subprocess
 import sys
 import threading
+import time
 
 import torch
 import torch.distributed as dist
 
 from ..packed_batch import PackedBatch
 from .group import SINGLE, free_port, init_process_group
-from .worker import RankSpec, Worker, broadcast_step, for_rank, run_rank, threads_per_rank, \
-    worker_main
+from .launch import start_worker
+from .worker import RankSpec, Worker, broadcast_step, for_rank, run_rank, threads_per_rank
 
 logger = logging.getLogger("paged_core.executor")
 
@@ -107,22 +108,18 @@ class _DriverExecutor(UniProcExecutor):
 
 
 class MultiprocExecutor(_DriverExecutor):
-    """Rank 0 here; ranks 1 .. size-1 are spawned processes on this machine."""
+    """Rank 0 here; ranks 1 .. size-1 are worker processes on this machine (``launch``)."""
 
     def __init__(self, spec: RankSpec, size: int) -> None:
         init_method = f"tcp://127.0.0.1:{free_port()}"
-        context = multiprocessing.get_context("spawn")
-        self.processes = [
-            context.Process(target=worker_main, name=f"paged-core-tp-worker-{rank}",
-                            args=(spec, rank, size, init_method, os.getpid()), daemon=True)
-            for rank in range(1, size)]
-        for process in self.processes:
-            process.start()
+        self.processes: list[subprocess.Popen] = []
         self.failure: str | None = None
         self._stopping = threading.Event()
-        threading.Thread(target=self._watch_workers, name="paged-core-tp-watchdog",
-                         daemon=True).start()
         try:
+            for rank in range(1, size):
+                self.processes.append(start_worker(spec, rank, size, init_method))
+            threading.Thread(target=self._watch_workers, name="paged-core-tp-watchdog",
+                             daemon=True).start()
             super().__init__(spec, size, init_method)
         except BaseException:
             self._reap()
@@ -144,27 +141,29 @@ class MultiprocExecutor(_DriverExecutor):
             self._reap()
 
     def _workers_alive(self) -> bool:
-        return self.failure is None and all(p.is_alive() for p in self.processes)
+        return self.failure is None and all(p.poll() is None for p in self.processes)
 
-    def _watch_workers(self) -> None:
-        sentinels = {p.sentinel: rank for rank, p in enumerate(self.processes, start=1)}
-        ready = multiprocessing.connection.wait(list(sentinels))
-        if self._stopping.is_set():
-            return
-        process = self.processes[sentinels[ready[0]] - 1]
-        process.join(timeout=1)
-        self.failure = (f"tensor-parallel worker rank {sentinels[ready[0]]} (pid {process.pid}) "
-                        f"exited with code {process.exitcode}; see its traceback in the log above")
-        logger.error(self.failure)
+    def _watch_workers(self, interval_s: float = 0.2) -> None:
+        """Record and log the first worker exit that ``shutdown`` did not ask for."""
+        while not self._stopping.wait(interval_s):
+            for rank, process in enumerate(self.processes, start=1):
+                # _stopping is set before shutdown stops any worker, so check it after poll()
+                if process.poll() is not None and not self._stopping.is_set():
+                    self.failure = (f"tensor-parallel worker rank {rank} (pid {process.pid}) "
+                                    f"exited with code {process.returncode}; see its traceback "
+                                    f"in the log above")
+                    logger.error(self.failure)
+                    return
 
     def _reap(self, grace_s: float = 5.0) -> None:
-        """Join every worker; kill any that has not exited after ``grace_s``."""
+        """Wait for every worker to exit; kill any still running after ``grace_s``."""
+        deadline = time.monotonic() + grace_s
         for process in self.processes:
-            process.join(timeout=grace_s)
-        for process in self.processes:
-            if process.is_alive():
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
                 process.kill()
-                process.join(timeout=grace_s)
+                process.wait()
 
 
 class ExternalLauncherExecutor(_DriverExecutor):

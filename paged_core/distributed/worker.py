@@ -42,7 +42,8 @@ _CPU_DEFAULT_KV_BYTES = 1 << 30
 
 @dataclass(frozen=True)
 class RankSpec:
-    """What a rank needs to build its ``Worker`` (picklable: sent to spawned workers)."""
+    """What a rank needs to build its ``Worker``. Sent pickled to local worker processes, which
+    are fresh interpreters: nothing in it may be defined in ``__main__`` (``launch`` refuses it)."""
 
     config: EngineConfig
     folder: str
@@ -151,7 +152,8 @@ def watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
 
 
 def worker_main(spec: RankSpec, rank: int, size: int, init_method: str, parent_pid: int) -> None:
-    """Entry point of a spawned worker process (rank ``rank`` of ``size``)."""
+    """The life of a local worker process (rank ``rank`` of ``size``, started by ``parent_pid``;
+    see ``launch``): it dies with its parent, ignores Ctrl-C and uses its share of the cores."""
     watch_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the driver, which stops us
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank {rank} %(levelname)s %(message)s")

@@ -16,22 +16,13 @@ the projection weights' memory; the KV cache and activations stay in the model's
 
 float32 models keep plain ``F.linear``: the packed kernel sums in another order,
 and float32 is the reference dtype that must match transformers token for token.
+Which kind a model gets is ``paged_core.cpu_isa.packed_linear_dtype`` (forced by
+``PAGED_CORE_CPU_ISA``).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
-
-
-def packed_linear_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype | None:
-    """The dtype packed linears compute in for a ``dtype`` model on ``device`` (``None``: keep
-    ``F.linear``): the model's own with native bfloat16 dot products, else float32."""
-    if (device.type != "cpu" or dtype not in (torch.bfloat16, torch.float16)
-            or not torch.backends.mkldnn.is_available()):
-        return None
-    capabilities = torch.cpu.get_capabilities()
-    native = dtype == torch.bfloat16 and (capabilities.get("avx512_bf16") or capabilities.get("amx_bf16"))
-    return dtype if native else torch.float32
 
 
 class PackedLinear(nn.Module):

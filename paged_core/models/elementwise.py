@@ -3,8 +3,8 @@ embedding, the MLP's SiLU-and-multiply.
 
 ``TORCH_OPS`` is plain torch, computed as Hugging Face's Llama computes them:
 the reference, and the path wherever the C++ kernels cannot run.
-``FUSED_CPU_OPS`` does each step in one pass over the rows with the C++ kernels
-(``paged_core/csrc/fused_ops.cpp``), rounding where torch rounds, so both give
+``FusedCpuOps(level)`` does each step in one pass over the rows with the C++ kernels
+of one CPU path (``paged_core/csrc/fused_ops.cpp``), rounding where torch rounds, so both give
 the same numbers up to the last bit of RMSNorm's float32 sum of squares and of
 SiLU's exp. CPU models in float32 or bfloat16 use it when the kernels build
 (``select_ops``).
@@ -58,18 +58,26 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class FusedCpuOps:
+    """The fused C++ ops of one CPU kernel build (``cpu_isa``, a ``paged_core.cpu_isa`` level)."""
+
     name = "fused-cpu"
+
+    def __init__(self, cpu_isa: str) -> None:
+        from ..cpu_extension import cpu_ops
+
+        self.cpu_isa = cpu_isa
+        self._ops = cpu_ops(cpu_isa)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).contiguous()
         out = torch.empty_like(rows)
-        torch.ops.paged_core_cpu.rms_norm(rows, weight, eps, out)
+        self._ops.rms_norm(rows, weight, eps, out)
         return out.view(x.shape)
 
     def add_rms_norm(self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         out = torch.empty_like(residual)
-        torch.ops.paged_core_cpu.add_rms_norm(residual, x.contiguous(), weight, eps, out)
+        self._ops.add_rms_norm(residual, x.contiguous(), weight, eps, out)
         return residual, out
 
     def rope_tables(self, rotary, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -77,23 +85,24 @@ class FusedCpuOps:
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor,
                tables: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        torch.ops.paged_core_cpu.rotary_embedding(q, k, *tables)
+        self._ops.rotary_embedding(q, k, *tables)
         return q, k
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         out = gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
-        torch.ops.paged_core_cpu.silu_and_mul(gate_up.contiguous(), out)
+        self._ops.silu_and_mul(gate_up.contiguous(), out)
         return out
 
 
 TORCH_OPS = TorchOps()
-FUSED_CPU_OPS = FusedCpuOps()
 
 
 def select_ops(device: torch.device, dtype: torch.dtype) -> TorchOps | FusedCpuOps:
     """The fused C++ ops for CPU float32/bfloat16 models when they build here, else plain torch."""
     from ..cpu_extension import cpu_extension_available
+    from ..cpu_isa import selected_cpu_isa
 
-    if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and cpu_extension_available():
-        return FUSED_CPU_OPS
-    return TORCH_OPS
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        return TORCH_OPS
+    cpu_isa = selected_cpu_isa()
+    return FusedCpuOps(cpu_isa) if cpu_extension_available(cpu_isa) else TORCH_OPS

@@ -1,13 +1,15 @@
 """Prometheus metrics of one served engine.
 
 Engine gauges and counters (KV usage, cached blocks, prefix-cache queries and
-hits, running/waiting, preemptions, generated tokens, speculative decoding's
-draft / accepted tokens and mean acceptance length) are read from
-``engine.stats()`` at scrape time, so they can never drift from the engine;
-latency histograms (time to first token, inter-token latency) are observed by
-the OpenAI layer as it streams; ``process_*`` metrics (RSS, CPU) describe the
-process that holds the engine. Each ``ServingMetrics`` owns its registry, so
-several apps in one process never collide.
+hits, running/waiting, preemptions, generated tokens, rejected requests,
+speculative decoding's draft / accepted tokens and mean acceptance length) are
+the rows of the engine metrics table (``paged_core/engine_metrics.py``, shared
+with the Triton adapter), read from ``engine.stats()`` at scrape time, so they
+can never drift from the engine; latency histograms (time to first token,
+inter-token latency) are observed by the OpenAI layer as it streams;
+``process_*`` metrics (RSS, CPU) describe the process that holds the engine.
+Each ``ServingMetrics`` owns its registry, so several apps in one process never
+collide.
 """
 from __future__ import annotations
 
@@ -18,29 +20,10 @@ from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, ge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from paged_core.engine_metrics import reported
+
 PREFIX = "paged_core"
-_GAUGES = {
-    "kv_usage": ("kv_cache_usage_ratio", "Fraction of KV-cache blocks in use (0..1)"),
-    "kv_blocks_total": ("kv_blocks_total", "KV-cache blocks in the pool"),
-    "kv_blocks_used": ("kv_blocks_used", "KV-cache blocks held by requests"),
-    "kv_blocks_cached": ("kv_blocks_cached", "Free KV-cache blocks still holding reusable prefixes"),
-    "num_running": ("num_requests_running", "Requests being generated"),
-    "num_waiting": ("num_requests_waiting", "Requests waiting to be scheduled"),
-    "spec_decode_mean_acceptance_length": (
-        "spec_decode_mean_acceptance_length",
-        "Tokens per verify step with drafts (1 + accepted / drafts)"),
-}
-_COUNTERS = {
-    "prefix_cache_queries": ("prefix_cache_queries", "Prompt blocks looked up in the prefix cache"),
-    "prefix_cache_hits": ("prefix_cache_hits", "Prompt blocks found in the prefix cache"),
-    "num_preemptions": ("num_preemptions", "Requests preempted (recomputed later)"),
-    "generated_tokens": ("generation_tokens", "Tokens generated"),
-    "spec_decode_num_drafts": ("spec_decode_num_drafts", "Verify steps of sequences with drafts"),
-    "spec_decode_num_draft_tokens": ("spec_decode_num_draft_tokens",
-                                     "Draft tokens proposed and verified"),
-    "spec_decode_num_accepted_tokens": ("spec_decode_num_accepted_tokens", "Draft tokens accepted"),
-    "num_rejected": ("num_requests_rejected", "Requests refused because the waiting queue was full"),
-}
+_FAMILIES = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily}
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
                     1.0, 2.5, 5.0, 10.0, 20.0, 60.0)
 
@@ -53,12 +36,8 @@ class _EngineStatsCollector(Collector):
         stats = self._stats()
         if stats is None:  # engine not built yet
             return
-        for key, (name, doc) in _GAUGES.items():
-            if key in stats:
-                yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=float(stats[key]))
-        for key, (name, doc) in _COUNTERS.items():
-            if key in stats:
-                yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=float(stats[key]))
+        for metric, value in reported(stats):
+            yield _FAMILIES[metric.kind](metric.name, metric.help, value=value)
 
 
 class ServingMetrics:

@@ -102,3 +102,18 @@ def test_litserve_probe_api_never_ships_the_engine_to_its_worker():
 def test_serve_rejects_unknown_adapter():
     with pytest.raises(ValueError, match="adapter"):
         serve("flask", "127.0.0.1", 8000, CONFIG)
+
+
+def test_server_child_gets_the_config_and_keeps_process_wide_settings(monkeypatch):
+    """Stale engine settings are replaced by the config's; process-wide ones (the CPU path,
+    the model cache folder) reach the server unchanged."""
+    from paged_core.adapters._process import child_env
+
+    monkeypatch.setenv("PAGED_CORE_BLOCK_SIZE", "64")  # stale: the config says 32
+    monkeypatch.setenv("PAGED_CORE_MAX_NUM_SEQS", "3")  # stale: the config leaves it default
+    monkeypatch.setenv("PAGED_CORE_CPU_ISA", "avx2")
+    monkeypatch.setenv("PAGED_CORE_CACHE_DIR", "/somewhere")
+    env = child_env(EngineConfig(block_size=32))
+    assert env["PAGED_CORE_BLOCK_SIZE"] == "32"
+    assert env.get("PAGED_CORE_MAX_NUM_SEQS") == config_env(EngineConfig()).get("PAGED_CORE_MAX_NUM_SEQS")
+    assert env["PAGED_CORE_CPU_ISA"] == "avx2" and env["PAGED_CORE_CACHE_DIR"] == "/somewhere"

@@ -18,9 +18,11 @@ MACHINE_KEYS = {"cpu", "cores", "threads", "torch", "transformers"}
 
 @pytest.fixture(scope="module")
 def results_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench") / "results"
+    base = tmp_path_factory.mktemp("bench")
+    out = base / "run"
     assert main(["all", "--quick", "--in-process", "--out", str(out)]) == 0
-    return out
+    assert list(base.iterdir()) == [out]  # every benchmark wrote inside --out only
+    return out / "results"
 
 
 def _load(results_dir, name):
@@ -120,7 +122,9 @@ def test_tp(results_dir):
     assert one["rank0_engine"] == one["per_rank"][0] and two["rank0_engine"] == two["per_rank"][0]
     assert two["per_rank"][0] == two["per_rank"][1]  # every rank holds the same share
     assert two["per_rank"][0]["kv_cache_bytes"] * 2 == one["per_rank"][0]["kv_cache_bytes"]
-    assert 0.5 <= two["per_rank"][0]["weight_bytes"] / one["per_rank"][0]["weight_bytes"] < 0.51
+    # Half of every split weight plus the replicated norms and rotary tables, which are a few
+    # percent of the tiny model whichever linears this CPU packs (float32 copies or bfloat16).
+    assert 0.5 <= two["per_rank"][0]["weight_bytes"] / one["per_rank"][0]["weight_bytes"] < 0.55
     for kind in ("decode", "prefill"):
         assert one[kind]["comm_share"] < 0.01 < two[kind]["comm_share"] < 1
         assert 0 < two[kind]["comm_ms_median"] < two[kind]["step_ms_median"]

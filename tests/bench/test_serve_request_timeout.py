@@ -32,7 +32,7 @@ def test_requests_that_get_no_answer_fail_after_the_timeout(tmp_path):
         for connection in accepted:
             connection.close()
         listener.close()
-    burst = json.loads((tmp_path / "serve.json").read_text())["scenarios"][0]
+    burst = json.loads((tmp_path / "results" / "serve.json").read_text())["scenarios"][0]
     assert burst["num_requests"] == 3 and burst["completed"] == 0 and burst["failed"] == 3
     assert burst["errors"] == ["ReadTimeout: "]
     assert len(accepted) >= 5  # two warm-up requests and the burst of three reached the server

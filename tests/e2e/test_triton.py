@@ -13,6 +13,9 @@ import httpx
 import numpy as np
 import pytest
 
+from paged_core.engine_metrics import ENGINE_METRICS
+from paged_core.spec_decode.metrics import SpecDecodingStats
+
 from .conftest import MAX_TOKENS, PROMPTS, free_port, python_cmd, running_server
 
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
@@ -172,6 +175,24 @@ def test_grpc_stream_cancellation_aborts_and_frees_blocks(triton):
                and triton.metric("paged_core_kv_blocks_used") == 0):
         assert time.monotonic() - cancelled < 1.0, "cancelled request still holds the engine"
         time.sleep(0.02)
+
+
+def test_metrics_are_the_rows_of_the_engine_metrics_table(triton):
+    """The OpenAI layer's engine metrics, from the same table: every row but speculative
+    decoding's (reported only by an engine with a ``speculative_config``), with its help."""
+    assert triton.generate("hi", {"max_tokens": 2}).status_code == 200
+    time.sleep(0.3)  # the metrics are published every 0.25 s
+    text = httpx.get(triton.metrics_url, timeout=10).text
+    spec_stats = set(SpecDecodingStats(0).as_dict())
+    for metric in ENGINE_METRICS:
+        if metric.stat in spec_stats:
+            assert metric.name not in text
+        else:
+            assert f"# HELP {metric.name} {metric.help}" in text
+            assert triton.metric(metric.name) >= 0
+    assert triton.metric("paged_core_kv_blocks_total") == 512  # PAGED_CORE_NUM_KV_BLOCKS
+    assert triton.metric("paged_core_generation_tokens") >= 2
+    assert triton.metric("paged_core_num_requests_rejected") == 0
 
 
 @pytest.mark.parametrize("params,fragment", [

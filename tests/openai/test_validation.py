@@ -128,8 +128,8 @@ def break_detokenizer_of(monkeypatch, engine, prompt: str, on_call: int) -> None
     """Requests for ``prompt`` get a detokenizer that raises from its ``on_call``-th call."""
     make_request = engine.engine.make_request
 
-    def patched(request_id, p, params=None):
-        request = make_request(request_id, p, params)
+    def patched(request_id, p, params=None, **scheduling):
+        request = make_request(request_id, p, params, **scheduling)
         if p == prompt:
             detokenizer = request.samples[0].detokenizer
             step, calls = detokenizer.step, []

@@ -1,5 +1,6 @@
 """End to end through the OpenAI routes: per-request deadlines (``timeout``, the server's
-``request_timeout``), vLLM's ``priority`` and per-tenant (``user``) fairness."""
+``request_timeout``), vLLM's ``priority`` and per-tenant (``user``) fairness, for sampling
+and beam search (``use_beam_search``) requests alike."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +10,8 @@ import time
 
 import pytest
 
-from paged_core import AsyncEngine, EngineConfig, RequestTimeoutError, SamplingParams
+from paged_core import (LLM, AsyncEngine, BeamSearchParams, EngineConfig, RequestTimeoutError,
+                        SamplingParams)
 from paged_core.deadlines import Deadlines, check_timeout
 from paged_core.openai import build_openai_app
 
@@ -143,4 +145,26 @@ async def test_one_users_burst_does_not_starve_another_user(client, engine):
     short = {"prompt": "Hi", "max_tokens": 2, "ignore_eos": True}
     bodies = [{**short, "user": "bulk"} for _ in range(4)] + [{**short, "user": "alice"}]
     assert await finish_order(client, engine, bodies) == [0, 4, 1, 2, 3]
+    assert_idle(engine)
+
+
+BEAMS = {"prompt": "Hi", "max_tokens": 3, "ignore_eos": True, "use_beam_search": True, "n": 2}
+
+
+async def test_beam_search_requests_follow_priority_and_tenant_turns(client, engine):
+    bodies = [{**BEAMS, "priority": 5, "user": "bulk"}, {**BEAMS, "user": "bulk"},
+              {**BEAMS, "user": "bulk"}, {**BEAMS, "priority": -1, "user": "bulk"},
+              {**BEAMS, "user": "alice"}]
+    assert await finish_order(client, engine, bodies) == [3, 1, 4, 2, 0]
+    assert_idle(engine)
+
+
+async def test_a_served_beam_search_under_priority_and_fairness_gives_the_fcfs_beams(
+        client, engine, tiny_folder):
+    response = await client.post("/v1/completions", json={**BEAMS, "priority": 3, "user": "bob"})
+    assert response.status_code == 200, response.text
+    fcfs = LLM(model=tiny_folder, dtype="float32", num_kv_blocks=256)
+    (expected,) = fcfs.beam_search(["Hi"], BeamSearchParams(beam_width=2, max_tokens=3,
+                                                            ignore_eos=True))
+    assert [c["text"] for c in response.json()["choices"]] == [s.text for s in expected.sequences]
     assert_idle(engine)

@@ -1,0 +1,88 @@
+"""Which instruction-set paths paged-core's CPU code takes: detected, or forced by one setting.
+
+The CPU paths form a ladder; each level is a superset of the one before:
+
+| level         | needs (CPU flags)                 | C++ kernels built with        | half-precision linears          |
+|---------------|-----------------------------------|-------------------------------|---------------------------------|
+| ``generic``   | any x86-64                        | no ISA flags (SSE2 baseline)  | plain ``F.linear``              |
+| ``avx2``      | avx2, fma, f16c                   | ``-mavx2 -mfma -mf16c``       | float32-packed oneDNN           |
+| ``avx512``    | + avx512 f/bw/vl/dq               | + ``-mavx512f/bw/vl/dq``      | float32-packed oneDNN           |
+| ``avx512_bf16`` | + avx512_bf16                   | + ``-mavx512bf16``            | bfloat16-packed oneDNN (native) |
+
+float32 models always keep ``F.linear`` (the reference dtype matches transformers token
+for token); float16 models use float32-packed linears from ``avx2`` up.
+
+``PAGED_CORE_CPU_ISA`` (``auto``, the default, or a level above) caps the level: a
+machine with AVX512-BF16 can run every path, so its tests exercise the code an AVX2
+machine takes. Asking for a level the CPU lacks is an error naming the setting and the
+missing flags, never a crash on an illegal instruction.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+CPU_ISA_LEVELS = ("generic", "avx2", "avx512", "avx512_bf16")
+
+# The torch.cpu.get_capabilities() flags each level adds to the one below it.
+_LEVEL_FLAGS = {
+    "generic": (),
+    "avx2": ("avx2", "fma3", "f16c"),
+    "avx512": ("avx512_f", "avx512_bw", "avx512_vl", "avx512_dq"),
+    "avx512_bf16": ("avx512_bf16",),
+}
+
+SETTING = "PAGED_CORE_CPU_ISA"
+
+
+def _missing_flags(level: str) -> list[str]:
+    """The CPU flags ``level`` (and every level below it) needs that this CPU lacks."""
+    caps = torch.cpu.get_capabilities()
+    needed = [flag for lvl in CPU_ISA_LEVELS[:CPU_ISA_LEVELS.index(level) + 1]
+              for flag in _LEVEL_FLAGS[lvl]]
+    return [flag for flag in needed if caps.get(flag) is not True]
+
+
+def supported_cpu_isas() -> tuple[str, ...]:
+    """Every level this CPU can run, lowest first (always starts with ``generic``)."""
+    return tuple(level for level in CPU_ISA_LEVELS if not _missing_flags(level))
+
+
+def unsupported_reason(level: str) -> str | None:
+    """Why this CPU cannot run ``level`` (for test skips and errors), or None if it can."""
+    missing = _missing_flags(level)
+    return f"this CPU lacks {', '.join(missing)} (needed by the {level} path)" if missing else None
+
+
+def selected_cpu_isa() -> str:
+    """The level this process uses now: ``PAGED_CORE_CPU_ISA`` if set (not ``auto``), else the
+    highest this CPU supports. Read on every call, so each new engine sees the current value.
+
+    Raises ``ValueError`` for an unknown level or one this CPU cannot run.
+    """
+    raw = os.environ.get(SETTING, "").strip().lower()
+    if raw in ("", "auto"):
+        return supported_cpu_isas()[-1]
+    if raw not in CPU_ISA_LEVELS:
+        raise ValueError(f"{SETTING}={raw!r} is not a CPU path; choose auto or one of "
+                         f"{', '.join(CPU_ISA_LEVELS)}")
+    reason = unsupported_reason(raw)
+    if reason is not None:
+        raise ValueError(f"{SETTING}={raw}: {reason}; this CPU supports "
+                         f"{', '.join(supported_cpu_isas())}")
+    return raw
+
+
+def packed_linear_dtype(device: torch.device, dtype: torch.dtype,
+                        level: str | None = None) -> torch.dtype | None:
+    """The dtype prepacked oneDNN linears compute in for a ``dtype`` model on ``device`` at
+    ``level`` (default: the selected one); ``None`` keeps ``F.linear`` (float32 models, the
+    ``generic`` level, other devices, no oneDNN)."""
+    if (device.type != "cpu" or dtype not in (torch.bfloat16, torch.float16)
+            or not torch.backends.mkldnn.is_available()):
+        return None
+    level = level or selected_cpu_isa()
+    if level == "generic":
+        return None
+    return dtype if level == "avx512_bf16" and dtype == torch.bfloat16 else torch.float32
