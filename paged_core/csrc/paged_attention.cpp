@@ -20,6 +20,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "attention_tiles_bf16.h"
 #include "cpu_common.h"
 #include "cpu_simd.h"
 
@@ -300,6 +301,39 @@ void attention_kernel(const T* __restrict q_ptr, int64_t q_t_stride, int64_t q_h
   }
 }
 
+#if PAGED_CORE_BF16_TILES
+// attention_kernel's tasks for bfloat16 with vdpbf16ps tiles (attention_tiles_bf16.h);
+// needs head_dim % 32 == 0.
+void bf16_tile_kernel(const uint16_t* q_ptr, int64_t q_t_stride, int64_t q_h_stride,
+                      const uint16_t* k_ptr, const uint16_t* v_ptr, const int32_t* block_tables,
+                      int64_t bt_stride, const int32_t* seq_lens, const int32_t* qsl,
+                      uint16_t* out_ptr, const std::vector<Task>& tasks, int64_t num_kv_heads,
+                      int64_t num_blocks, int64_t block_size, int64_t group, int64_t head_dim,
+                      float scale, int64_t window, int* error_flag) {
+  const int64_t head_stride = num_blocks * block_size * head_dim;
+  const int64_t num_work = static_cast<int64_t>(tasks.size()) * num_kv_heads;
+  const int nthreads = std::max(1, at::get_num_threads());
+#pragma omp parallel num_threads(nthreads)
+  {
+    paged_core_cpu::Bf16TileBuffers buffers(static_cast<int>(TILE * group), static_cast<int>(head_dim));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t w = 0; w < num_work; ++w) {
+      const Task& task = tasks[w / num_kv_heads];
+      const int64_t h = w % num_kv_heads;
+      const int64_t s = task.seq;
+      const int64_t q_len = qsl[s + 1] - qsl[s];
+      const bool ok = paged_core_cpu::bf16_tile_task(
+          q_ptr, q_t_stride, q_h_stride, k_ptr + h * head_stride, v_ptr + h * head_stride,
+          block_tables + s * bt_stride, num_blocks, block_size, h, static_cast<int>(group),
+          qsl[s] + task.first_query, static_cast<int>(task.num_queries),
+          seq_lens[s] - q_len + task.first_query, scale, window, out_ptr,
+          num_kv_heads * group, buffers);
+      if (!ok) __atomic_store_n(error_flag, 2, __ATOMIC_RELAXED);
+    }
+  }
+}
+#endif  // PAGED_CORE_BF16_TILES
+
 template <typename T>
 void dispatch_dim(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
                   const at::Tensor& block_tables, const at::Tensor& seq_lens,
@@ -375,6 +409,16 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
   if (dtype == at::kFloat) {
     dispatch_dim<float>(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, tasks,
                         Hq / Hk, scale, sliding_window, &error_flag);
+  } else if (PAGED_CORE_BF16_TILES && D % 32 == 0) {
+#if PAGED_CORE_BF16_TILES
+    bf16_tile_kernel(reinterpret_cast<const uint16_t*>(query.const_data_ptr()), query.stride(0),
+                     query.stride(1), reinterpret_cast<const uint16_t*>(k_cache.const_data_ptr()),
+                     reinterpret_cast<const uint16_t*>(v_cache.const_data_ptr()),
+                     block_tables.const_data_ptr<int32_t>(), block_tables.stride(0), sl, qsl,
+                     reinterpret_cast<uint16_t*>(out.mutable_data_ptr()), tasks, Hk,
+                     k_cache.size(1), k_cache.size(2), Hq / Hk, D, static_cast<float>(scale),
+                     sliding_window, &error_flag);
+#endif
   } else {
     dispatch_dim<uint16_t>(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
                            tasks, Hq / Hk, scale, sliding_window, &error_flag);

@@ -1,0 +1,119 @@
+"""``paged-core bench attention``: its inputs are what it claims, and ``--quick`` writes sane
+results (structure and arithmetic, never speed) only inside ``--out``."""
+import json
+import math
+import statistics
+
+import pytest
+import torch
+
+from paged_core.bench.attention_cases import SMOLLM2, kv_pool, paged_step
+from paged_core.bench.cli import main
+from paged_core.bench.machine_rates import linear_kind
+from paged_core.cpu_extension import cpu_extension_available
+from paged_core.cpu_isa import selected_cpu_isa, supported_cpu_isas
+from paged_core.kernels import reference
+
+
+def test_table_copies_use_distinct_pool_blocks():
+    """Every call of a step reads blocks that the other copies never hold."""
+    generator = torch.Generator().manual_seed(0)
+    pool = kv_pool(SMOLLM2, torch.bfloat16, num_blocks=50, generator=generator)
+    step = paged_step(pool, batch=2, seq_len=40, query_len=1, generator=generator)
+    assert step.instances == 50 // (2 * 3)
+    blocks = step.tables[:, :, :3].flatten().tolist()  # 40 tokens: 3 blocks per sequence
+    assert len(set(blocks)) == len(blocks) and 0 <= min(blocks) and max(blocks) < 50
+    with pytest.raises(ValueError, match="need 55 blocks"):
+        paged_step(pool, batch=5, seq_len=161, query_len=1, generator=generator)
+
+
+@pytest.mark.skipif(not cpu_extension_available(), reason="the C++ CPU kernels could not be built here")
+@pytest.mark.parametrize("query_len", [1, 40], ids=["decode", "prefill"])
+def test_step_attends_over_its_next_table_copy(query_len):
+    """A call is the attention of the step's queries over the blocks of the next copy."""
+    generator = torch.Generator().manual_seed(1)
+    pool = kv_pool(SMOLLM2, torch.float32, num_blocks=20, generator=generator)
+    step = paged_step(pool, batch=2, seq_len=40, query_len=query_len, generator=generator)
+    attend = step.call(selected_cpu_isa())
+    for copy in range(step.instances + 1):  # the last call wraps around to copy 0
+        expected = reference.paged_attention(
+            step.query, pool.k.permute(1, 2, 0, 3), pool.v.permute(1, 2, 0, 3),
+            step.tables[copy % step.instances], step.seq_lens, step.query_start_loc,
+            SMOLLM2.head_dim ** -0.5)
+        torch.testing.assert_close(attend(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_linear_kind_follows_the_engine():
+    assert linear_kind(torch.float32, "avx512_bf16") == "F.linear"
+    assert linear_kind(torch.bfloat16, "generic") == "F.linear"
+    if torch.backends.mkldnn.is_available():
+        assert linear_kind(torch.bfloat16, "avx2") == "packed float32"
+        assert linear_kind(torch.bfloat16, "avx512_bf16") == "packed bfloat16"
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    base = tmp_path_factory.mktemp("attention")
+    assert main(["attention", "--quick", "--out", str(base / "run")]) == 0
+    written = {p.relative_to(base).as_posix() for p in base.rglob("*")}
+    assert written == {"run", "run/README.md", "run/results", "run/results/attention.json",
+                       "run/results/attention.png"}
+    assert "## attention" in (base / "run" / "README.md").read_text()
+    return json.loads((base / "run" / "results" / "attention.json").read_text())
+
+
+def test_every_supported_level_but_generic_is_timed(quick_run):
+    supported = supported_cpu_isas()
+    expected = list(supported[1:] or supported)  # generic only with --full, unless it is alone
+    assert quick_run["levels"] + list(quick_run["unavailable_levels"]) == expected
+    if all(cpu_extension_available(level) for level in expected):
+        assert quick_run["levels"] == expected
+    assert quick_run["machine"]["paged_core_cpu_isa"] in supported
+
+
+def _close(a, b):
+    return math.isclose(a, b, rel_tol=1e-9)
+
+
+def _check_timing(row):
+    assert row["us_median"] > 0 and len(row["us_samples"]) == 2
+    assert math.isclose(statistics.median(row["us_samples"]), row["us_median"], abs_tol=0.01)
+
+
+def test_decode_rows(quick_run):
+    bandwidth, s = quick_run["bandwidth"], quick_run["settings"]
+    assert bandwidth["read_gbs"] == max(bandwidth["before"]["read_gbs"],
+                                        bandwidth["after"]["read_gbs"]) > 0
+    assert bandwidth["copy_gbs"] > 0
+    rows = quick_run["decode"]
+    assert {(r["dtype"], r["batch"], r["context"], r["path"]) for r in rows} == {
+        (d, b, c, lv) for d in ("bfloat16", "float32") for b in s["batches"]
+        for c in s["contexts"] for lv in quick_run["levels"]}
+    assert len(rows) == 2 * len(s["batches"]) * len(s["contexts"]) * len(quick_run["levels"])
+    for r in rows:
+        _check_timing(r)
+        itemsize = 2 if r["dtype"] == "bfloat16" else 4
+        assert r["kv_bytes"] == 2 * r["batch"] * r["context"] * 3 * 64 * itemsize
+        assert r["table_copies"] >= 1
+        assert _close(r["gbs"], r["kv_bytes"] / (r["us_median"] * 1e-6) / 1e9)
+        assert _close(r["fraction_of_bandwidth"], r["gbs"] / bandwidth["read_gbs"])
+
+
+def test_prefill_rows(quick_run):
+    s, levels = quick_run["settings"], quick_run["levels"]
+    rows = quick_run["prefill"]
+    assert {(r["dtype"], r["batch"], r["prompt"], r["path"]) for r in rows} == {
+        (d, b, t, p) for d in ("bfloat16", "float32") for b in s["prefill_batches"]
+        for t in s["prompts"] for p in [*levels, "torch_sdpa"]}
+    for r in rows:
+        _check_timing(r)
+        t = r["prompt"]
+        assert r["flops"] == r["batch"] * 4 * (t * (t + 1) // 2) * 64 * 9
+        assert _close(r["gflops"], r["flops"] / (r["us_median"] * 1e-6) / 1e9)
+        if r["path"] == "torch_sdpa":
+            assert "linear" not in r
+            continue
+        assert r["linear"] == linear_kind(getattr(torch, r["dtype"]), r["path"])
+        assert r["linear_flops"] == 2 * r["batch"] * t * sum(i * o for i, o in SMOLLM2.projections())
+        assert r["linear_gflops"] > 0
+        assert _close(r["linear_over_attention"], r["linear_gflops"] / r["gflops"])

@@ -1,0 +1,236 @@
+"""llama.cpp in ``bench throughput``: the build commands, the ``/completion`` protocol and its
+checks, the one-request-at-a-time driver on a real (tiny) paged-core engine, and one slow
+real comparison against a ``llama-server`` built from source.
+
+The fast tests never build llama.cpp. The protocol test runs ``LlamaCpp`` against a small
+stand-in executable serving the endpoints it uses over real HTTP: process start in its
+own session, readiness, request bodies, response checks and shutdown are the real ones.
+The slow test runs only where the bench already built ``llama-server`` into the cache.
+"""
+import argparse
+import json
+import os
+import stat
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from paged_core.bench import llama_cpp_build, throughput
+from paged_core.bench.llama_cpp import (LlamaCpp, check_completion, completion_body,
+                                        ggml_cpu_features)
+from paged_core.bench.one_at_a_time import run_one_at_a_time
+from paged_core.bench.systems import PagedCore, RunResult
+from paged_core.bench.workload import BenchRequest
+
+from ..tiny_models import build_tiny_model
+
+REQUESTS = [BenchRequest([11, 12, 13], 4), BenchRequest([21, 22], 6), BenchRequest([31], 1)]
+
+
+def test_build_commands_ask_for_a_native_release_server_with_nothing_fetched(tmp_path):
+    source, build = tmp_path / "llama.cpp", tmp_path / "build"
+    configure = llama_cpp_build.configure_command("cmake", source, build)
+    assert configure[:5] == ["cmake", "-S", str(source), "-B", str(build)]
+    for flag in ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_SERVER=ON",
+                 "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF"):
+        assert flag in configure
+    assert llama_cpp_build.build_command("cmake", build, 2) == [
+        "cmake", "--build", str(build), "--target", "llama-server", "-j", "2"]
+
+
+def test_a_build_counts_only_once_it_finished(tmp_path, monkeypatch):
+    monkeypatch.setenv("PAGED_CORE_CACHE_DIR", str(tmp_path))
+    build = llama_cpp_build.build_dir()
+    assert build.parent == tmp_path / "llama.cpp" / llama_cpp_build.LLAMA_CPP_PYTHON_VERSION
+    assert build.name == f"build-{llama_cpp_build.cpu_key()}"
+    (build / "bin").mkdir(parents=True)
+    (build / "bin" / "llama-server").write_text("")  # linked, but cmake not done: not built
+    assert llama_cpp_build.built_llama_server() is None
+    (build / llama_cpp_build.BUILT_STAMP).touch()
+    assert llama_cpp_build.built_llama_server() == build / "bin" / "llama-server"
+
+
+def test_missing_cmake_says_how_to_get_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setattr(llama_cpp_build.shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="pip install cmake"):
+        llama_cpp_build.find_cmake()
+
+
+def test_completion_body_asks_for_exact_greedy_uncached_output():
+    assert completion_body(REQUESTS[1]) == {"prompt": [21, 22], "n_predict": 6, "temperature": 0,
+                                            "ignore_eos": True, "cache_prompt": False}
+
+
+def _response(predicted=6, prompt_n=2, cache_n=0):
+    return {"tokens_predicted": predicted, "timings": {
+        "prompt_n": prompt_n, "cache_n": cache_n, "prompt_ms": 3.0, "predicted_ms": 10.0,
+        "predicted_n": predicted}}
+
+
+def test_check_completion_accepts_only_exact_fully_computed_requests():
+    timings = check_completion(_response(), REQUESTS[1])
+    assert (timings.prompt_ms, timings.predicted_ms, timings.decode_steps) == (3.0, 10.0, 5)
+    with pytest.raises(RuntimeError, match="generated 5 tokens, not 6"):
+        check_completion(_response(predicted=5), REQUESTS[1])
+    with pytest.raises(RuntimeError, match="computed 1 of 2 prompt tokens"):
+        check_completion(_response(prompt_n=1, cache_n=1), REQUESTS[1])
+    with pytest.raises(RuntimeError, match=r"\(1 from its cache\)"):
+        check_completion(_response(cache_n=1), REQUESTS[1])
+
+
+def test_ggml_cpu_features_come_from_the_system_info_line():
+    log = ("I srv load_model: loading model\n"
+           "I cmn common_param: system_info: n_threads = 2 (n_threads_batch = 2) / 2 | CPU : "
+           "SSE3 = 1 | AVX2 = 1 | AVX512 = 0 | AVX512_BF16 = 1 | OPENMP = 1 | \nI srv done\n")
+    assert ggml_cpu_features(log) == ["SSE3", "AVX2", "AVX512_BF16", "OPENMP"]
+    assert ggml_cpu_features("no such line\n") == []
+
+
+# A stand-in llama-server: the endpoints LlamaCpp uses, refusing any body the bench must not send.
+STAND_IN = '''
+import argparse, json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+parser = argparse.ArgumentParser()
+for flag in ("-m", "-np", "-t", "-c", "--cache-ram", "-lv", "--host", "--port"):
+    parser.add_argument(flag, required=True)
+args = parser.parse_args()
+assert args.np == "1", "one slot"
+print("I cmn common_param: system_info: n_threads = %s / 2 | CPU : AVX2 = 1 | " % args.t,
+      file=sys.stderr, flush=True)
+
+class Handler(BaseHTTPRequestHandler):
+    def _send(self, status, payload):
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._send(200, {"build_info": "b1-stand-in"} if self.path == "/props" else {})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/tokenize":
+            return self._send(200, {"tokens": [ord(c) for c in body["content"]]})
+        ok = (all(isinstance(t, int) for t in body["prompt"]) and body["temperature"] == 0
+              and body["ignore_eos"] is True and body["cache_prompt"] is False)
+        n = body["n_predict"]
+        self._send(200 if ok else 400, {"tokens_predicted": n, "timings": {
+            "prompt_n": len(body["prompt"]), "cache_n": 0, "prompt_ms": 1.0,
+            "predicted_ms": 2.0 * (n - 1), "predicted_n": n}})
+
+    def log_message(self, *args):
+        pass
+
+HTTPServer((args.host, int(args.port)), Handler).serve_forever()
+'''
+
+
+def test_llama_cpp_system_serves_requests_one_by_one_and_stops(tmp_path):
+    binary = tmp_path / "llama-server"
+    binary.write_text(f"#!{sys.executable}\n" + textwrap.dedent(STAND_IN))
+    binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
+    system = LlamaCpp(binary, tmp_path / "model.gguf", "llama.cpp-test", threads=2, ctx_size=64)
+    try:
+        assert system.build_info == "b1-stand-in"
+        assert system.cpu_features == ["AVX2"]
+        assert system.tokenize("hi") == [104, 105]
+        system.warmup()
+        result = system.run(REQUESTS)
+        pid = system._proc.pid
+    finally:
+        system.close()
+    assert (result.system, result.output_tokens, result.prompt_tokens) == ("llama.cpp-test", 11, 6)
+    assert result.extra["decode_steps"] == 3 + 5 + 0
+    assert result.extra["decode_seconds"] == pytest.approx(2.0 * 8 / 1000)
+    assert result.extra["server_seconds"] == pytest.approx((3 * 1.0 + 2.0 * 8) / 1000)
+    assert result.seconds > 0 and system._proc.returncode is not None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_llama_cpp_needs_concurrency_one():
+    parser = argparse.ArgumentParser()
+    throughput.add_arguments(parser)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(["--llama-cpp", "q4_1"])
+    with pytest.raises(SystemExit, match="needs --concurrency 1"):
+        throughput.run(args)
+
+
+class _Recorder:
+    """A system that records the requests of each ``run`` call."""
+
+    name = "recorder"
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, requests):
+        self.calls.append(list(requests))
+        n = len(self.calls)
+        return RunResult(self.name, 0.5, requests[0].prompt_len, requests[0].output_len,
+                         requests[0].output_len, {"decode_seconds": 0.25, "decode_steps": 2,
+                                                  "calls_so_far": n})
+
+
+def test_one_at_a_time_sums_per_call_amounts_and_keeps_the_last_totals():
+    system = _Recorder()
+    result = run_one_at_a_time(system, REQUESTS)
+    assert system.calls == [[r] for r in REQUESTS]
+    assert result.seconds == pytest.approx(1.5) and result.output_tokens == 11
+    assert result.extra == {"decode_seconds": 0.75, "decode_steps": 6, "calls_so_far": 3}
+
+
+@pytest.fixture(scope="module")
+def tiny_paged_core(tokenizer, tmp_path_factory):
+    folder = build_tiny_model("llama", str(tmp_path_factory.mktemp("alone") / "llama"), tokenizer)
+    return PagedCore("float32", 64 << 20, progress=False, model=folder)
+
+
+def test_paged_core_one_at_a_time_never_batches_and_times_its_decode(tiny_paged_core, monkeypatch):
+    llm, batches = tiny_paged_core.llm, []
+    generate = llm.generate
+
+    def recording_generate(prompts, params, use_tqdm):
+        batches.append(len(prompts))  # generate returns once every prompt it got has finished
+        return generate(prompts, params, use_tqdm=use_tqdm)
+
+    monkeypatch.setattr(llm, "generate", recording_generate)
+    requests = [BenchRequest(list(range(100, 100 + n)), out) for n, out in ((5, 3), (9, 7), (2, 4))]
+    result = run_one_at_a_time(tiny_paged_core, requests)
+    assert batches == [1, 1, 1]
+    assert result.output_tokens == 14 and result.extra["decode_steps"] == 2 + 6 + 3
+    assert 0 < result.extra["decode_seconds"] < result.seconds
+    summary = throughput._summarize_runs({"paged-core": [result]})["paged-core"]
+    assert summary["median_decode_ms_per_token"] == pytest.approx(
+        1000 * result.extra["decode_seconds"] / 11)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(llama_cpp_build.built_llama_server() is None,
+                    reason="llama-server not built in the cache: run `paged-core bench throughput "
+                           "--concurrency 1 --llama-cpp q4_1,bf16 --quick` once (builds it, ~5 min)")
+def test_real_lone_user_comparison_with_llama_cpp(tmp_path):
+    from paged_core.bench.cli import main
+
+    assert main(["throughput", "--concurrency", "1", "--llama-cpp", "q4_1,bf16",
+                 "--systems", "paged-core", "--num-requests", "2", "--prompt-median", "16",
+                 "--output-median", "8", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "results" / "throughput.json").read_text())
+    assert result["concurrency"] == 1 and result["workload"]["num_requests"] == 2
+    assert {"cpu", "cpu_isa", "cpu_flags"} <= set(result["machine"])
+    assert set(result["systems"]) == {"paged-core", "llama.cpp-q4_1", "llama.cpp-bf16"}
+    for name, entry in result["systems"].items():
+        (run,) = entry["runs"]
+        assert run["output_tokens"] == result["workload"]["output_tokens"]
+        assert entry["median_decode_ms_per_token"] > 0
+    for info in result["llama_cpp"].values():
+        assert info["tokenizer_matches"] and info["ggml_cpu_features"]
+    readme = Path(tmp_path / "README.md").read_text()
+    assert "paged-core / llama.cpp-bf16 (output tok/s)" in readme
