@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .sampling_params import _check_int, _check_number
+from .param_checks import check_int, check_number
 
 MAX_BEAM_WIDTH = 128
 
@@ -41,10 +41,10 @@ class BeamSearchParams:
     early_stopping: bool | str = False
 
     def __post_init__(self) -> None:
-        _check_int("beam_width", self.beam_width, lo=1, hi=MAX_BEAM_WIDTH)
-        _check_int("max_tokens", self.max_tokens, lo=1)
-        _check_number("temperature", self.temperature, ">= 0", self.temperature >= 0)
-        _check_number("length_penalty", self.length_penalty, "(any finite number)", True)
+        check_int("beam_width", self.beam_width, lo=1, hi=MAX_BEAM_WIDTH)
+        check_int("max_tokens", self.max_tokens, lo=1)
+        check_number("temperature", self.temperature, ">= 0", self.temperature >= 0)
+        check_number("length_penalty", self.length_penalty, "(any finite number)", True)
         for name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")

@@ -19,28 +19,28 @@ import torch
 
 from .beam_request import BeamSearchRequest
 from .beam_search_params import BeamSearchParams
-from .block_manager import KVCacheManager
 from .config import EngineConfig
+from .core.kv_cache_manager import KVCacheManager
+from .core.scheduler import Scheduler, SchedulerOutput, StepBudget
+from .core.step_cost import StepCostModel, latency_budget
+from .devices import resolve_device, resolve_dtype
 from .distributed.executor import make_executor
 from .distributed.worker import RankSpec
+from .eos import eos_token_ids
+from .exceptions import RequestFailedError
 from .model_loader import load_hf_config, load_tokenizer, resolve_model_folder
-from .models.llama import LlamaFamilySpec
+from .models.llama_spec import LlamaFamilySpec
 from .models.sharding import ShardPlan
-from .packed_batch import StepInput, bucketed_num_tokens, pack_batch
 from .outputs import RequestOutput
+from .packed_batch import StepInput, bucketed_num_tokens, pack_batch
 from .prompts import PromptInput, tokenize_prompt
 from .request import Request
 from .sampler import Sampler
 from .sampling_params import SamplingParams
-from .structured_outputs import GrammarCompilerCache
-from .scheduler import Scheduler, SchedulerOutput, StepBudget
-from .step_cost import StepCostModel, latency_budget
-from .devices import resolve_device, resolve_dtype
-from .eos import eos_token_ids
-from .exceptions import RequestFailedError
+from .spec_decode.factory import make_proposer
 from .spec_decode.metrics import SpecDecodingStats
-from .spec_decode.proposer import make_proposer
 from .spec_decode.rejection_sampler import num_accepted, verify_rows
+from .structured_outputs import GrammarCompilerCache
 
 logger = logging.getLogger(__name__)
 
