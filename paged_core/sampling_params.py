@@ -1,9 +1,9 @@
 """Sampling parameters of one request, validated at construction.
 
 Names and defaults follow vLLM's ``SamplingParams`` so that its users feel at
-home. Every invalid value raises ``ValueError`` naming the field and the
-allowed range; servers turn that message into a 400 response as is. Values are
-checked twice: on their own at construction (types, ranges, finite numbers),
+home. Every invalid value raises ``ParamValidationError`` (a ``ValueError``) whose
+``param`` is the field and whose message names it and the allowed range; servers
+turn it into a 400 naming ``param``, the message as is. Values are checked twice: on their own at construction (types, ranges, finite numbers),
 and against the model and the prompt by ``verify_for_model`` (token ids in the
 vocabulary, lengths within the context), so nothing that reaches the engine
 can fail a whole step.
@@ -14,7 +14,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .beam_search_params import BeamSearchParams
-from .param_checks import as_list, check_int, check_number
+from .exceptions import ParamValidationError
+from .param_checks import as_list, check_bool, check_int, check_number
 from .structured_outputs.params import StructuredOutputsParams
 
 __all__ = ["BeamSearchParams", "SamplingParams"]  # BeamSearchParams: importable here, as in vLLM
@@ -66,8 +67,8 @@ class SamplingParams:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(
-                f"unknown sampling parameter(s) {unknown}; allowed: {sorted(known)}")
+            raise ParamValidationError(
+                f"unknown sampling parameter(s) {unknown}; allowed: {sorted(known)}", unknown[0])
         return cls(**values)
 
     @property
@@ -85,7 +86,7 @@ class SamplingParams:
 
     def verify_for_model(self, vocab_size: int, max_model_len: int,
                          num_prompt_tokens: int) -> None:
-        """The checks that need the model and the prompt; raises ``ValueError`` naming the field.
+        """The checks that need the model and the prompt; raises ``ParamValidationError`` naming the field.
 
         Token ids must be in the vocabulary and ``top_k`` at most its size; the
         prompt plus ``max_tokens`` (and plus ``min_tokens``) must fit in
@@ -94,19 +95,21 @@ class SamplingParams:
         """
         for t in self.stop_token_ids:
             if t >= vocab_size:
-                raise ValueError(f"stop_token_ids must be token ids in [0, {vocab_size}) "
-                                 f"(the model's vocabulary), got {t}")
+                raise ParamValidationError(f"stop_token_ids must be token ids in [0, "
+                                           f"{vocab_size}) (the model's vocabulary), got {t}",
+                                           "stop_token_ids")
         if self.top_k > vocab_size:
-            raise ValueError(f"top_k must be at most the vocabulary size ({vocab_size}), or 0 / "
-                             f"-1 to disable it, got {self.top_k}")
+            raise ParamValidationError(f"top_k must be at most the vocabulary size "
+                                       f"({vocab_size}), or 0 / -1 to disable it, got "
+                                       f"{self.top_k}", "top_k")
         room = max_model_len - num_prompt_tokens
         for name in ("max_tokens", "min_tokens"):
             value = getattr(self, name)
             if value is not None and value > room:
-                raise ValueError(
+                raise ParamValidationError(
                     f"{name} is too large: {value}. This model's context is max_model_len="
                     f"{max_model_len} tokens and the prompt has {num_prompt_tokens}, so at most "
-                    f"{room} tokens can be generated; lower {name} or shorten the prompt")
+                    f"{room} tokens can be generated; lower {name} or shorten the prompt", name)
 
     @property
     def has_penalties(self) -> bool:
@@ -132,17 +135,16 @@ class SamplingParams:
             check_int("max_tokens", self.max_tokens, lo=1)
         check_int("min_tokens", self.min_tokens, lo=0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(
+            raise ParamValidationError(
                 f"min_tokens must be <= max_tokens, got min_tokens={self.min_tokens} "
-                f"and max_tokens={self.max_tokens}")
+                f"and max_tokens={self.max_tokens}", "min_tokens")
         if self.logprobs is not None:
             check_int("logprobs", self.logprobs, lo=0, hi=20)
         for s in self.stop:
             if not isinstance(s, str) or not s:
-                raise ValueError(f"stop must hold non-empty strings, got {s!r}")
+                raise ParamValidationError(f"stop must hold non-empty strings, got {s!r}", "stop")
         for t in self.stop_token_ids:
             check_int("stop_token_ids", t, lo=0)
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+            check_bool(name, getattr(self, name))
 
