@@ -1,4 +1,4 @@
-# The README's commands: `make serve`, `make test`; `make setup` is idempotent.
+# The README's commands: `make serve`, `make test`, `make test-fast`; `make setup` is idempotent.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -9,7 +9,7 @@ ADAPTER ?= bentoml
 PORT ?= 8000
 PROMPT ?= The capital of France is
 
-.PHONY: setup serve test bench clean
+.PHONY: setup serve test test-fast bench clean
 
 setup: $(STAMP)
 
@@ -30,6 +30,11 @@ PYTEST_WORKERS ?= 2
 
 test: setup
 	$(PY) -m pytest -q -ra -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# The fast tier: the pure engine core (tests/core: KV manager, scheduler, queue, step cost,
+# import graph), no model, no server; seconds.
+test-fast: setup
+	$(PY) -m pytest -q -ra tests/core $(PYTEST_ARGS)
 
 bench: setup
 	$(VENV)/bin/paged-core bench all --quick

@@ -20,8 +20,8 @@ from .beam_search_params import BeamSearchParams
 from .config import EngineConfig
 from .engine import LLMEngine
 from .engine_client import EngineClient
-from .exceptions import (EngineDeadError, EngineOverloadedError, RequestFailedError,
-                         RequestTimeoutError)
+from .exceptions import (EngineDeadError, EngineOverloadedError, ParamValidationError,
+                         RequestFailedError, RequestTimeoutError)
 from .llm import LLM
 from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from .sampling_params import SamplingParams
@@ -29,7 +29,7 @@ from .structured_outputs import StructuredOutputsParams
 
 __all__ = [
     "LLM", "LLMEngine", "AsyncEngine", "EngineClient", "EngineConfig", "SamplingParams",
-    "StructuredOutputsParams", "EngineDeadError", "EngineOverloadedError",
+    "StructuredOutputsParams", "EngineDeadError", "EngineOverloadedError", "ParamValidationError",
     "RequestFailedError", "RequestTimeoutError", "RequestOutput", "CompletionOutput", "Logprob",
     "RequestMetrics", "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence",
 ]

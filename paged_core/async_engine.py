@@ -3,8 +3,8 @@ request gets an async stream of ``RequestOutput`` deltas.
 
 Threading model: all engine state is touched only by the step-loop thread.
 Callers (any event loop, any thread) validate and tokenize requests in a worker
-thread (so a huge prompt never stalls their event loop), then hand ``add`` /
-``abort`` commands to the loop through a locked list; the loop applies them
+thread (so a huge prompt never stalls their event loop), then hand ``AddRequest`` /
+``AbortRequest`` commands (``engine_commands``) to the loop through a locked list; the loop applies them
 between steps and posts outputs back with ``call_soon_threadsafe``. A stream
 whose consumer goes away (cancellation, ``aclose``, a client disconnect) sends
 an abort, so its blocks are freed within one step.
@@ -48,6 +48,7 @@ from .admission import AdmissionGate
 from .config import SERVING_ITL_TARGET_MS, EngineConfig
 from .deadlines import Deadlines, check_timeout
 from .engine import LLMEngine
+from .engine_commands import AbortRequest, AddRequest, EngineCommand
 from .exceptions import EngineDeadError, RequestTimeoutError
 from .outputs import RequestOutput
 from .prompts import PromptInput
@@ -65,7 +66,7 @@ class AsyncEngine:
             self.config = dataclasses.replace(self.config, itl_target_ms=SERVING_ITL_TARGET_MS)
         self.engine = LLMEngine(self.config)
         self._lock = threading.Lock()
-        self._commands: list[tuple[str, Any]] = []
+        self._commands: list[EngineCommand] = []
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._gate = AdmissionGate(self.config.max_waiting_requests)
@@ -151,7 +152,7 @@ class AsyncEngine:
         finished = False
         try:
             self._check_alive()  # a loop that stops from now on ends this stream itself
-            self._submit("add", (request, deadline, timeout))
+            self._submit(AddRequest(request, deadline, timeout))
             while not finished:
                 item = await queue.get()
                 if waiting:
@@ -166,7 +167,7 @@ class AsyncEngine:
                 self._gate.release()
             self._streams.pop(request_id, None)
             if not finished:
-                self._submit("abort", request_id)
+                self._submit(AbortRequest(request_id))
 
     async def beam_search(self, prompt: PromptInput, request_id: str | None,
                           params: BeamSearchParams) -> AsyncIterator[RequestOutput]:
@@ -179,7 +180,7 @@ class AsyncEngine:
 
     async def abort(self, request_id: str) -> None:
         """Abort a request; its stream ends with ``finish_reason="abort"``, its blocks are freed."""
-        self._submit("abort", request_id)
+        self._submit(AbortRequest(request_id))
 
     async def shutdown(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.shutdown_sync)
@@ -208,9 +209,9 @@ class AsyncEngine:
         self._thread.join()
 
     # -- the step loop (engine thread) -----------------------------------------------
-    def _submit(self, kind: str, payload: Any) -> None:
+    def _submit(self, command: EngineCommand) -> None:
         with self._lock:
-            self._commands.append((kind, payload))
+            self._commands.append(command)
         self._wake.set()
 
     def _check_alive(self) -> None:
@@ -274,22 +275,28 @@ class AsyncEngine:
     def _apply_commands(self) -> None:
         with self._lock:
             commands, self._commands = self._commands, []
-        for kind, payload in commands:
-            if kind == "add":
-                request, deadline, timeout = payload
-                if request.request_id not in self._streams:
-                    continue  # its consumer left before the request reached the engine
-                try:
-                    self.engine.add_request(request)
-                except ValueError as exc:  # e.g. a request id still in use
-                    self._deliver(request.request_id, exc)
-                    continue
-                if deadline is not None:
-                    self._deadlines.add(request, deadline, timeout)
+        for command in commands:
+            if isinstance(command, AddRequest):
+                self._add(command)
             else:
-                out = self.engine.abort_request(payload)
-                if out is not None:
-                    self._deliver(payload, out.error or out)
+                self._abort(command.request_id)
+
+    def _add(self, command: AddRequest) -> None:
+        request = command.request
+        if request.request_id not in self._streams:
+            return  # its consumer left before the request reached the engine
+        try:
+            self.engine.add_request(request)
+        except ValueError as exc:  # e.g. a request id still in use
+            self._deliver(request.request_id, exc)
+            return
+        if command.deadline is not None:
+            self._deadlines.add(request, command.deadline, command.timeout)
+
+    def _abort(self, request_id: str) -> None:
+        out = self.engine.abort_request(request_id)
+        if out is not None:
+            self._deliver(request_id, out.error or out)
 
     def _expire_deadlines(self) -> None:
         """Abort every request past its deadline; its stream ends with ``RequestTimeoutError``."""

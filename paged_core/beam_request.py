@@ -33,10 +33,10 @@ import torch
 
 from .beam_search import beam_score
 from .beam_search_params import BeamSearchParams
+from .core.sequence import Sequence
 from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from .request import _seq_ids  # one id space for every sequence: block tables are keyed by it
 from .scheduling_fields import SchedulingFields
-from .sequence import Sequence
 
 TokenRecord = tuple[int, float, int]  # (token id, log-probability, rank: 1 = most likely)
 

@@ -59,12 +59,12 @@ class EngineConfig:
     ``long_prefill_token_threshold`` and ``max_num_partial_prefills`` bound how
     much prompt work a step that carries decodes may take (so long prompts
     arriving under load stall running streams by at most one such step; see
-    ``paged_core.scheduler``); 0 disables either. ``itl_target_ms`` bounds such
+    ``paged_core.core.scheduler``); 0 disables either. ``itl_target_ms`` bounds such
     steps by time instead: they take only as much prompt work as the measured
     step cost predicts fits in that many milliseconds (9 steps in 10), and long
     prompts start only while the running ones' decodes fit in it (short ones
-    while fewer than 16 run; see ``paged_core.step_cost`` and
-    ``paged_core.scheduler``) (``None``: the usage default,
+    while fewer than 16 run; see ``paged_core.core.step_cost`` and
+    ``paged_core.core.scheduler``) (``None``: the usage default,
     ``SERVING_ITL_TARGET_MS`` for ``AsyncEngine`` servers, off for the offline
     ``LLM``; 0: off).
     ``speculative_config`` turns on speculative decoding with vLLM's dict

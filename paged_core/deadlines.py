@@ -14,14 +14,17 @@ import time
 import weakref
 from typing import Any, Iterator
 
+from .exceptions import ParamValidationError
+
 
 def check_timeout(timeout: Any) -> float | None:
-    """``timeout`` as seconds if it is ``None`` or a positive finite number, else ``ValueError``."""
+    """``timeout`` as seconds if it is ``None`` or a positive finite number, else ``ParamValidationError``."""
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
             or not math.isfinite(timeout) or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        raise ParamValidationError(
+            f"timeout must be a positive number of seconds, got {timeout!r}", "timeout")
     return float(timeout)
 
 

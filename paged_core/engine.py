@@ -19,28 +19,30 @@ import torch
 
 from .beam_request import BeamSearchRequest
 from .beam_search_params import BeamSearchParams
-from .block_manager import KVCacheManager
 from .config import EngineConfig
+from .core.kv_cache_manager import KVCacheManager
+from .core.scheduler import Scheduler, SchedulerOutput, StepBudget
+from .core.sequence import Sequence
+from .core.step_cost import StepCostModel, latency_budget
+from .devices import resolve_device, resolve_dtype
 from .distributed.executor import make_executor
 from .distributed.worker import RankSpec
+from .eos import eos_token_ids
+from .exceptions import RequestFailedError
 from .model_loader import load_hf_config, load_tokenizer, resolve_model_folder
-from .models.llama import LlamaFamilySpec
+from .models.llama_spec import LlamaFamilySpec
 from .models.sharding import ShardPlan
-from .packed_batch import StepInput, bucketed_num_tokens, pack_batch
 from .outputs import RequestOutput
+from .packed_batch import StepInput, bucketed_num_tokens, pack_batch
 from .prompts import PromptInput, tokenize_prompt
 from .request import Request
 from .sampler import Sampler
 from .sampling_params import SamplingParams
-from .structured_outputs import GrammarCompilerCache
-from .scheduler import Scheduler, SchedulerOutput, StepBudget
-from .step_cost import StepCostModel, latency_budget
-from .devices import resolve_device, resolve_dtype
-from .eos import eos_token_ids
-from .exceptions import RequestFailedError
+from .sampling_plan import SamplingPlan
+from .spec_decode.factory import make_proposer
 from .spec_decode.metrics import SpecDecodingStats
-from .spec_decode.proposer import make_proposer
-from .spec_decode.rejection_sampler import num_accepted, verify_rows
+from .spec_decode.rejection_sampler import num_accepted
+from .structured_outputs import GrammarCompilerCache
 
 logger = logging.getLogger(__name__)
 
@@ -199,52 +201,69 @@ class LLMEngine:
 
     def update_from_output(self, sched: SchedulerOutput,
                            logits: torch.Tensor) -> list[RequestOutput]:
-        """Advance every scheduled sequence, fork, sample, append tokens, free the finished."""
-        now = time.monotonic()
+        """Advance every scheduled sequence, fork, sample, append tokens, free the finished.
+
+        Outputs come in this order: requests that failed forking, beam searches that
+        ended, requests that failed appending, then the other requests that got tokens."""
         outputs: list[RequestOutput] = []
-        rows, targets, logit_rows = [], [], []
-        beam_requests: dict[str, BeamSearchRequest] = {}
+        plan, beam_searches = self._advance_scheduled(sched, logits, outputs)
+        for request in beam_searches:
+            outputs += self._advance_beam_search(request)
+        if plan.rows:
+            tokens, logprobs = self.sampler(plan.select(logits), plan.rows)
+            touched = self._accept_tokens(plan.targets, tokens, logprobs, outputs)
+            outputs += self._make_outputs(touched)
+        return outputs
+
+    def _advance_scheduled(self, sched: SchedulerOutput, logits: torch.Tensor,
+                           outputs: list[RequestOutput]
+                           ) -> tuple[SamplingPlan, list[BeamSearchRequest]]:
+        """Count every scheduled token as computed; hand beams their logits; plan the
+        sampling of every other sampled sequence and of the samples it forks now."""
+        now = time.monotonic()
+        plan = SamplingPlan()
+        beam_searches: dict[str, BeamSearchRequest] = {}
         next_logit_row = 0
         for item in sched.scheduled:
-            seq = item.seq
+            seq, request = item.seq, item.seq.request
             sampled = _is_sampled(item)
             seq.num_computed_tokens += item.num_new_tokens
-            request = seq.request
             if request.metrics.first_scheduled_time is None:
                 request.metrics.first_scheduled_time = now
             if not sampled:
                 continue
             logit_row = next_logit_row  # this sequence's rows: one, plus one per draft token
             next_logit_row += 1 + len(seq.spec_token_ids)
-            samples = [seq]
             if seq.num_output_tokens == 0 and seq.sample_index == 0:
                 request.num_cached_tokens = seq.num_cached_tokens
             if isinstance(request, BeamSearchRequest):
                 request.take_logits(seq, logits[logit_row])
-                beam_requests[request.request_id] = request
+                beam_searches[request.request_id] = request
                 continue
-            if request.needs_fork:
-                try:
-                    children = request.fork()
-                except Exception as exc:
-                    outputs.append(self._fail_request(request, exc))
-                    continue
-                for child in children:
-                    self.kv.fork(seq, child)
-                    self.scheduler.add_running(child)
-                samples += children
-            for target in samples:  # forks happen after the prompt: only ``seq`` has drafts
-                target_rows = verify_rows(request, target)
-                rows += target_rows
-                targets.append(target)
-                logit_rows += range(logit_row, logit_row + len(target_rows))
-        for request in beam_requests.values():
-            outputs += self._advance_beam_search(request)
-        if not rows:
-            return outputs
-        if len(logit_rows) != logits.shape[0]:
-            logits = logits[torch.tensor(logit_rows, device=logits.device)]
-        tokens, logprobs = self.sampler(logits, rows)
+            for target in self._fork_samples(seq, outputs):  # only ``seq`` has drafts
+                plan.add(request, target, logit_row)
+        return plan, list(beam_searches.values())
+
+    def _fork_samples(self, seq: Sequence, outputs: list[RequestOutput]) -> list[Sequence]:
+        """``seq`` and, right after its prompt, the ``n - 1`` samples its request forks from
+        it (sharing its blocks); none if forking failed (the request's output says why)."""
+        request = seq.request
+        if not request.needs_fork:
+            return [seq]
+        try:
+            children = request.fork()
+        except Exception as exc:
+            outputs.append(self._fail_request(request, exc))
+            return []
+        for child in children:
+            self.kv.fork(seq, child)
+            self.scheduler.add_running(child)
+        return [seq, *children]
+
+    def _accept_tokens(self, targets: list[Sequence], tokens: list[int], logprobs: list,
+                       outputs: list[RequestOutput]) -> dict[str, Request]:
+        """Append each target's sampled tokens (the accepted drafts and one more); roll back
+        rejected drafts; free the finished. Returns the requests that got tokens."""
         touched: dict[str, Request] = {}
         end = 0
         for seq in targets:
@@ -268,6 +287,11 @@ class LLMEngine:
                 seq.num_computed_tokens = seq.num_tokens - 1
                 self.kv.free_blocks_past_computed(seq)
             touched[request.request_id] = request
+        return touched
+
+    def _make_outputs(self, touched: dict[str, Request]) -> list[RequestOutput]:
+        """Each request's output delta; a finished request is forgotten."""
+        outputs = []
         for request in touched.values():
             try:
                 out = request.make_output()

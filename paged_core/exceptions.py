@@ -9,6 +9,10 @@
 
 Both carry the original exception as ``__cause__``.
 
+Before either, a request is validated: ``ParamValidationError`` (a ``ValueError``)
+names the field it refuses in ``param``, so a server's 400 names it without reading
+the message.
+
 Two refusals of a healthy engine, raised before or instead of any output:
 
 - ``EngineOverloadedError``: too many requests already wait for their first
@@ -17,6 +21,15 @@ Two refusals of a healthy engine, raised before or instead of any output:
   it was aborted (``finish_reason`` "abort") and its blocks freed.
 """
 from __future__ import annotations
+
+
+class ParamValidationError(ValueError):
+    """A request value was refused; ``param`` is its field (vLLM's and OpenAI's name for
+    it, e.g. ``"max_tokens"``), or ``None`` when the prompt itself is at fault."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class EngineDeadError(RuntimeError):

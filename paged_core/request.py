@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .core.sequence import Sequence
 from .detokenizer import IncrementalDetokenizer
 from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from .sampler import SamplingRow, TokenLogprobs
 from .sampling_params import SamplingParams
 from .scheduling_fields import SchedulingFields
-from .sequence import Sequence
 from .structured_outputs import SequenceGrammar
 
 _seq_ids = itertools.count()

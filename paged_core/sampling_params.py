@@ -1,20 +1,24 @@
 """Sampling parameters of one request, validated at construction.
 
 Names and defaults follow vLLM's ``SamplingParams`` so that its users feel at
-home. Every invalid value raises ``ValueError`` naming the field and the
-allowed range; servers turn that message into a 400 response as is. Values are
-checked twice: on their own at construction (types, ranges, finite numbers),
+home. Every invalid value raises ``ParamValidationError`` (a ``ValueError``) whose
+``param`` is the field and whose message names it and the allowed range; servers
+turn it into a 400 naming ``param``, the message as is. Values are checked twice: on their own at construction (types, ranges, finite numbers),
 and against the model and the prompt by ``verify_for_model`` (token ids in the
 vocabulary, lengths within the context), so nothing that reaches the engine
 can fail a whole step.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from .beam_search_params import BeamSearchParams
+from .exceptions import ParamValidationError
+from .param_checks import as_list, check_bool, check_int, check_number
 from .structured_outputs.params import StructuredOutputsParams
+
+__all__ = ["BeamSearchParams", "SamplingParams"]  # BeamSearchParams: importable here, as in vLLM
 
 _GREEDY_EPS = 1e-5
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1  # what torch.Generator.manual_seed takes
@@ -51,8 +55,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.structured_outputs is not None:
             self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
-        self.stop = _as_list("stop", [self.stop] if isinstance(self.stop, str) else self.stop)
-        self.stop_token_ids = _as_list("stop_token_ids", self.stop_token_ids)
+        self.stop = as_list("stop", [self.stop] if isinstance(self.stop, str) else self.stop)
+        self.stop_token_ids = as_list("stop_token_ids", self.stop_token_ids)
         if self.top_k == -1:
             self.top_k = 0
         self._validate()
@@ -63,8 +67,8 @@ class SamplingParams:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(
-                f"unknown sampling parameter(s) {unknown}; allowed: {sorted(known)}")
+            raise ParamValidationError(
+                f"unknown sampling parameter(s) {unknown}; allowed: {sorted(known)}", unknown[0])
         return cls(**values)
 
     @property
@@ -82,7 +86,7 @@ class SamplingParams:
 
     def verify_for_model(self, vocab_size: int, max_model_len: int,
                          num_prompt_tokens: int) -> None:
-        """The checks that need the model and the prompt; raises ``ValueError`` naming the field.
+        """The checks that need the model and the prompt; raises ``ParamValidationError`` naming the field.
 
         Token ids must be in the vocabulary and ``top_k`` at most its size; the
         prompt plus ``max_tokens`` (and plus ``min_tokens``) must fit in
@@ -91,19 +95,21 @@ class SamplingParams:
         """
         for t in self.stop_token_ids:
             if t >= vocab_size:
-                raise ValueError(f"stop_token_ids must be token ids in [0, {vocab_size}) "
-                                 f"(the model's vocabulary), got {t}")
+                raise ParamValidationError(f"stop_token_ids must be token ids in [0, "
+                                           f"{vocab_size}) (the model's vocabulary), got {t}",
+                                           "stop_token_ids")
         if self.top_k > vocab_size:
-            raise ValueError(f"top_k must be at most the vocabulary size ({vocab_size}), or 0 / "
-                             f"-1 to disable it, got {self.top_k}")
+            raise ParamValidationError(f"top_k must be at most the vocabulary size "
+                                       f"({vocab_size}), or 0 / -1 to disable it, got "
+                                       f"{self.top_k}", "top_k")
         room = max_model_len - num_prompt_tokens
         for name in ("max_tokens", "min_tokens"):
             value = getattr(self, name)
             if value is not None and value > room:
-                raise ValueError(
+                raise ParamValidationError(
                     f"{name} is too large: {value}. This model's context is max_model_len="
                     f"{max_model_len} tokens and the prompt has {num_prompt_tokens}, so at most "
-                    f"{room} tokens can be generated; lower {name} or shorten the prompt")
+                    f"{room} tokens can be generated; lower {name} or shorten the prompt", name)
 
     @property
     def has_penalties(self) -> bool:
@@ -111,70 +117,34 @@ class SamplingParams:
                 or self.frequency_penalty != 0.0)
 
     def _validate(self) -> None:
-        _check_int("n", self.n, lo=1, hi=128)
-        _check_number("temperature", self.temperature, ">= 0", self.temperature >= 0)
-        _check_number("top_p", self.top_p, "in (0, 1]", 0 < self.top_p <= 1)
-        _check_int("top_k", self.top_k, lo=0, note="0 or -1 disables it")
-        _check_number("min_p", self.min_p, "in [0, 1]", 0 <= self.min_p <= 1)
-        _check_number("repetition_penalty", self.repetition_penalty, "> 0",
-                      self.repetition_penalty > 0)
-        _check_number("presence_penalty", self.presence_penalty, "in [-2, 2]",
-                      -2 <= self.presence_penalty <= 2)
-        _check_number("frequency_penalty", self.frequency_penalty, "in [-2, 2]",
-                      -2 <= self.frequency_penalty <= 2)
+        check_int("n", self.n, lo=1, hi=128)
+        check_number("temperature", self.temperature, ">= 0", self.temperature >= 0)
+        check_number("top_p", self.top_p, "in (0, 1]", 0 < self.top_p <= 1)
+        check_int("top_k", self.top_k, lo=0, note="0 or -1 disables it")
+        check_number("min_p", self.min_p, "in [0, 1]", 0 <= self.min_p <= 1)
+        check_number("repetition_penalty", self.repetition_penalty, "> 0",
+                     self.repetition_penalty > 0)
+        check_number("presence_penalty", self.presence_penalty, "in [-2, 2]",
+                     -2 <= self.presence_penalty <= 2)
+        check_number("frequency_penalty", self.frequency_penalty, "in [-2, 2]",
+                     -2 <= self.frequency_penalty <= 2)
         if self.seed is not None:
-            _check_int("seed", self.seed, lo=SEED_MIN, hi=SEED_MAX,
-                       note="a signed or unsigned 64-bit integer")
+            check_int("seed", self.seed, lo=SEED_MIN, hi=SEED_MAX,
+                      note="a signed or unsigned 64-bit integer")
         if self.max_tokens is not None:
-            _check_int("max_tokens", self.max_tokens, lo=1)
-        _check_int("min_tokens", self.min_tokens, lo=0)
+            check_int("max_tokens", self.max_tokens, lo=1)
+        check_int("min_tokens", self.min_tokens, lo=0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(
+            raise ParamValidationError(
                 f"min_tokens must be <= max_tokens, got min_tokens={self.min_tokens} "
-                f"and max_tokens={self.max_tokens}")
+                f"and max_tokens={self.max_tokens}", "min_tokens")
         if self.logprobs is not None:
-            _check_int("logprobs", self.logprobs, lo=0, hi=20)
+            check_int("logprobs", self.logprobs, lo=0, hi=20)
         for s in self.stop:
             if not isinstance(s, str) or not s:
-                raise ValueError(f"stop must hold non-empty strings, got {s!r}")
+                raise ParamValidationError(f"stop must hold non-empty strings, got {s!r}", "stop")
         for t in self.stop_token_ids:
-            _check_int("stop_token_ids", t, lo=0)
+            check_int("stop_token_ids", t, lo=0)
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+            check_bool(name, getattr(self, name))
 
-
-def _as_list(name: str, value: Any) -> list:
-    if value is None:
-        return []
-    if not isinstance(value, (list, tuple)):
-        raise ValueError(f"{name} must be a list, got {value!r}")
-    return list(value)
-
-
-def _check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None,
-               note: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        bounds = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        extra = f" ({note})" if note else ""
-        raise ValueError(f"{name} must be {bounds}{extra}, got {value}")
-
-
-def _check_number(name: str, value: Any, allowed: str, ok: bool) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number {allowed}, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number {allowed}, got {value}")
-    if not ok:
-        raise ValueError(f"{name} must be {allowed}, got {value}")
-
-
-def __getattr__(name: str) -> Any:
-    """``from paged_core.sampling_params import BeamSearchParams`` works, as in vLLM (it lives
-    in ``beam_search_params``, which imports this module: hence the lazy lookup)."""
-    if name == "BeamSearchParams":
-        from .beam_search_params import BeamSearchParams
-        return BeamSearchParams
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .exceptions import ParamValidationError
+
 
 @dataclass(kw_only=True, eq=False)  # eq=False: kinds keep their own ==
 class SchedulingFields:
@@ -21,4 +23,5 @@ class SchedulingFields:
     def __post_init__(self) -> None:
         priority = self.priority
         if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 2**31:
-            raise ValueError(f"priority must be an integer in [-2**31, 2**31], got {priority!r}")
+            raise ParamValidationError(
+                f"priority must be an integer in [-2**31, 2**31], got {priority!r}", "priority")

@@ -13,8 +13,6 @@ embedding, and the logits gathered to rank 0.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,65 +21,9 @@ from ..attention import AttentionBackend, AttentionMetadata
 from ..distributed.group import SINGLE, TensorParallelGroup
 from .elementwise import TORCH_OPS, FusedCpuOps, TorchOps
 from .layers import RMSNorm, RotaryEmbedding
+from .llama_spec import LlamaFamilySpec
 from .parallel_layers import RowParallelLinear, VocabParallelEmbedding
 from .sharding import ShardPlan
-
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-
-
-@dataclass(frozen=True)
-class LlamaFamilySpec:
-    """What differs between the family's members, read off a Hugging Face config."""
-
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    rms_norm_eps: float
-    qkv_bias: bool
-    o_bias: bool
-    mlp_bias: bool
-    qk_norm: bool
-    tie_word_embeddings: bool
-    sliding_windows: tuple[int | None, ...]  # one per layer
-
-    @classmethod
-    def from_hf_config(cls, cfg) -> "LlamaFamilySpec":
-        model_type = cfg.model_type
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
-                f"model_type {model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}")
-        attention_bias = bool(getattr(cfg, "attention_bias", False))
-        heads = cfg.num_attention_heads
-        return cls(
-            num_layers=cfg.num_hidden_layers,
-            hidden_size=cfg.hidden_size,
-            num_heads=heads,
-            num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
-            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-            intermediate_size=cfg.intermediate_size,
-            vocab_size=cfg.vocab_size,
-            rms_norm_eps=cfg.rms_norm_eps,
-            qkv_bias=attention_bias or model_type == "qwen2",
-            o_bias=attention_bias and model_type == "llama",
-            mlp_bias=bool(getattr(cfg, "mlp_bias", False)),
-            qk_norm=model_type == "qwen3",
-            tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
-            sliding_windows=_sliding_windows(cfg),
-        )
-
-
-def _sliding_windows(cfg) -> tuple[int | None, ...]:
-    window = getattr(cfg, "sliding_window", None)
-    layer_types = getattr(cfg, "layer_types", None)
-    if cfg.model_type in ("qwen2", "qwen3") and not getattr(cfg, "use_sliding_window", False):
-        window = None
-    if layer_types:
-        return tuple(window if t == "sliding_attention" else None for t in layer_types)
-    return (window,) * cfg.num_hidden_layers
 
 
 class LlamaAttention(nn.Module):

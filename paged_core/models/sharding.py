@@ -16,10 +16,8 @@ heads find their KV head locally. Sizes that split neither way are refused.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .llama import LlamaFamilySpec
+from .llama_spec import LlamaFamilySpec
 
 # (HF weight name fragment, dimension split, what it is split by)
 _COLUMN_SPLITS = {"q_proj": "q", "k_proj": "kv", "v_proj": "kv", "gate_proj": "mlp",

@@ -13,8 +13,6 @@ from paged_core.beam_search_params import BeamSearchParams
 from .errors import OpenAIError, bad_request
 from .protocol import SamplingFields
 
-BEAM_SEARCH_FIELDS = ("beam_width", "max_tokens", "length_penalty", "ignore_eos", "temperature",
-                      "include_stop_str_in_output")
 _PASS_THROUGH = ("length_penalty", "ignore_eos", "temperature", "include_stop_str_in_output")
 
 
@@ -29,4 +27,4 @@ def beam_search_params(req: SamplingFields, max_tokens: int | None,
     try:
         return BeamSearchParams(beam_width=req.n, max_tokens=max_tokens, **values)
     except ValueError as exc:
-        raise bad_request(exc, BEAM_SEARCH_FIELDS, rename=rename) from None
+        raise bad_request(exc, rename=rename) from None

@@ -11,7 +11,6 @@ its deadline (``RequestTimeoutError``) -> 408.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,8 +18,8 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
-from paged_core import (EngineDeadError, EngineOverloadedError, RequestFailedError,
-                        RequestTimeoutError)
+from paged_core import (EngineDeadError, EngineOverloadedError, ParamValidationError,
+                        RequestFailedError, RequestTimeoutError)
 
 _TYPES = {400: "invalid_request_error", 404: "invalid_request_error",
           405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error",
@@ -77,25 +76,18 @@ def error_response(status: int, message: str, param: str | None = None,
                               headers=headers)
 
 
-def bad_request(exc: ValueError, known_params: list[str] | tuple[str, ...],
-                rename: dict[str, str] | None = None, default_param: str | None = None
-                ) -> OpenAIError:
-    """Turn an engine ``ValueError`` into a 400 naming the request field.
+def bad_request(exc: ValueError, rename: dict[str, str] | None = None,
+                default_param: str | None = None) -> OpenAIError:
+    """Turn the engine's refusal into a 400 naming the request field.
 
-    Engine messages start with (or mention) the field name, e.g.
-    ``"temperature must be >= 0, got -1"``; ``rename`` maps engine field names
-    back to request field names (``max_tokens`` -> ``max_completion_tokens``).
+    ``param`` is the ``ParamValidationError``'s own (``None`` for the prompt, and for
+    any other ``ValueError``: then ``default_param``); ``rename`` maps engine field
+    names back to the request's (``max_tokens`` -> ``max_completion_tokens``).
     """
-    message = str(exc)
-    param = default_param
-    best = len(message) + 1
-    for name in known_params:  # the field named first in the message wins
-        match = re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", message)
-        if match and match.start() < best:
-            param, best = name, match.start()
+    param = (exc.param if isinstance(exc, ParamValidationError) else None) or default_param
     if rename and param in rename:
         param = rename[param]
-    return OpenAIError(400, message, param=param)
+    return OpenAIError(400, str(exc), param=param)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:

@@ -7,13 +7,12 @@ Invariant: fields the client did not send keep ``SamplingParams``' defaults
 """
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import Any
 
 from paged_core.beam_search_params import BeamSearchParams
 from paged_core.sampling_params import SamplingParams
 
-from .beam_params import BEAM_SEARCH_FIELDS, beam_search_params
+from .beam_params import beam_search_params
 from .errors import OpenAIError, bad_request
 from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .structured import structured_outputs_of
@@ -23,8 +22,6 @@ _PASS_THROUGH = ("n", "temperature", "top_p", "stop", "seed", "presence_penalty"
                  "frequency_penalty", "top_k", "min_p", "repetition_penalty", "min_tokens",
                  "ignore_eos", "stop_token_ids", "skip_special_tokens",
                  "include_stop_str_in_output")
-_GENERATE_OPTIONS = ("priority", "timeout")  # arguments of engine.generate, not SamplingParams
-_ENGINE_FIELDS = tuple(f.name for f in fields(SamplingParams)) + BEAM_SEARCH_FIELDS + _GENERATE_OPTIONS
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
 
 
@@ -43,8 +40,7 @@ def request_field_names(req: SamplingFields) -> dict[str, str]:
 def engine_refusal(exc: ValueError, req: SamplingFields, prompt_param: str) -> OpenAIError:
     """A 400 for the engine's refusal of a request (checks that need the model or the
     prompt): ``param`` is the sampling field the message names, else ``prompt_param``."""
-    return bad_request(exc, _ENGINE_FIELDS, rename=request_field_names(req),
-                       default_param=prompt_param)
+    return bad_request(exc, rename=request_field_names(req), default_param=prompt_param)
 
 
 def generate_options(req: SamplingFields) -> dict[str, Any]:
@@ -68,7 +64,7 @@ def _build(values: dict[str, Any], req: SamplingFields) -> SamplingParams:
     try:
         return SamplingParams(**values)
     except ValueError as exc:
-        raise bad_request(exc, _ENGINE_FIELDS, rename=request_field_names(req)) from None
+        raise bad_request(exc, rename=request_field_names(req)) from None
 
 
 _CONSTRAINT_FIELDS = ("tools", "response_format", "structured_outputs", "guided_json",

@@ -24,13 +24,13 @@ from dataclasses import replace
 
 import torch
 
-from ..block_manager import KVCacheManager
+from ..core.kv_cache_manager import KVCacheManager
+from ..core.sequence import Sequence
 from ..distributed.group import SINGLE
 from ..distributed.worker import RankSpec, Worker
 from ..model_loader import load_hf_config, resolve_model_folder
-from ..models.llama import LlamaFamilySpec
+from ..models.llama_spec import LlamaFamilySpec
 from ..packed_batch import StepInput, pack_batch
-from ..sequence import Sequence
 from .config import SpeculativeConfig
 from .proposer import draft_limit
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sequence import Sequence
+from ..core.sequence import Sequence
 from .config import SpeculativeConfig
 from .proposer import draft_limit
 

@@ -9,7 +9,7 @@ cache): ``len(drafts) <= max_total_tokens - num_tokens - 1``.
 """
 from __future__ import annotations
 
-from ..sequence import Sequence
+from ..core.sequence import Sequence
 
 
 def draft_limit(seq: Sequence, k: int, max_total_tokens: int) -> int:
@@ -18,11 +18,3 @@ def draft_limit(seq: Sequence, k: int, max_total_tokens: int) -> int:
         return 0
     return max(0, min(k, max_total_tokens - seq.num_tokens - 1))
 
-
-def make_proposer(config, engine):
-    """The proposer for ``config.method`` (``engine`` gives the draft model its settings)."""
-    if config.method == "ngram":
-        from .ngram_proposer import NgramProposer
-        return NgramProposer(config, engine.max_total_tokens)
-    from .draft_model_proposer import DraftModelProposer
-    return DraftModelProposer(config, engine)

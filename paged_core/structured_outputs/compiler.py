@@ -17,6 +17,7 @@ import time
 
 import xgrammar as xgr
 
+from ..exceptions import ParamValidationError
 from .params import StructuredOutputsParams
 
 _CACHE_LIMIT_BYTES = 256 << 20
@@ -39,7 +40,8 @@ class GrammarCompilerCache:
         try:
             compiled = self._get_compiler().compile_grammar(params.xgrammar_grammar)
         except Exception as exc:  # e.g. a grammar xgrammar parses but cannot compile
-            raise ValueError(f"structured_outputs could not be compiled: {exc}") from None
+            raise ParamValidationError(f"structured_outputs could not be compiled: {exc}",
+                                       "structured_outputs") from None
         with self._lock:
             self.num_compiled += 1
             self.compile_seconds += time.perf_counter() - start

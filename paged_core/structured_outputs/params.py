@@ -5,9 +5,9 @@ string), ``regex``, ``choice`` (a list of strings), ``grammar`` (xgrammar
 EBNF, GBNF-like) or ``json_object=True`` (any JSON object). Construction checks
 everything that does not need the tokenizer: types, exclusivity, and that the
 schema / regex / grammar parses (it is turned into an ``xgrammar.Grammar``
-here), so a bad constraint is a ``ValueError`` naming
-``structured_outputs.<field>`` before the request reaches an engine.
-Compilation against a vocabulary happens later (``GrammarCompilerCache``).
+here), so a bad constraint is a ``ParamValidationError`` (``param``
+``structured_outputs``) naming ``structured_outputs.<field>`` before the request
+reaches an engine. Compilation against a vocabulary happens later (``GrammarCompilerCache``).
 """
 from __future__ import annotations
 
@@ -17,10 +17,16 @@ from typing import Any
 
 import xgrammar as xgr
 
+from ..exceptions import ParamValidationError
+
 _CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object")
 # Longest run of whitespace between JSON tokens: room for indentation, none for a small
 # model's endless newlines (which would otherwise run to max_tokens).
 _MAX_WHITESPACE = 24
+
+
+def _invalid(message: str) -> ParamValidationError:
+    return ParamValidationError(message, "structured_outputs")
 
 
 @dataclass
@@ -41,16 +47,16 @@ class StructuredOutputsParams:
         chosen = [name for name in _CONSTRAINTS
                   if getattr(self, name) is not None and getattr(self, name) is not False]
         if len(chosen) != 1:
-            raise ValueError(
+            raise _invalid(
                 "structured_outputs must set exactly one of json, regex, choice, grammar or "
                 f"json_object, got {chosen or 'none'}")
         for name in ("disable_any_whitespace", "disable_additional_properties"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"structured_outputs.{name} must be true or false, "
+                raise _invalid(f"structured_outputs.{name} must be true or false, "
                                  f"got {getattr(self, name)!r}")
         for name in ("whitespace_pattern", "structural_tag"):
             if getattr(self, name) is not None:
-                raise ValueError(f"structured_outputs.{name} is not supported (xgrammar backend)")
+                raise _invalid(f"structured_outputs.{name} is not supported (xgrammar backend)")
         kind = chosen[0]
         self._grammar = _PARSERS[kind](self)
 
@@ -60,12 +66,12 @@ class StructuredOutputsParams:
         if isinstance(values, cls):
             return values
         if not isinstance(values, dict):
-            raise ValueError(f"structured_outputs must be an object with one of {_CONSTRAINTS}, "
+            raise _invalid(f"structured_outputs must be an object with one of {_CONSTRAINTS}, "
                              f"got {values!r}")
         known = {f.name for f in fields(cls) if f.init}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(f"structured_outputs has unknown field(s) {unknown}; allowed: "
+            raise _invalid(f"structured_outputs has unknown field(s) {unknown}; allowed: "
                              f"{sorted(known)}")
         return cls(**values)
 
@@ -78,7 +84,7 @@ def _parse(name: str, build, *args: Any, **kwargs: Any):
     try:
         return build(*args, **kwargs)
     except Exception as exc:  # xgrammar raises RuntimeError / ValueError with its own message
-        raise ValueError(f"structured_outputs.{name} is invalid: {exc}") from None
+        raise _invalid(f"structured_outputs.{name} is invalid: {exc}") from None
 
 
 def _schema_grammar(params: StructuredOutputsParams, name: str, schema: Any):
@@ -86,10 +92,10 @@ def _schema_grammar(params: StructuredOutputsParams, name: str, schema: Any):
         try:
             schema = _json.loads(schema)
         except _json.JSONDecodeError as exc:
-            raise ValueError(f"structured_outputs.{name} must be a JSON schema (an object or "
+            raise _invalid(f"structured_outputs.{name} must be a JSON schema (an object or "
                              f"its JSON text): {exc}") from None
     if not isinstance(schema, (dict, bool)):
-        raise ValueError(f"structured_outputs.{name} must be a JSON schema object, got "
+        raise _invalid(f"structured_outputs.{name} must be a JSON schema object, got "
                          f"{type(schema).__name__}")
     text = _json.dumps(schema)  # key order kept: xgrammar emits properties in schema order
     any_whitespace = not params.disable_any_whitespace
@@ -105,14 +111,14 @@ def _json_grammar(params: StructuredOutputsParams):
 
 def _json_object_grammar(params: StructuredOutputsParams):
     if params.json_object is not True:
-        raise ValueError(f"structured_outputs.json_object must be true, got "
+        raise _invalid(f"structured_outputs.json_object must be true, got "
                          f"{params.json_object!r}")
     return _schema_grammar(params, "json_object", {"type": "object"})
 
 
 def _regex_grammar(params: StructuredOutputsParams):
     if not isinstance(params.regex, str) or not params.regex:
-        raise ValueError(f"structured_outputs.regex must be a non-empty string, got "
+        raise _invalid(f"structured_outputs.regex must be a non-empty string, got "
                          f"{params.regex!r}")
     return _parse("regex", xgr.Grammar.from_regex, params.regex)
 
@@ -121,7 +127,7 @@ def _choice_grammar(params: StructuredOutputsParams):
     choice = params.choice
     if (not isinstance(choice, (list, tuple)) or not choice
             or not all(isinstance(c, str) and c for c in choice)):
-        raise ValueError(f"structured_outputs.choice must be a non-empty list of non-empty "
+        raise _invalid(f"structured_outputs.choice must be a non-empty list of non-empty "
                          f"strings, got {choice!r}")
     params.choice = list(choice)
     # EBNF string literals take JSON's escapes; one alternative per choice.
@@ -131,7 +137,7 @@ def _choice_grammar(params: StructuredOutputsParams):
 
 def _ebnf_grammar(params: StructuredOutputsParams):
     if not isinstance(params.grammar, str) or not params.grammar.strip():
-        raise ValueError(f"structured_outputs.grammar must be a non-empty EBNF string, got "
+        raise _invalid(f"structured_outputs.grammar must be a non-empty EBNF string, got "
                          f"{params.grammar!r}")
     return _parse("grammar", xgr.Grammar.from_ebnf, params.grammar)
 

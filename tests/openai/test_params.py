@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from paged_core import ParamValidationError
 from paged_core.openai.errors import OpenAIError, bad_request
 from paged_core.openai.params import chat_params, completion_params
 from paged_core.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -62,9 +63,16 @@ def test_chat_logprobs_flag_and_top_logprobs_count():
         assert info.value.param == param
 
 
-def test_bad_request_picks_the_field_named_first():
-    err = bad_request(ValueError("min_tokens must be <= max_tokens, got 3 and 2"),
-                      ["max_tokens", "min_tokens", "n"])
-    assert err.param == "min_tokens"
-    assert bad_request(ValueError("something else"), ["n"], default_param="prompt").param == \
-        "prompt"
+def test_bad_request_names_the_errors_own_param():
+    """The 400's ``param`` is the typed error's field, renamed to the request's, never read
+    off the message; a plain ``ValueError`` (or the prompt's, ``param=None``) gets the
+    default."""
+    err = bad_request(ParamValidationError("min_tokens must be <= max_tokens, got 3 and 2",
+                                           "min_tokens"))
+    assert err.param == "min_tokens" and err.status == 400
+    renamed = bad_request(ParamValidationError("max_tokens is too large", "max_tokens"),
+                          rename={"max_tokens": "max_completion_tokens"})
+    assert renamed.param == "max_completion_tokens"
+    assert bad_request(ValueError("max_tokens ..."), default_param="prompt").param == "prompt"
+    assert bad_request(ParamValidationError("prompt is empty"), default_param="messages"
+                       ).param == "messages"

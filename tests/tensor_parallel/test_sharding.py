@@ -1,7 +1,7 @@
 """``ShardPlan``: which heads, channels and vocabulary rows each rank holds (no processes)."""
 import pytest
 
-from paged_core.models.llama import LlamaFamilySpec
+from paged_core.models.llama_spec import LlamaFamilySpec
 from paged_core.models.sharding import ShardPlan, allowed_tensor_parallel_sizes
 
 

@@ -1,7 +1,7 @@
 """Scheduler: token budget, FCFS admission, chunked prefill, preemption by recompute, progress."""
-from paged_core.block_manager import KVCacheManager
-from paged_core.scheduler import MIN_RUNNING_UNDER_LATENCY_TARGET, Scheduler, StepBudget
-from paged_core.sequence import Sequence, SequenceStatus
+from paged_core.core.kv_cache_manager import KVCacheManager
+from paged_core.core.scheduler import MIN_RUNNING_UNDER_LATENCY_TARGET, Scheduler, StepBudget
+from paged_core.core.sequence import Sequence, SequenceStatus
 
 
 def make_seq(seq_id, n):

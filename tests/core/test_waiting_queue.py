@@ -5,12 +5,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from paged_core.block_manager import KVCacheManager
-from paged_core.scheduler import Scheduler
-from paged_core.sequence import Sequence
-from paged_core.waiting_queue import WaitingQueue
+from paged_core.core.kv_cache_manager import KVCacheManager
+from paged_core.core.scheduler import Scheduler
+from paged_core.core.sequence import Sequence
+from paged_core.core.waiting_queue import WaitingQueue
 
-from ..test_scheduler import run_step
+from .test_scheduler import run_step
 
 _ids = iter(range(1, 10**6))
 

@@ -8,10 +8,17 @@ invariant: it counts tokens whose K/V are in the cache and catches up to
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .request import Request
+
+class SequenceOwner(Protocol):
+    """What the core reads of the request that owns a sequence (``Request`` and
+    ``BeamSearchRequest`` both qualify): its id, and the fields the waiting queue
+    and the preemption victim choice are keyed by (``SchedulingFields``)."""
+
+    request_id: str
+    priority: int
+    tenant: str | None
 
 
 class SequenceStatus(enum.Enum):
@@ -23,7 +30,7 @@ class SequenceStatus(enum.Enum):
 class Sequence:
     """One stream of tokens: the prompt followed by what was generated for it."""
 
-    def __init__(self, seq_id: int, request: "Request", token_ids: list[int],
+    def __init__(self, seq_id: int, request: SequenceOwner, token_ids: list[int],
                  num_prompt_tokens: int, sample_index: int) -> None:
         self.seq_id = seq_id
         self.request = request

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .block_manager import KVCacheManager
+from .kv_cache_manager import KVCacheManager
 from .sequence import Sequence, SequenceStatus
 from .waiting_queue import WaitingQueue
 

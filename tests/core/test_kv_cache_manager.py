@@ -2,10 +2,10 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paged_core.block_hash import hash_block
-from paged_core.block_manager import KVCacheManager
-from paged_core.block_pool import BlockPool
-from paged_core.sequence import Sequence
+from paged_core.core.block_hash import hash_block
+from paged_core.core.kv_cache_manager import KVCacheManager
+from paged_core.core.block_pool import BlockPool
+from paged_core.core.sequence import Sequence
 
 BLOCK = 4
 

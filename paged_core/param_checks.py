@@ -1,0 +1,45 @@
+"""The checks ``SamplingParams`` and ``BeamSearchParams`` share: each raises
+``ParamValidationError`` whose ``param`` is the field (``name``), its message naming the
+field and the value it got, before anything reaches the engine.
+
+Invariant: ``bool`` is never accepted where a number is asked for (``True`` is an
+``int`` to Python, never to a user).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .exceptions import ParamValidationError
+
+
+def as_list(name: str, value: Any) -> list:
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)):
+        raise ParamValidationError(f"{name} must be a list, got {value!r}", name)
+    return list(value)
+
+
+def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None,
+              note: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ParamValidationError(f"{name} must be an integer, got {value!r}", name)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        bounds = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        extra = f" ({note})" if note else ""
+        raise ParamValidationError(f"{name} must be {bounds}{extra}, got {value}", name)
+
+
+def check_number(name: str, value: Any, allowed: str, ok: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ParamValidationError(f"{name} must be a number {allowed}, got {value!r}", name)
+    if not math.isfinite(value):
+        raise ParamValidationError(f"{name} must be a finite number {allowed}, got {value}", name)
+    if not ok:
+        raise ParamValidationError(f"{name} must be {allowed}, got {value}", name)
+
+
+def check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ParamValidationError(f"{name} must be true or false, got {value!r}", name)
