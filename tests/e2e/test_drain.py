@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import threading
 import time
@@ -18,8 +19,20 @@ from ..serving.conftest import tiny_folder  # noqa: F401  (fixture)
 from .conftest import free_port, python_cmd, running_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-MAX_TOKENS = 480
+MAX_TOKENS = 4000  # the running request must outlast the next two arriving, on any CPU
 PROMPT = "Tell me a long story"
+
+
+@pytest.fixture(scope="module")
+def long_tiny_folder(tiny_folder, tmp_path_factory):  # noqa: F811
+    """The tiny model with a 4096-token context (its rotary tables follow the config), so one
+    request runs long enough for the others to queue behind it however fast the CPU is."""
+    folder = tmp_path_factory.mktemp("long") / "llama"
+    shutil.copytree(tiny_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["max_position_embeddings"] = 4096
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
 
 
 def launch(adapter: str, port: int) -> tuple[list[str], str, str, str]:
@@ -49,7 +62,7 @@ def stream_in_background(url: str, payload: dict, started: threading.Event, even
     """Read an SSE stream into ``events`` (JSON or "[DONE]"); set ``started`` at the first."""
     def read() -> None:
         try:
-            with httpx.stream("POST", url, json=payload, timeout=120) as r:
+            with httpx.stream("POST", url, json=payload, timeout=300) as r:
                 events.append(r.status_code)
                 for line in r.iter_lines():
                     if line.startswith("data: "):
@@ -86,14 +99,14 @@ def refused(url: str, payload: dict | None = None) -> bool:
 
 @pytest.mark.parametrize("adapter", ["litserve", "bentoml", "triton"])
 def test_sigterm_finishes_the_request_in_flight_refuses_new_ones_and_exits_0(
-        adapter, request, log_dir, tiny_folder):  # noqa: F811
+        adapter, request, log_dir, long_tiny_folder):
     if adapter == "triton":
         pytest.importorskip("pytriton")
     port = free_port(span=3)
     cmd, ready, stream_path, plain_path = launch(adapter, port)
     url = f"http://127.0.0.1:{port}"
-    env = {"PAGED_CORE_MODEL": tiny_folder, "PAGED_CORE_MAX_MODEL_LEN": "512",
-           "PAGED_CORE_DRAIN_TIMEOUT": "15", "PAGED_CORE_MAX_NUM_SEQS": "1",
+    env = {"PAGED_CORE_MODEL": long_tiny_folder, "PAGED_CORE_MAX_MODEL_LEN": "4096",
+           "PAGED_CORE_DRAIN_TIMEOUT": "120", "PAGED_CORE_MAX_NUM_SEQS": "1",
            "PAGED_CORE_MAX_WAITING_REQUESTS": "1"}
     with running_server(request, adapter, cmd, url + ready, log_dir, extra_env=env) as server:
         # a long request runs; once it streams (no longer waiting: max_waiting_requests=1
@@ -102,7 +115,7 @@ def test_sigterm_finishes_the_request_in_flight_refuses_new_ones_and_exits_0(
         reader = stream_in_background(url + stream_path, body(adapter, True), started, events)
         assert started.wait(60) and events[0] == 200, events
         queued = threading.Thread(target=lambda: waiting.append(
-            httpx.post(url + plain_path, json=body(adapter, False), timeout=120)), daemon=True)
+            httpx.post(url + plain_path, json=body(adapter, False), timeout=300)), daemon=True)
         queued.start()
         wait_for_one_waiting(f"http://127.0.0.1:{port + 2}/metrics" if adapter == "triton"
                              else url + "/metrics")
@@ -118,9 +131,9 @@ def test_sigterm_finishes_the_request_in_flight_refuses_new_ones_and_exits_0(
             time.sleep(0.05)
         assert refused(url + ready), "readiness still 200 after SIGTERM"
         assert refused(url + plain_path, body(adapter, False))
-        reader.join(60)
-        queued.join(60)
-        assert server.proc.wait(timeout=60) == 0, server.log_tail()
+        reader.join(150)
+        queued.join(150)
+        assert server.proc.wait(timeout=150) == 0, server.log_tail()
     assert waiting and waiting[0].status_code == 200, waiting
     chunks = [e for e in events[1:] if isinstance(e, dict)]
     assert events[-1] == "[DONE]" or adapter == "triton", events[-3:]

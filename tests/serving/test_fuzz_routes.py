@@ -67,7 +67,7 @@ def request_bodies(draw, schemas: dict) -> tuple[str, dict]:
 def test_no_body_gets_a_5xx_and_the_server_stays_healthy(client):
     statuses: dict[int, int] = {}
 
-    @settings(max_examples=200, deadline=None, derandomize=True,
+    @settings(max_examples=400, deadline=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
     @given(request=request_bodies(client.schemas))
     def check(request):
