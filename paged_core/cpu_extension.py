@@ -156,11 +156,16 @@ def cpu_extension_error(level: str | None = None) -> str | None:
 
 
 def cpu_ops(level: str | None = None):
-    """``torch.ops.paged_core_cpu_<level>`` (default: the selected level), built if needed.
+    """``torch.ops.paged_core_cpu_<level>`` (default: the selected level), built if needed;
+    looked up once per level (callers on the step path call this every layer).
 
     Raises ``RuntimeError`` with the reason if that build is unavailable.
     """
-    level = level or selected_cpu_isa()
+    return _ops_of(level or selected_cpu_isa())
+
+
+@functools.lru_cache(maxsize=None)
+def _ops_of(level: str):
     if not cpu_extension_available(level):
         raise RuntimeError(f"the {level} C++ CPU kernels are unavailable: {_load(level)}")
     return getattr(torch.ops, ops_namespace(level))

@@ -19,6 +19,7 @@ missing flags, never a crash on an illegal instruction.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -36,9 +37,15 @@ _LEVEL_FLAGS = {
 SETTING = "PAGED_CORE_CPU_ISA"
 
 
+@functools.lru_cache(maxsize=None)
+def _capabilities() -> dict:
+    """This CPU's flags as torch reports them (fixed for the process's life)."""
+    return torch.cpu.get_capabilities()
+
+
 def _missing_flags(level: str) -> list[str]:
     """The CPU flags ``level`` (and every level below it) needs that this CPU lacks."""
-    caps = torch.cpu.get_capabilities()
+    caps = _capabilities()
     needed = [flag for lvl in CPU_ISA_LEVELS[:CPU_ISA_LEVELS.index(level) + 1]
               for flag in _LEVEL_FLAGS[lvl]]
     return [flag for flag in needed if caps.get(flag) is not True]
