@@ -7,6 +7,8 @@ calls that ``LLMEngine.step`` makes and records, per step, how long each phase t
 - ``prepare``: ``execute_model`` less the model's calls: packing the batch, host to
   device copies, copy-on-write block copies, the tensor-parallel broadcast;
 - ``attention``: the attention backend's calls in every layer (``write_kv``, ``attend``);
+  where the layers run as one C++ call (``models.cpu_decoder_stack``) attention happens
+  inside it and is counted in ``forward``;
 - ``forward``: the rest of the model's forward: embedding, projections, MLP, norms, rotary;
 - ``logits``: the LM head on the sampled rows (``model.compute_logits``);
 - ``sample``: the sampler (penalties, masks, greedy or random draws, log-probabilities);

@@ -42,6 +42,8 @@ def size_group(num_seqs: int) -> str:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     requests = sharegpt_like(workload_spec(args), embedded_tokenizer())
     engine = make_engine(args.dtype, kv_cache_memory=KV_CACHE_MEMORY)
+    layers = ("one C++ call (attention counted in forward)"
+              if engine.runner.model.decoder_stack is not None else "Python")
     try:
         _submit_all(engine, requests, "warmup")
         run_until_done(engine)
@@ -52,8 +54,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         engine.shutdown()
     generated = sum(len(out.outputs[0].token_ids) for out in finished.values())
     return {"workload": summarize(requests), "workload_name": args.workload, "dtype": args.dtype,
-            "attention_backend": engine.attention_backend, "output_tokens": generated,
-            **summarize_steps(timer.steps)}
+            "attention_backend": engine.attention_backend, "layers": layers,
+            "output_tokens": generated, **summarize_steps(timer.steps)}
 
 
 def _submit_all(engine, requests: list, tag: str) -> None:
@@ -126,6 +128,7 @@ def readme_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     rows = [("workload", f"{w['num_requests']} requests ({result['workload_name']}), "
                          f"{w['prompt_tokens']} prompt + {w['output_tokens']} output tokens, "
                          f"{result['dtype']}, {result['attention_backend']} attention"),
+            ("decoder layers", result.get("layers", "Python")),
             ("run", f"{result['num_steps']} steps, {result['seconds']:.1f} s, "
                     f"{result['output_tokens'] / result['seconds']:.1f} output tok/s"),
             ("share of the run", _shares(result))]

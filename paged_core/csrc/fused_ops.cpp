@@ -18,6 +18,7 @@
 
 #include "cpu_common.h"
 #include "cpu_simd.h"
+#include "fused_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -103,14 +104,6 @@ void rms_norm_impl(const at::Tensor& x, at::Tensor* residual, const at::Tensor& 
   }
 }
 
-void rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, at::Tensor& out) {
-  rms_norm_impl(x, nullptr, weight, eps, out);
-}
-
-void add_rms_norm(at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps,
-                  at::Tensor& out) {
-  rms_norm_impl(x, &residual, weight, eps, out);
-}
 
 // x[d] <- T(T(x[d] * c[d]) + T(rot[d] * s[d])), rot = (-x[h:], x[:h]); row copied first.
 template <typename T>
@@ -147,6 +140,45 @@ void rotate_tensor(at::Tensor& x, const int64_t* pos, const T* cos, const T* sin
   });
 }
 
+template <typename T>
+inline void silu_mul_row(const T* gate, const T* up, T* out, int64_t I, float* buf) {
+  int64_t i = 0;
+#if PAGED_CORE_AVX2
+  for (; i + 8 <= I; i += 8) _mm256_storeu_ps(buf + i, paged_core_cpu::silu8(paged_core_cpu::load8(gate + i)));
+#endif
+  for (; i < I; ++i) {
+    const float g = Elem<T>::load(gate[i]);
+    buf[i] = g / (1.f + std::exp(-g));
+  }
+#pragma omp simd
+  for (int64_t j = 0; j < I; ++j) out[j] = Elem<T>::store(Elem<T>::round(buf[j]) * Elem<T>::load(up[j]));
+}
+
+template <typename T>
+void silu_mul_rows(const at::Tensor& gate_up, at::Tensor& out) {
+  const int64_t rows = out.size(0), I = out.size(1);
+  const T* in = reinterpret_cast<const T*>(gate_up.const_data_ptr());
+  T* o = reinterpret_cast<T*>(out.mutable_data_ptr());
+  at::parallel_for(0, rows, row_grain(2 * I), [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(I);
+    for (int64_t r = begin; r < end; ++r)
+      silu_mul_row<T>(in + r * 2 * I, in + r * 2 * I + I, o + r * I, I, buf.data());
+  });
+}
+
+}  // namespace
+
+namespace paged_core_cpu {
+
+void rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, at::Tensor& out) {
+  rms_norm_impl(x, nullptr, weight, eps, out);
+}
+
+void add_rms_norm(at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps,
+                  at::Tensor& out) {
+  rms_norm_impl(x, &residual, weight, eps, out);
+}
+
 void rotary_embedding(at::Tensor& q, at::Tensor& k, const at::Tensor& positions,
                       const at::Tensor& cos, const at::Tensor& sin) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && q.size(0) == k.size(0) && q.size(2) == k.size(2),
@@ -179,32 +211,6 @@ void rotary_embedding(at::Tensor& q, at::Tensor& k, const at::Tensor& positions,
   }
 }
 
-template <typename T>
-inline void silu_mul_row(const T* gate, const T* up, T* out, int64_t I, float* buf) {
-  int64_t i = 0;
-#if PAGED_CORE_AVX2
-  for (; i + 8 <= I; i += 8) _mm256_storeu_ps(buf + i, paged_core_cpu::silu8(paged_core_cpu::load8(gate + i)));
-#endif
-  for (; i < I; ++i) {
-    const float g = Elem<T>::load(gate[i]);
-    buf[i] = g / (1.f + std::exp(-g));
-  }
-#pragma omp simd
-  for (int64_t j = 0; j < I; ++j) out[j] = Elem<T>::store(Elem<T>::round(buf[j]) * Elem<T>::load(up[j]));
-}
-
-template <typename T>
-void silu_mul_rows(const at::Tensor& gate_up, at::Tensor& out) {
-  const int64_t rows = out.size(0), I = out.size(1);
-  const T* in = reinterpret_cast<const T*>(gate_up.const_data_ptr());
-  T* o = reinterpret_cast<T*>(out.mutable_data_ptr());
-  at::parallel_for(0, rows, row_grain(2 * I), [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(I);
-    for (int64_t r = begin; r < end; ++r)
-      silu_mul_row<T>(in + r * 2 * I, in + r * 2 * I + I, o + r * I, I, buf.data());
-  });
-}
-
 void silu_and_mul(const at::Tensor& gate_up, at::Tensor& out) {
   check_rows(gate_up, "gate_up");
   check_rows(out, "out");
@@ -221,9 +227,10 @@ void silu_and_mul(const at::Tensor& gate_up, at::Tensor& out) {
   }
 }
 
-}  // namespace
+}  // namespace paged_core_cpu
 
 PAGED_CORE_LIBRARY_FRAGMENT(m) {
+  using namespace paged_core_cpu;
   m.def("rms_norm(Tensor x, Tensor weight, float eps, Tensor(a!) out) -> ()");
   m.def("add_rms_norm(Tensor(a!) residual, Tensor x, Tensor weight, float eps, Tensor(b!) out) -> ()");
   m.def("rotary_embedding(Tensor(a!) q, Tensor(b!) k, Tensor positions, Tensor cos, Tensor sin) -> ()");

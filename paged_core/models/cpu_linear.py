@@ -27,7 +27,9 @@ from torch import nn
 
 class PackedLinear(nn.Module):
     """``y = x @ W.T + b`` with ``W`` kept in oneDNN's packed layout in ``compute_dtype``
-    (inference only); the output has the input's dtype."""
+    (inference only); the output has the input's dtype.
+
+    ``packed_weight`` (mkldnn layout) and ``bias`` are in ``compute_dtype``."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
                  compute_dtype: torch.dtype | None = None) -> None:
@@ -35,11 +37,11 @@ class PackedLinear(nn.Module):
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         self.compute_dtype = compute_dtype or weight.dtype
         weight = weight.detach().to(self.compute_dtype)
-        self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-        self._bias = None if bias is None else bias.detach().to(self.compute_dtype)
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        self.bias = None if bias is None else bias.detach().to(self.compute_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.mkldnn._linear_pointwise(x.to(self.compute_dtype), self._packed, self._bias,
+        y = torch.ops.mkldnn._linear_pointwise(x.to(self.compute_dtype), self.packed_weight, self.bias,
                                                "none", [], "")
         return y.to(x.dtype)
 

@@ -19,6 +19,7 @@ from torch import nn
 
 from ..attention import AttentionBackend, AttentionMetadata
 from ..distributed.group import SINGLE, TensorParallelGroup
+from .cpu_decoder_stack import CpuDecoderStack
 from .elementwise import TORCH_OPS, FusedCpuOps, TorchOps
 from .layers import RMSNorm, RotaryEmbedding
 from .llama_spec import LlamaFamilySpec
@@ -104,6 +105,8 @@ class LlamaForCausalLM(nn.Module):
         # True once projections are prepacked oneDNN linears: oneDNN builds a kernel per
         # distinct row count, so the runner then rounds batches up to a few bucketed sizes.
         self.prefers_bucketed_batches = False
+        # All layers in one C++ call on CPU where possible (set by use_ops; see cpu_decoder_stack).
+        self.decoder_stack: CpuDecoderStack | None = None
 
     def attach_rotary(self, rotary: RotaryEmbedding) -> None:
         """Install the cos/sin tables (built outside any meta-device context)."""
@@ -113,6 +116,8 @@ class LlamaForCausalLM(nn.Module):
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
                 backend: AttentionBackend) -> torch.Tensor:
         residual = self.embed_tokens(input_ids)
+        if self.decoder_stack is not None and self.decoder_stack.serves(backend, kv_caches):
+            return self.decoder_stack(residual, positions, kv_caches, meta)
         rope = self.ops.rope_tables(self.rotary, positions)
         hidden = self.layers[0].input_layernorm(residual)
         next_norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
@@ -123,10 +128,13 @@ class LlamaForCausalLM(nn.Module):
         return hidden  # the final norm of the last residual
 
     def use_ops(self, ops: TorchOps | FusedCpuOps) -> None:
-        """Route every elementwise step (norms, rotary, SiLU-and-mul) through ``ops``."""
+        """Route every elementwise step (norms, rotary, SiLU-and-mul) through ``ops``; the last
+        step of making a model ready (after packing): with fused CPU ops, the layers then run
+        as one C++ call where they qualify (``cpu_decoder_stack``)."""
         for module in self.modules():
             if hasattr(module, "ops"):
                 module.ops = ops
+        self.decoder_stack = CpuDecoderStack.for_model(self) if self.rotary is not None else None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Logits ``[rows, vocab_size]`` on rank 0; ``None`` on the other ranks."""
@@ -142,6 +150,7 @@ class LlamaForCausalLM(nn.Module):
         that compute in ``compute_dtype`` (see ``cpu_linear``)."""
         from .cpu_linear import PackedLinear, pack_linear_layers
         pack_linear_layers(self, compute_dtype)
+        self.decoder_stack = None  # it held the unpacked weights: use_ops builds it again
         if self.lm_head is None:
             self.lm_head = PackedLinear(self.embed_tokens.weight, None, compute_dtype)
         self.prefers_bucketed_batches = True

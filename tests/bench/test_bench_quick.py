@@ -57,7 +57,9 @@ def test_steps(results_dir):
     assert result["output_tokens"] == result["workload"]["output_tokens"]
     assert sum(g["steps"] for g in result["groups"]) == result["num_steps"] == len(result["steps"])
     assert abs(sum(result["phase_share"].values()) - 1) < 1e-9
-    assert all(result["phase_seconds"][p] > 0 for p in PHASES if p != "other")
+    # Layers run as one C++ call time their attention inside forward.
+    untimed = {"other"} | ({"attention"} if result["layers"].startswith("one C++ call") else set())
+    assert all(result["phase_seconds"][p] > 0 for p in PHASES if p not in untimed)
     assert {g["kind"] for g in result["groups"]} == {"decode", "mixed"}
     for g in result["groups"]:
         assert abs(sum(g["phase_ms"].values()) - g["mean_ms"]) < 1e-6

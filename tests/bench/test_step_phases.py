@@ -33,7 +33,9 @@ def test_phases_add_up_to_each_step_and_the_engine_is_restored(llm_fp32):
     assert len(timer.steps) == len(walls) == 6
     for record, wall in zip(timer.steps, walls):
         assert set(record.seconds) == set(PHASES)
-        assert all(record.seconds[p] > 0 for p in PHASES if p != "other")
+        # Layers run as one C++ call time their attention inside forward.
+        untimed_phases = {"other"} | ({"attention"} if model.decoder_stack is not None else set())
+        assert all(record.seconds[p] > 0 for p in PHASES if p not in untimed_phases)
         assert wall - 0.05 <= record.total_s <= wall  # only the call into step() is outside
         assert record.num_seqs == 2 and record.num_rows >= record.num_tokens
     first, *rest = timer.steps

@@ -1,0 +1,216 @@
+// Every decoder layer of a Llama-family model in one C++ call, per step.
+//
+// A one-sequence decode step runs ~400 small tensor ops (30 layers x projections, norms,
+// rotary, KV write, attention); from Python each costs microseconds of interpreter and
+// dispatch work, a third of such a step on a 2-core machine. DecoderStack holds the
+// layers' weights and runs the same ops in the same order from C++:
+//
+//   hidden = rms_norm(residual, input_norm[0])
+//   per layer i:
+//     q, k, v = split(qkv(hidden));  q, k = q_norm(q), k_norm(k) (if any);  rotate(q, k)
+//     write k, v of the real tokens to their slots;  a = paged_attention(q, caches)
+//     residual += o(a);  normed = rms_norm(residual, post_norm[i])
+//     residual += down(silu(gate) * up of gate_up(normed))
+//     hidden = rms_norm(residual, input_norm[i + 1] or the final norm)
+//   return hidden
+//
+// Each step is the very kernel the Python path (models/llama.py with the fused CPU ops,
+// the torch attention backend and cpu_linear's PackedLinear or F.linear) calls, so both
+// give bit-identical results. Projections are a oneDNN-packed weight (mkldnn layout:
+// computed in the weight's dtype, the result cast back) or a plain one (at::linear).
+// Registered as torch.classes.paged_core_cpu_<level>.DecoderStack.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cpu_common.h"
+#include "fused_ops.h"
+
+// The class lives in the build's own namespace: builds of several levels share a process,
+// and torch tells custom classes apart by their C++ type.
+namespace PAGED_CORE_OPS {
+
+namespace {
+
+#define PAGED_CORE_STR_IN(x) #x
+#define PAGED_CORE_STR(x) PAGED_CORE_STR_IN(x)
+
+// y = x W^T + b, in x's dtype.
+struct Projection {
+  at::Tensor weight;  // [out, in], or oneDNN's packed layout of it
+  std::optional<at::Tensor> bias;
+
+  at::Tensor operator()(const at::Tensor& x) const {
+    if (!weight.is_mkldnn()) return at::linear(x, weight, bias);
+    static const auto linear_pointwise =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+            .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                              c10::string_view, c10::List<std::optional<c10::Scalar>>,
+                              std::optional<c10::string_view>)>();
+    const at::Tensor y = linear_pointwise.call(x.to(weight.scalar_type()), weight, bias, "none",
+                                               c10::List<std::optional<c10::Scalar>>(), "");
+    return y.to(x.scalar_type());
+  }
+};
+
+struct Layer {
+  at::Tensor input_norm, post_norm;
+  std::optional<at::Tensor> q_norm, k_norm;  // per-head norms (Qwen3), or none
+  Projection qkv, o, gate_up, down;
+  int64_t sliding_window;  // 0: full attention
+};
+
+// Copy each real token's K (or V) heads to its cache slot: cache [Hk, blocks * block_size, D].
+void write_slots(const at::Tensor& rows, at::Tensor& cache, const int64_t* slots, int64_t tokens) {
+  const int64_t heads = cache.size(0), capacity = cache.size(1) * cache.size(2), D = cache.size(3);
+  TORCH_CHECK(rows.size(1) == heads && rows.size(2) == D && rows.stride(2) == 1,
+              "K/V rows must be [tokens, num_kv_heads, head_dim] with a contiguous last dim");
+  const int64_t bytes = D * rows.element_size();
+  const auto* src = static_cast<const char*>(rows.const_data_ptr());
+  auto* dst = static_cast<char*>(cache.mutable_data_ptr());
+  const int64_t t_stride = rows.stride(0) * rows.element_size();
+  const int64_t h_stride = rows.stride(1) * rows.element_size();
+  for (int64_t t = 0; t < tokens; ++t) {
+    TORCH_CHECK(slots[t] >= 0 && slots[t] < capacity, "slot ", slots[t], " of token ", t,
+                " is outside the cache's ", capacity, " slots");
+    for (int64_t h = 0; h < heads; ++h)
+      std::memcpy(dst + (h * capacity + slots[t]) * bytes, src + t * t_stride + h * h_stride, bytes);
+  }
+}
+
+}  // namespace
+
+class DecoderStack : public torch::CustomClassHolder {
+ public:
+  DecoderStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps, double scale,
+               at::Tensor cos, at::Tensor sin, at::Tensor final_norm)
+      : num_heads_(num_heads), num_kv_heads_(num_kv_heads), head_dim_(head_dim), eps_(eps),
+        scale_(scale), cos_(std::move(cos)), sin_(std::move(sin)), final_norm_(std::move(final_norm)) {
+    TORCH_CHECK(num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0 && head_dim > 0,
+                "num_heads must be a positive multiple of num_kv_heads");
+  }
+
+  // Append the next layer (weights are shared with the Python model, not copied).
+  void add_layer(at::Tensor input_norm, at::Tensor post_norm, std::optional<at::Tensor> q_norm,
+                 std::optional<at::Tensor> k_norm, at::Tensor qkv_weight,
+                 std::optional<at::Tensor> qkv_bias, at::Tensor o_weight,
+                 std::optional<at::Tensor> o_bias, at::Tensor gate_up_weight,
+                 std::optional<at::Tensor> gate_up_bias, at::Tensor down_weight,
+                 std::optional<at::Tensor> down_bias, int64_t sliding_window) {
+    TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "q_norm and k_norm come together");
+    layers_.push_back(Layer{std::move(input_norm), std::move(post_norm), std::move(q_norm),
+                            std::move(k_norm), Projection{std::move(qkv_weight), std::move(qkv_bias)},
+                            Projection{std::move(o_weight), std::move(o_bias)},
+                            Projection{std::move(gate_up_weight), std::move(gate_up_bias)},
+                            Projection{std::move(down_weight), std::move(down_bias)}, sliding_window});
+  }
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+  // The final-normed hidden states [tokens, hidden] of a packed step; `residual` (the
+  // embedded tokens) becomes the last residual stream. Rows from `real_tokens` on are
+  // padding: their K/V are not stored. The metadata is the step's AttentionMetadata.
+  at::Tensor forward(at::Tensor residual, at::Tensor positions, std::vector<at::Tensor> k_caches,
+                     std::vector<at::Tensor> v_caches, at::Tensor slot_mapping, int64_t real_tokens,
+                     at::Tensor block_tables, at::Tensor seq_lens, at::Tensor query_start_loc) {
+    TORCH_CHECK(!layers_.empty(), "DecoderStack has no layers");
+    TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(),
+                "one K and one V cache per layer");
+    TORCH_CHECK(residual.dim() == 2 && residual.is_contiguous(), "residual must be contiguous [tokens, hidden]");
+    TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() &&
+                    real_tokens >= 0 && real_tokens <= slot_mapping.numel() &&
+                    slot_mapping.numel() == residual.size(0),
+                "slot_mapping must be contiguous int64 [tokens], real_tokens at most that");
+    const auto int32 = [](const at::Tensor& t) { return t.to(at::kInt).contiguous(); };
+    const Step step{positions, slot_mapping.const_data_ptr<int64_t>(), real_tokens,
+                    int32(block_tables), int32(seq_lens), int32(query_start_loc)};
+    at::Tensor hidden = at::empty_like(residual);
+    paged_core_cpu::rms_norm(residual, layers_[0].input_norm, eps_, hidden);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& layer = layers_[i];
+      const at::Tensor attention = attend(layer, hidden, k_caches[i], v_caches[i], step);
+      at::Tensor normed = at::empty_like(residual);
+      paged_core_cpu::add_rms_norm(residual, attention, layer.post_norm, eps_, normed);
+      const at::Tensor gate_up = layer.gate_up(normed);
+      at::Tensor activated = at::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
+      paged_core_cpu::silu_and_mul(gate_up, activated);
+      const at::Tensor mlp = layer.down(activated);
+      hidden = at::empty_like(residual);
+      const at::Tensor& next_norm = i + 1 < layers_.size() ? layers_[i + 1].input_norm : final_norm_;
+      paged_core_cpu::add_rms_norm(residual, mlp, next_norm, eps_, hidden);
+    }
+    return hidden;
+  }
+
+ private:
+  struct Step {
+    const at::Tensor& positions;
+    const int64_t* slots;
+    int64_t real_tokens;
+    at::Tensor block_tables, seq_lens, query_start_loc;  // int32
+  };
+
+  // o(attention of the layer's q over its paged cache), after storing this step's K/V.
+  at::Tensor attend(const Layer& layer, const at::Tensor& hidden, at::Tensor& k_cache,
+                    at::Tensor& v_cache, const Step& step) const {
+    const int64_t tokens = hidden.size(0), q_size = num_heads_ * head_dim_,
+                  kv_size = num_kv_heads_ * head_dim_;
+    const at::Tensor qkv = layer.qkv(hidden);
+    const auto parts = qkv.split_with_sizes({q_size, kv_size, kv_size}, -1);
+    at::Tensor q = parts[0].view({tokens, num_heads_, head_dim_});
+    at::Tensor k = parts[1].view({tokens, num_kv_heads_, head_dim_});
+    const at::Tensor v = parts[2].view({tokens, num_kv_heads_, head_dim_});
+    if (layer.q_norm) {
+      q = head_norm(q, *layer.q_norm);
+      k = head_norm(k, *layer.k_norm);
+    }
+    paged_core_cpu::rotary_embedding(q, k, step.positions, cos_, sin_);
+    TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 4 &&
+                    k_cache.sizes() == v_cache.sizes() && k_cache.size(0) == num_kv_heads_ &&
+                    k_cache.size(3) == head_dim_ && k_cache.scalar_type() == q.scalar_type() &&
+                    v_cache.scalar_type() == q.scalar_type(),
+                "caches must be contiguous [num_kv_heads, blocks, block_size, head_dim] in the model's dtype");
+    write_slots(k, k_cache, step.slots, step.real_tokens);
+    write_slots(v, v_cache, step.slots, step.real_tokens);
+    at::Tensor out = at::empty({tokens, num_heads_, head_dim_}, q.options());
+    if (step.real_tokens < tokens) out.narrow(0, step.real_tokens, tokens - step.real_tokens).zero_();
+    static const auto paged_attention =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow(PAGED_CORE_STR(PAGED_CORE_OPS) "::paged_attention", "")
+            .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                        const at::Tensor&, const at::Tensor&, double, int64_t, at::Tensor&)>();
+    paged_attention.call(q, k_cache, v_cache, step.block_tables, step.seq_lens, step.query_start_loc,
+                         scale_, layer.sliding_window, out);
+    return layer.o(out.view({tokens, q_size}));
+  }
+
+  // RMSNorm of every head row [tokens, heads, D] (contiguous result).
+  at::Tensor head_norm(const at::Tensor& x, const at::Tensor& weight) const {
+    const at::Tensor rows = x.reshape({-1, head_dim_}).contiguous();
+    at::Tensor out = at::empty_like(rows);
+    paged_core_cpu::rms_norm(rows, weight, eps_, out);
+    return out.view(x.sizes());
+  }
+
+  int64_t num_heads_, num_kv_heads_, head_dim_;
+  double eps_, scale_;
+  at::Tensor cos_, sin_, final_norm_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace PAGED_CORE_OPS
+
+PAGED_CORE_LIBRARY_FRAGMENT(m) {
+  m.class_<PAGED_CORE_OPS::DecoderStack>("DecoderStack")
+      .def(torch::init<int64_t, int64_t, int64_t, double, double, at::Tensor, at::Tensor, at::Tensor>())
+      .def("add_layer", &PAGED_CORE_OPS::DecoderStack::add_layer)
+      .def("num_layers", &PAGED_CORE_OPS::DecoderStack::num_layers)
+      .def("forward", &PAGED_CORE_OPS::DecoderStack::forward);
+}

@@ -1,0 +1,89 @@
+"""Every decoder layer of a CPU Llama-family model in one C++ call per step.
+
+A one-sequence decode step of a 30-layer model runs ~400 small ops; from Python
+each costs microseconds of interpreter and dispatch work, which on a 2-core CPU
+was a third of such a step. ``CpuDecoderStack`` hands the layers' weights (shared,
+not copied) to ``DecoderStack`` (``paged_core/csrc/decoder_stack.cpp``), which runs
+the very kernels of the Python path in the same order, so both give the same bits.
+
+It serves a model only where the Python path would run exactly those kernels
+(``CpuDecoderStack.for_model`` returns ``None`` otherwise, and the model keeps its
+Python layers): one rank, the fused C++ ops of a CPU level, every projection a
+plain ``nn.Linear`` or a ``cpu_linear.PackedLinear`` (batch-invariant tiling and
+tensor-parallel layers keep Python), and per step (``serves``) an attention
+backend that sends these caches to the C++ kernel of the same level.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..attention import AttentionBackend, AttentionMetadata
+from .cpu_linear import PackedLinear
+from .elementwise import FusedCpuOps
+from .parallel_layers import RowParallelLinear
+
+
+class CpuDecoderStack:
+    """The decoder layers of one model as a ``torch.classes.paged_core_cpu_<level>.DecoderStack``."""
+
+    def __init__(self, model: nn.Module, cpu_isa: str) -> None:
+        from ..cpu_extension import ops_namespace
+
+        spec = model.spec
+        self.cpu_isa = cpu_isa
+        stack_class = getattr(torch.classes, ops_namespace(cpu_isa)).DecoderStack
+        first = model.layers[0].self_attn
+        self._stack = stack_class(first.num_heads, first.num_kv_heads, first.head_dim,
+                                  spec.rms_norm_eps, first.scale, model.rotary.cos,
+                                  model.rotary.sin, model.norm.weight)
+        for layer in model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            self._stack.add_layer(
+                layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+                None if attn.q_norm is None else attn.q_norm.weight,
+                None if attn.k_norm is None else attn.k_norm.weight,
+                *_weight_and_bias(attn.qkv_proj), *_weight_and_bias(attn.o_proj),
+                *_weight_and_bias(mlp.gate_up_proj), *_weight_and_bias(mlp.down_proj),
+                attn.sliding_window or 0)
+
+    @classmethod
+    def for_model(cls, model: nn.Module) -> CpuDecoderStack | None:
+        """A stack for ``model`` (loaded, packed and given its ops) if it qualifies (see the
+        module doc), else ``None``."""
+        if not isinstance(model.ops, FusedCpuOps) or model.tp.size != 1:
+            return None
+        projections = [proj for layer in model.layers
+                       for proj in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                    layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+        if not all(type(p) in _STACKED_PROJECTIONS for p in projections):
+            return None
+        return cls(model, model.ops.cpu_isa)
+
+    def serves(self, backend: AttentionBackend, kv_caches: list[tuple[torch.Tensor, ...]]) -> bool:
+        """True if this step's attention would run the C++ kernel of this stack's level."""
+        k_cache = kv_caches[0][0]
+        return (getattr(backend, "cpu_isa", None) == self.cpu_isa
+                and backend.uses_cpu_kernel(k_cache.device, k_cache.dtype))
+
+    def __call__(self, residual: torch.Tensor, positions: torch.Tensor,
+                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                 meta: AttentionMetadata) -> torch.Tensor:
+        """The final-normed hidden states of the step; ``residual`` (the embedded tokens) is
+        used as the residual stream (updated in place)."""
+        return self._stack.forward(residual, positions, [k for k, _ in kv_caches],
+                                   [v for _, v in kv_caches], meta.slot_mapping,
+                                   meta.num_scheduled_tokens, meta.block_tables, meta.seq_lens,
+                                   meta.query_start_loc)
+
+
+def _weight_and_bias(projection: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weight the C++ projection multiplies by (packed or plain) and its bias."""
+    if isinstance(projection, PackedLinear):
+        return projection.packed_weight, projection.bias
+    return projection.weight, projection.bias
+
+
+# Exactly these types (subclasses may compute otherwise); a RowParallelLinear of one rank
+# is a plain nn.Linear.
+_STACKED_PROJECTIONS = (nn.Linear, RowParallelLinear, PackedLinear)

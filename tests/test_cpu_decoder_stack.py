@@ -1,0 +1,83 @@
+"""The C++ decoder stack computes exactly what the Python layers compute.
+
+Every forward of a real engine run (prefills, prefill chunks after a cached prefix,
+decodes, batches with bucketing's padding rows) runs twice from the same KV cache:
+once through ``CpuDecoderStack`` and once through the Python layers; hidden states and
+the cache afterwards must be the same bits. Each Llama-family variant (sliding window,
+qkv bias, per-head q/k norms, tied embeddings), float32 (plain linears) and bfloat16
+(oneDNN-packed linears), on every CPU path this host runs (``cpu_isa`` fixture).
+"""
+import pytest
+import torch
+
+from .tiny_models import build_tiny_model
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes, so NaN in slots no sequence owns compares equal to itself."""
+    return t.contiguous().view(torch.uint8)
+
+
+def _record_both_paths(model):
+    """Make every forward of ``model`` run the stack and the Python layers from the same cache
+    and assert they agree; returns the list of (step tokens, padding rows) compared."""
+    stack, forward, compared = model.decoder_stack, model.forward, []
+
+    def both(input_ids, positions, kv_caches, meta, backend):
+        before = [(k.clone(), v.clone()) for k, v in kv_caches]
+        model.decoder_stack = stack
+        fused = forward(input_ids, positions.clone(), kv_caches, meta, backend)
+        fused_caches = [(k.clone(), v.clone()) for k, v in kv_caches]
+        for (k, v), (k0, v0) in zip(kv_caches, before):
+            k.copy_(k0)
+            v.copy_(v0)
+        model.decoder_stack = None
+        try:
+            python = forward(input_ids, positions, kv_caches, meta, backend)
+        finally:
+            model.decoder_stack = stack
+        real = meta.num_scheduled_tokens
+        assert torch.equal(_bits(fused[:real]), _bits(python[:real]))
+        for (k, v), (fk, fv) in zip(kv_caches, fused_caches):
+            assert torch.equal(_bits(k), _bits(fk)) and torch.equal(_bits(v), _bits(fv))
+        compared.append((input_ids.shape[0], input_ids.shape[0] - real))
+        return python
+
+    model.forward = both
+    return compared
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3"])
+def test_stack_matches_the_python_layers_bit_for_bit(model_type, dtype, tokenizer, tmp_path,
+                                                       cpu_isa):
+    from paged_core import LLM, SamplingParams
+
+    folder = build_tiny_model(model_type, str(tmp_path / model_type), tokenizer)
+    llm = LLM(model=folder, dtype=dtype, num_kv_blocks=64, max_num_batched_tokens=48)
+    model = llm.engine.runner.model
+    assert model.decoder_stack is not None and model.decoder_stack.cpu_isa == cpu_isa
+    compared = _record_both_paths(model)
+    shared = list(range(5, 45))  # a cached prefix for the later prompts (16-token blocks)
+    prompts = [{"prompt_token_ids": shared + list(range(60, 60 + n))} for n in (3, 17, 30)]
+    prompts.append({"prompt_token_ids": list(range(200, 207))})
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    llm.generate(prompts[:1], params, use_tqdm=False)  # fills the prefix cache
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 12 for o in outputs)
+    # Packed linears round batches up to bucketed sizes: then some steps carry padding rows.
+    assert any(padding for _, padding in compared) == model.prefers_bucketed_batches
+    assert any(tokens > 1 for tokens, _ in compared) and len(compared) > 12
+
+
+def test_models_the_stack_cannot_serve_keep_the_python_layers(tmp_path, tokenizer, cpu_isa):
+    from paged_core import LLM
+    from paged_core.models.elementwise import TORCH_OPS
+
+    folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
+    assert LLM(model=folder, dtype="float16", num_kv_blocks=8).engine.runner.model.decoder_stack is None
+    invariant = LLM(model=folder, dtype="float32", num_kv_blocks=8, batch_invariant=True)
+    assert invariant.engine.runner.model.decoder_stack is None  # its linears are row-tiled
+    model = LLM(model=folder, dtype="float32", num_kv_blocks=8).engine.runner.model
+    model.use_ops(TORCH_OPS)
+    assert model.decoder_stack is None
