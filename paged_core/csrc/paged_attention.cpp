@@ -367,13 +367,30 @@ std::vector<Bf16Job> make_bf16_jobs(const std::vector<Task>& tasks, const int32_
   return jobs;
 }
 
+// What one thread of the bf16 tile kernel would take for the tasks, in microseconds,
+// roughly: K and V bytes at ~15 GB/s (scattered blocks) plus 4 * D flops per key and query
+// row at ~250 GFLOP/s (one core).
+double single_thread_us(const std::vector<Task>& tasks, int64_t num_kv_heads, int G, int D) {
+  double bytes = 0, flops = 0;
+  for (const Task& t : tasks) {
+    bytes += static_cast<double>(t.cost) / t.num_queries * D * 4 * num_kv_heads;
+    flops += static_cast<double>(t.cost) * G * D * 4 * num_kv_heads;
+  }
+  return bytes / 15e3 + flops / 250e3;
+}
+
+// Steps estimated below this run on the calling thread alone: waking the others costs
+// tens of microseconds when they sleep between parallel regions (OMP_WAIT_POLICY=PASSIVE).
+constexpr double kWakeWorthUs = 20;
+
 // attention_kernel's tasks for bfloat16 with vdpbf16ps tiles (attention_tiles_bf16.h);
 // needs head_dim % 32 == 0. Threads take jobs in order; each claims its next job when it
 // starts one, so the next job's first keys are prefetched while this one ends.
 void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
                       const int32_t* seq_lens, const int32_t* qsl, int64_t num_kv_heads,
                       int* error_flag) {
-  const int nthreads = std::max(1, at::get_num_threads());
+  const int nthreads = single_thread_us(tasks, num_kv_heads, pb.G, pb.D) < kWakeWorthUs
+                           ? 1 : std::max(1, at::get_num_threads());
   std::vector<Bf16Split> splits;
   const std::vector<Bf16Job> jobs =
       make_bf16_jobs(tasks, seq_lens, qsl, num_kv_heads, pb.window, nthreads, splits);
