@@ -5,7 +5,7 @@
 // differs is how a unit of work computes. A unit is a tile of up to 16 queries of one
 // sequence (every query head of one KV head: rows r = i * G + g) over a range of keys
 // [key_lo, key_hi) (the whole visible context, or one part of it when a long context is
-// split across threads). It walks the range in segments of up to kSegmentChunks chunks of
+// split across threads). It walks the range in segments of up to kMaxSegChunks chunks of
 // 16 consecutive positions (any block size: each key row is found through the block
 // table) and, per segment:
 //   - transposes each chunk's keys once into Kt[D/2][16] (pairs of dims as 32-bit words),
@@ -15,13 +15,15 @@
 //   - interleaves the values by key pairs into Vp[pairs][D], so p . V is one vdpbf16ps per
 //     16 dims and key pair with the probabilities' pair broadcast;
 //   - for groups of up to kRowBlock rows (sharing every load of Kt and Vp): scores of the
-//     whole segment in registers, one online-softmax step per row (one max, one rescale
-//     folded into the load of the row's output, exp once per score), then p . V.
-// Scores and the online softmax are float32; probabilities are rounded to bfloat16 for
-// p . V (like flash-attention kernels), and the softmax denominator sums those rounded
-// values, so numerator and denominator agree. Keys a query may not see get probability 0
-// exactly, and the values of positions at or past key_hi are zeros, so nothing outside
-// the range (NaN in unowned slots) reaches the output.
+//     whole segment in registers, one branch-free online-softmax step per row (one max,
+//     one rescale folded into the load of the row's output, one 2^x per score), p . V.
+// The next segment's rows are prefetched while this one is transposed, and the blocks two
+// segments ahead are touched so their page walks start early.
+// Scores and the online softmax are float32, in log2 units (scores times scale * log2 e);
+// probabilities are rounded to bfloat16 for p . V (like flash-attention kernels), and the
+// softmax denominator sums those rounded values, so numerator and denominator agree. Keys
+// a query may not see get probability 0 exactly, and the values of positions at or past
+// key_hi are zeros, so nothing outside the range (NaN in unowned slots) reaches the output.
 #pragma once
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512F__) && \
@@ -36,8 +38,6 @@
 #include <limits>
 #include <vector>
 
-#include "cpu_common.h"
-
 namespace paged_core_cpu {
 
 constexpr int kChunk = 16;        // keys per chunk: one float32 score per lane
@@ -49,24 +49,16 @@ constexpr int kSplitAlign = kMaxSegChunks * kChunk;  // key-range parts start at
 // segment, 2 * 64 * D bytes or less, stay in L1).
 inline int segment_chunks(int D) { return D <= 64 ? 4 : 2; }
 
-// exp(x) on 16 lanes (Cephes-style: 2^n * p(r), relative error ~2e-7); exactly 0 below
-// -87.3 (so exp(-inf) = 0).
-inline __m512 exp16(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(-87.3f);
-  const __mmask16 normal = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
-  x = _mm512_max_ps(x, lo);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
-  __m512 y = _mm512_set1_ps(1.9875691500E-4f);
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.f)));
-  return _mm512_maskz_scalef_ps(normal, y, n);
+// 2^x on the lanes of keep (others exactly 0) for x <= 0: a degree-3 polynomial on the
+// fraction, exact at integers (2^0 = 1), relative error < 1.1e-4 (far below the bfloat16
+// rounding that probabilities get).
+inline __m512 exp2_probs(__m512 x, __mmask16 keep) {
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);  // [-0.5, 0.5]
+  __m512 y = _mm512_fmadd_ps(_mm512_set1_ps(0.0550089292f), f, _mm512_set1_ps(0.242210954f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(0.693282902f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.f));
+  return _mm512_maskz_scalef_ps(keep, y, n);
 }
 
 // Transpose a 16 x 16 matrix of 32-bit words held as 16 rows (in place).
@@ -97,6 +89,20 @@ inline void transpose16x16(__m512i r[16]) {
   for (int i = 0; i < 16; ++i) r[i] = out[i];
 }
 
+// dst[0:D] = bf16(src[d] * inv) for D % 16 == 0, rounded as float_to_bf16_bits rounds
+// in cpu_common.h (to nearest even; NaN -> 0x7FC0).
+inline void store_row_bf16(uint16_t* dst, const float* src, float inv, int D) {
+  const __m512 vinv = _mm512_set1_ps(inv);
+  for (int d = 0; d < D; d += 16) {
+    const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(src + d), vinv);
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d), _mm512_cvtepi32_epi16(r));
+  }
+}
+
 // What every unit of one call shares: the packed query, one KV head's caches at a time,
 // the block tables and the output.
 struct Bf16Problem {
@@ -125,7 +131,7 @@ struct Bf16TileBuffers {
   int D;
   std::vector<uint32_t> q;    // [rows][D/2] query rows as bf16 pairs
   std::vector<float> acc;     // [rows][D] un-normalised outputs
-  std::vector<float> mx;      // [rows] running max (-inf: no key seen yet)
+  std::vector<float> mx;      // [rows] running max, log2 units (-inf: no key seen yet)
   std::vector<float> sum;     // [rows][16] denominators, 16 partial sums per row
   std::vector<uint32_t> kt;   // [chunks][D/2][16] the segment's keys, transposed per chunk
   std::vector<uint32_t> vp;   // [pairs][D] the segment's values, key pairs interleaved
@@ -216,38 +222,43 @@ inline void segment_scores(const uint32_t* const* q, const uint32_t* kt, int D, 
 // Online-softmax step of row r over N chunks of raw scores s, visible keys bits of
 // visible (bit 16n + lane): updates the row's max and denominator, writes the bf16
 // probability pairs (key pairs of the segment) to pp and returns the factor alpha that the
-// row's output must be scaled by before this segment's p . V is added.
+// row's output must be scaled by before this segment's p . V is added. Scores are kept in
+// log2 units (scale_log2 = scale * log2(e)), so probabilities are powers of two.
 template <int N>
-inline float softmax_step(__m512 (&s)[N], uint64_t visible, float scale, int r,
+inline float softmax_step(__m512 (&s)[N], uint64_t visible, float scale_log2, int r,
                           Bf16TileBuffers& w, uint32_t* pp) {
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  const __m512 vscale = _mm512_set1_ps(scale);
+  const __m512 vscale = _mm512_set1_ps(scale_log2);
+  __mmask16 vis[N];
   __m512 m = neg_inf;
   for (int n = 0; n < N; ++n) {
-    const __mmask16 vis = static_cast<__mmask16>(visible >> (kChunk * n));
-    s[n] = _mm512_mask_mul_ps(neg_inf, vis, s[n], vscale);
+    vis[n] = static_cast<__mmask16>(visible >> (kChunk * n));
+    s[n] = _mm512_mask_mul_ps(neg_inf, vis[n], s[n], vscale);
     m = _mm512_max_ps(m, s[n]);
   }
-  float alpha = 1.f;
+  // Branch-free (the max grows unpredictably): every lane of mv = max(running, segment).
+  m = _mm512_max_ps(m, _mm512_shuffle_f32x4(m, m, 0x4E));
+  m = _mm512_max_ps(m, _mm512_shuffle_f32x4(m, m, 0xB1));
+  m = _mm512_max_ps(m, _mm512_permute_ps(m, 0x4E));
+  m = _mm512_max_ps(m, _mm512_permute_ps(m, 0xB1));
+  const __m512 old = _mm512_set1_ps(w.mx[r]);
+  const __m512 mv = _mm512_max_ps(old, m);  // finite: a key is visible
+  // Exactly 1 while the max stays, 0 on the row's first segment (old = -inf).
+  const __m512 alpha = exp2_probs(_mm512_sub_ps(old, mv), _mm512_cmp_ps_mask(old, neg_inf, _CMP_NEQ_OQ));
+  w.mx[r] = _mm512_cvtss_f32(mv);
   float* sum = w.sum.data() + 16 * r;
-  const float m_new = std::max(w.mx[r], _mm512_reduce_max_ps(m));  // finite: a key is visible
-  if (m_new > w.mx[r]) {
-    alpha = std::exp(w.mx[r] - m_new);  // 0 on the row's first segment
-    _mm512_storeu_ps(sum, _mm512_mul_ps(_mm512_set1_ps(alpha), _mm512_loadu_ps(sum)));
-    w.mx[r] = m_new;
-  }
-  const __m512 mv = _mm512_set1_ps(m_new);
   const __m512bh ones = (__m512bh)_mm512_set1_epi16(0x3F80);  // bf16 1.0
-  __m512 total = _mm512_loadu_ps(sum);
+  __m512 total = _mm512_mul_ps(alpha, _mm512_loadu_ps(sum));
   for (int n = 0; n < N; n += 2) {
-    const __m512 p0 = exp16(_mm512_sub_ps(s[n], mv));
-    const __m512 p1 = n + 1 < N ? exp16(_mm512_sub_ps(s[n + 1], mv)) : _mm512_setzero_ps();
+    const __m512 p0 = exp2_probs(_mm512_sub_ps(s[n], mv), vis[n]);
+    const __m512 p1 = n + 1 < N ? exp2_probs(_mm512_sub_ps(s[n + 1], mv), vis[n + 1])
+                                : _mm512_setzero_ps();
     const __m512bh pb = _mm512_cvtne2ps_pbh(p1, p0);  // keys 16n .. 16n + 31, as 16 pairs
     total = _mm512_dpbf16_ps(total, pb, ones);
     _mm512_storeu_si512(pp + kChunk / 2 * n, (__m512i)pb);
   }
   _mm512_storeu_ps(sum, total);
-  return alpha;
+  return _mm512_cvtss_f32(alpha);
 }
 
 // acc[r][d0 : d0 + 16W] = alpha[r] * acc[r][...] + sum_i pp[r][i] . Vp[i][...] for R rows
@@ -275,7 +286,7 @@ inline void values_block(const uint32_t (*pp)[kMaxSegChunks * kChunk / 2], const
 // The segment (N chunks, transposed in w.kt / w.vp) for R rows (ids rows[], visible keys
 // bits visible[]): scores, softmax, p . V.
 template <int R, int N>
-inline void rows_step(const int* rows, const uint64_t* visible, Bf16TileBuffers& w, float scale) {
+inline void rows_step(const int* rows, const uint64_t* visible, Bf16TileBuffers& w, float scale_log2) {
   const int D = w.D;
   const uint32_t* q[R];
   float* acc[R];
@@ -287,7 +298,7 @@ inline void rows_step(const int* rows, const uint64_t* visible, Bf16TileBuffers&
   segment_scores<R, N>(q, w.kt.data(), D, s);
   alignas(64) uint32_t pp[R][kMaxSegChunks * kChunk / 2];
   float alpha[R];
-  for (int r = 0; r < R; ++r) alpha[r] = softmax_step<N>(s[r], visible[r], scale, rows[r], w, pp[r]);
+  for (int r = 0; r < R; ++r) alpha[r] = softmax_step<N>(s[r], visible[r], scale_log2, rows[r], w, pp[r]);
   const int pairs = N * kChunk / 2;
   int d0 = 0;
   for (; d0 + 64 <= D; d0 += 64) values_block<R, 4>(pp, w.vp.data(), pairs, D, d0, acc, alpha);
@@ -296,12 +307,12 @@ inline void rows_step(const int* rows, const uint64_t* visible, Bf16TileBuffers&
 
 template <int R>
 inline void rows_step_n(int n, const int* rows, const uint64_t* visible, Bf16TileBuffers& w,
-                        float scale) {
+                        float scale_log2) {
   switch (n) {
-    case 1: rows_step<R, 1>(rows, visible, w, scale); break;
-    case 2: rows_step<R, 2>(rows, visible, w, scale); break;
-    case 3: rows_step<R, 3>(rows, visible, w, scale); break;
-    default: rows_step<R, 4>(rows, visible, w, scale); break;
+    case 1: rows_step<R, 1>(rows, visible, w, scale_log2); break;
+    case 2: rows_step<R, 2>(rows, visible, w, scale_log2); break;
+    case 3: rows_step<R, 3>(rows, visible, w, scale_log2); break;
+    default: rows_step<R, 4>(rows, visible, w, scale_log2); break;
   }
 }
 
@@ -411,12 +422,13 @@ inline bool bf16_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Un
     int active = 0;  // rows that see a key of this segment, in blocks of kRowBlock
     int ids[kRowBlock];
     uint64_t visible[kRowBlock];
+    const float scale_log2 = pb.scale * 1.44269504088896341f;
     auto flush = [&] {
       switch (active) {
-        case 1: rows_step_n<1>(n, ids, visible, w, pb.scale); break;
-        case 2: rows_step_n<2>(n, ids, visible, w, pb.scale); break;
-        case 3: rows_step_n<3>(n, ids, visible, w, pb.scale); break;
-        case 4: rows_step_n<4>(n, ids, visible, w, pb.scale); break;
+        case 1: rows_step_n<1>(n, ids, visible, w, scale_log2); break;
+        case 2: rows_step_n<2>(n, ids, visible, w, scale_log2); break;
+        case 3: rows_step_n<3>(n, ids, visible, w, scale_log2); break;
+        case 4: rows_step_n<4>(n, ids, visible, w, scale_log2); break;
         default: break;
       }
       active = 0;
@@ -447,7 +459,7 @@ inline void bf16_unit_store(const Bf16Problem& pb, const Bf16Unit& u, const Bf16
   for (int i = 0; i < u.nq; ++i)
     for (int g = 0; g < pb.G; ++g) {
       const int r = i * pb.G + g;
-      Row<uint16_t>::store(pb.out + ((u.first_token + i) * pb.num_heads + u.h * pb.G + g) * D,
+      store_row_bf16(pb.out + ((u.first_token + i) * pb.num_heads + u.h * pb.G + g) * D,
                            w.acc.data() + static_cast<size_t>(r) * D, 1.f / w.row_sum(r), D);
     }
 }
@@ -478,15 +490,15 @@ inline void bf16_combine(const Bf16Problem& pb, const Bf16Unit& u, const float* 
     std::fill(acc.begin(), acc.end(), 0.f);
     for (int j = 0; j < parts; ++j) {
       const float* slot = first + j * stride;
-      const float f = std::exp(slot[r] - m);  // 0 for a part where the row saw no key
+      const float f = std::exp2(slot[r] - m);  // maxima in log2 units; 0 where the row saw no key
       if (f == 0.f) continue;
       total += f * slot[rows + r];
       const float* part_acc = slot + 2 * rows + static_cast<size_t>(r) * D;
       for (int d = 0; d < D; ++d) acc[d] += f * part_acc[d];
     }
     const int i = r / pb.G, g = r % pb.G;
-    Row<uint16_t>::store(pb.out + ((u.first_token + i) * pb.num_heads + u.h * pb.G + g) * D, acc.data(),
-                         1.f / total, D);
+    store_row_bf16(pb.out + ((u.first_token + i) * pb.num_heads + u.h * pb.G + g) * D, acc.data(),
+                   1.f / total, D);
   }
 }
 

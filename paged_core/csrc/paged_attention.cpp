@@ -400,13 +400,13 @@ void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
   if (!splits.empty())
     partials.resize((splits.back().first_slot + splits.back().parts) * slot_floats);
   const int64_t num_jobs = static_cast<int64_t>(jobs.size());
-  int64_t next_job = 0;
+  struct alignas(64) Counter { int64_t value = 0; } next_job;  // a cache line of its own
 #pragma omp parallel num_threads(nthreads)
   {
     paged_core_cpu::Bf16TileBuffers buffers(max_rows, pb.D);
-    int64_t j = __atomic_fetch_add(&next_job, 1, __ATOMIC_RELAXED);
+    int64_t j = __atomic_fetch_add(&next_job.value, 1, __ATOMIC_RELAXED);
     while (j < num_jobs) {
-      const int64_t after = __atomic_fetch_add(&next_job, 1, __ATOMIC_RELAXED);
+      const int64_t after = __atomic_fetch_add(&next_job.value, 1, __ATOMIC_RELAXED);
       const Bf16Job& job = jobs[j];
       const Bf16Unit* next = after < num_jobs ? &jobs[after].unit : nullptr;
       if (!paged_core_cpu::bf16_unit_run(pb, job.unit, next, buffers)) {
