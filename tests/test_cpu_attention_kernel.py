@@ -67,6 +67,41 @@ def test_matches_reference(step, num_kv_heads, group, head_dim, block_size, wind
         torch.testing.assert_close(out.double(), expected, rtol=2e-2, atol=2e-2)
 
 
+# Few sequences with long contexts: the bf16 tiles split a tile's keys into parts across
+# threads (a lone long decode, a chunk after a long cached prefix, a window wider than a
+# part) and combine them; short ones in the same step are not split.
+LONG_STEPS = {
+    "lone_decode": ([2100], [1]),
+    "chunk_after_prefix": ([1500, 3], [16, 3]),
+    "mixed": ([2100, 9, 1300, 600], [1, 9, 20, 1]),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 40, 700])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("step", list(LONG_STEPS))
+def test_long_contexts_match_reference(step, head_dim, window, dtype, cpu_isa):
+    seq_lens, query_lens = LONG_STEPS[step]
+    query, k_cache, v_cache, tables, lens, starts = _step(seq_lens, query_lens, 2, 3, head_dim,
+                                                          16, dtype, pad=2, seed=2)
+    scale = 1 / math.sqrt(head_dim)
+    expected = _reference(query, k_cache, v_cache, tables, lens, starts, scale, window)
+    real = int(starts[-1])
+    threads = torch.get_num_threads()
+    try:
+        for n in sorted({1, threads}):
+            torch.set_num_threads(n)
+            out = torch.full_like(query, 7.0)
+            cpu_paged_attention(query, k_cache, v_cache, tables, lens, starts, scale, window,
+                                out=out, cpu_isa=cpu_isa)
+            tol = 1e-5 if dtype == torch.float32 else 2e-2
+            torch.testing.assert_close(out[:real].double(), expected[:real], rtol=tol, atol=tol)
+            assert (out[real:] == 7.0).all()
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_out_argument_padding_rows_threads_and_strided_query(cpu_isa):
     query, k_cache, v_cache, tables, lens, starts = _step([5, 300, 41], [5, 20, 1], 2, 2, 64, 16,
                                                           torch.float32, pad=3, seed=1)

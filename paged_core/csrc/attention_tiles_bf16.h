@@ -1,21 +1,29 @@
 // bfloat16 paged attention with AVX512-BF16 dot products (vdpbf16ps), for builds with
 // -mavx512bf16 (the avx512_bf16 level); PAGED_CORE_BF16_TILES says whether it exists.
 //
-// The same task split, visibility rules and output as attention_kernel in
-// paged_attention.cpp; what differs is how a task computes. It walks its keys in
-// chunks of 16 consecutive positions (any block size: each key row is found through
-// the block table) and, per chunk:
-//   - transposes the chunk's keys once into Kt[D/2][16] (pairs of dims as 32-bit words),
-//     so a query row's 16 scores are D/2 vdpbf16ps with the query's pair broadcast: no
-//     horizontal sums, and every query row of the task (up to 16 tokens x G heads of the
-//     KV head) reuses the transposed keys, read once from the cache;
-//   - interleaves the values by key pairs into Vp[8][D], so p . V is 8 vdpbf16ps per 16
-//     dims with the probabilities' pair broadcast.
-// Scores and the online softmax are float32; probabilities are rounded to bfloat16 for
-// p . V (like flash-attention kernels), and the softmax denominator sums those rounded
-// values, so numerator and denominator agree. Keys a query may not see are masked to
-// -inf (probability 0), and the values of positions past the context are zeros, so
-// nothing outside the sequence (NaN in unowned slots) reaches the output.
+// The same visibility rules and output as attention_kernel in paged_attention.cpp; what
+// differs is how a unit of work computes. A unit is a tile of up to 16 queries of one
+// sequence (every query head of one KV head: rows r = i * G + g) over a range of keys
+// [key_lo, key_hi) (the whole visible context, or one part of it when a long context is
+// split across threads). It walks the range in segments of up to kMaxSegChunks chunks of
+// 16 consecutive positions (any block size: each key row is found through the block
+// table) and, per segment:
+//   - transposes each chunk's keys once into Kt[D/2][16] (pairs of dims as 32-bit words),
+//     so a query row's 16 scores of a chunk are D/2 vdpbf16ps with the query's pair
+//     broadcast: no horizontal sums, and every row of the unit reuses the transposed keys,
+//     read once from the cache;
+//   - interleaves the values by key pairs into Vp[pairs][D], so p . V is one vdpbf16ps per
+//     16 dims and key pair with the probabilities' pair broadcast;
+//   - for groups of up to kRowBlock rows (sharing every load of Kt and Vp): scores of the
+//     whole segment in registers, one branch-free online-softmax step per row (one max,
+//     one rescale folded into the load of the row's output, one 2^x per score), p . V.
+// The next segment's rows are prefetched while this one is transposed, and the blocks two
+// segments ahead are touched so their page walks start early.
+// Scores and the online softmax are float32, in log2 units (scores times scale * log2 e);
+// probabilities are rounded to bfloat16 for p . V (like flash-attention kernels), and the
+// softmax denominator sums those rounded values, so numerator and denominator agree. Keys
+// a query may not see get probability 0 exactly, and the values of positions at or past
+// key_hi are zeros, so nothing outside the range (NaN in unowned slots) reaches the output.
 #pragma once
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512F__) && \
@@ -30,19 +38,27 @@
 #include <limits>
 #include <vector>
 
-#include "cpu_common.h"
-#include "cpu_simd.h"
-
 namespace paged_core_cpu {
 
-constexpr int kChunk = 16;  // keys per chunk: one float32 score per lane
+constexpr int kChunk = 16;        // keys per chunk: one float32 score per lane
+constexpr int kMaxSegChunks = 4;  // chunks per segment (one online-softmax step), at most
+constexpr int kRowBlock = 4;      // query rows that share each load of Kt and Vp
+constexpr int kSplitAlign = kMaxSegChunks * kChunk;  // key-range parts start at multiples
 
-// exp(x) for x <= 0 on 16 lanes (exp8 on each half); exp(-inf) -> 0.
-inline __m512 exp16(__m512 x) {
-  const __m256 lo = exp8(_mm512_castps512_ps256(x));
-  const __m256 hi = exp8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
-  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)),
-                                             _mm256_castps_pd(hi), 1));
+// Chunks per segment for head_dim D: 64 keys for D <= 64, 32 above (Kt and Vp of a
+// segment, 2 * 64 * D bytes or less, stay in L1).
+inline int segment_chunks(int D) { return D <= 64 ? 4 : 2; }
+
+// 2^x on the lanes of keep (others exactly 0) for x <= 0: a degree-3 polynomial on the
+// fraction, exact at integers (2^0 = 1), relative error < 1.1e-4 (far below the bfloat16
+// rounding that probabilities get).
+inline __m512 exp2_probs(__m512 x, __mmask16 keep) {
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);  // [-0.5, 0.5]
+  __m512 y = _mm512_fmadd_ps(_mm512_set1_ps(0.0550089292f), f, _mm512_set1_ps(0.242210954f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(0.693282902f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.f));
+  return _mm512_maskz_scalef_ps(keep, y, n);
 }
 
 // Transpose a 16 x 16 matrix of 32-bit words held as 16 rows (in place).
@@ -73,23 +89,76 @@ inline void transpose16x16(__m512i r[16]) {
   for (int i = 0; i < 16; ++i) r[i] = out[i];
 }
 
-// One thread's buffers for bf16 tile tasks of up to max_rows query rows and head_dim D.
+// dst[0:D] = bf16(src[d] * inv) for D % 16 == 0, rounded as float_to_bf16_bits rounds
+// in cpu_common.h (to nearest even; NaN -> 0x7FC0).
+inline void store_row_bf16(uint16_t* dst, const float* src, float inv, int D) {
+  const __m512 vinv = _mm512_set1_ps(inv);
+  for (int d = 0; d < D; d += 16) {
+    const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(src + d), vinv);
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d), _mm512_cvtepi32_epi16(r));
+  }
+}
+
+// What every unit of one call shares: the packed query, one KV head's caches at a time,
+// the block tables and the output.
+struct Bf16Problem {
+  const uint16_t* q;
+  int64_t q_t_stride, q_h_stride;
+  const uint16_t* k;  // [num_kv_heads][num_blocks][block_size][D]
+  const uint16_t* v;
+  const int32_t* block_tables;
+  int64_t bt_stride, num_blocks, block_size;
+  int G, D;
+  float scale;
+  int64_t window;  // 0: none
+  uint16_t* out;   // [tokens][num_heads][D]
+  int64_t num_heads;  // num_kv_heads * G
+};
+
+// One unit: nq queries (tokens first_token.., positions pos0..) of sequence seq, KV head h,
+// over the keys [key_lo, key_hi) they may see (key_hi <= pos0 + nq; key_lo >= 0).
+struct Bf16Unit {
+  int64_t seq, h, first_token, pos0, key_lo, key_hi;
+  int nq;
+};
+
+// One thread's buffers for units of up to max_rows query rows and head_dim D.
 struct Bf16TileBuffers {
   int D;
   std::vector<uint32_t> q;    // [rows][D/2] query rows as bf16 pairs
   std::vector<float> acc;     // [rows][D] un-normalised outputs
-  std::vector<float> mx, sum; // [rows] running max and denominator
-  std::vector<uint32_t> kt;   // [D/2][16] the chunk's keys, transposed
-  std::vector<uint32_t> vp;   // [8][D] the chunk's values, key pairs interleaved per dim
+  std::vector<float> mx;      // [rows] running max, log2 units (-inf: no key seen yet)
+  std::vector<float> sum;     // [rows][16] denominators, 16 partial sums per row
+  std::vector<uint32_t> kt;   // [chunks][D/2][16] the segment's keys, transposed per chunk
+  std::vector<uint32_t> vp;   // [pairs][D] the segment's values, key pairs interleaved
 
   Bf16TileBuffers(int max_rows, int head_dim)
       : D(head_dim), q(static_cast<size_t>(max_rows) * head_dim / 2),
-        acc(static_cast<size_t>(max_rows) * head_dim), mx(max_rows), sum(max_rows),
-        kt(static_cast<size_t>(head_dim / 2) * kChunk), vp(static_cast<size_t>(kChunk / 2) * head_dim) {}
+        acc(static_cast<size_t>(max_rows) * head_dim), mx(max_rows), sum(static_cast<size_t>(max_rows) * 16),
+        kt(static_cast<size_t>(kMaxSegChunks) * head_dim / 2 * kChunk),
+        vp(static_cast<size_t>(kMaxSegChunks) * kChunk / 2 * head_dim) {}
+
+  float row_sum(int r) const { return _mm512_reduce_add_ps(_mm512_loadu_ps(sum.data() + 16 * r)); }
 };
 
-// Kt from the chunk's key rows (nullptr: a position past the context, read as zeros).
-inline void transpose_keys(const uint16_t* const rows[kChunk], int D, uint32_t* kt) {
+// Fetches one cache row (D bf16) ahead of its use; nullptr: nothing. (Non-temporal: K and
+// V are read once per step, measured a little faster than T0 here.)
+inline void prefetch_row(const uint16_t* row, int D) {
+  if (!row) return;
+  for (int byte = 0; byte < D * 2; byte += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(row) + byte, _MM_HINT_NTA);
+}
+
+// Kt of one chunk from its key rows (nullptr: past the range, read as zeros). Prefetches
+// the rows ahead[0..15] (the next segment's) along the way: spread over the work, not
+// in one burst that would stall on the core's outstanding-miss limit.
+inline void transpose_keys(const uint16_t* const* rows, int D, uint32_t* kt,
+                           const uint16_t* const* ahead) {
+  for (int j = 0; j < kChunk; ++j) prefetch_row(ahead[j], D);
   for (int c0 = 0; c0 < D / 2; c0 += 16) {  // 16 pair-columns (32 dims) at a time
     __m512i r[16];
     for (int j = 0; j < kChunk; ++j)
@@ -99,14 +168,18 @@ inline void transpose_keys(const uint16_t* const rows[kChunk], int D, uint32_t* 
   }
 }
 
-// Vp[i][d] = v[2i][d] | v[2i+1][d] << 16 from the chunk's value rows (nullptr: zeros).
-inline void interleave_values(const uint16_t* const rows[kChunk], int D, uint32_t* vp) {
+// Vp[i][d] = v[2i][d] | v[2i+1][d] << 16 for i < pairs, from value rows (nullptr: zeros).
+// Prefetches the rows ahead[0 .. 2 * pairs - 1] along the way.
+inline void interleave_values(const uint16_t* const* rows, int pairs, int D, uint32_t* vp,
+                              const uint16_t* const* ahead) {
   alignas(64) static const uint16_t kLo[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
                                                37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
                                                11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
   const __m512i lo = _mm512_load_si512(kLo);
   const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
-  for (int i = 0; i < kChunk / 2; ++i) {
+  for (int i = 0; i < pairs; ++i) {
+    prefetch_row(ahead[2 * i], D);
+    prefetch_row(ahead[2 * i + 1], D);
     const uint16_t* a = rows[2 * i];
     const uint16_t* b = rows[2 * i + 1];
     for (int d = 0; d < D; d += 32) {
@@ -118,183 +191,315 @@ inline void interleave_values(const uint16_t* const rows[kChunk], int D, uint32_
   }
 }
 
-// Scores of R query rows (bf16 pairs q[r]) against the chunk, times scale: 16 lanes per row.
-// The rows share every load of Kt; two chains per row keep the dot-product units busy.
-template <int R>
-inline void chunk_scores(const uint32_t* const* q, const uint32_t* kt, int D, float scale,
-                         __m512* s) {
-  __m512 a[R][2];
-  for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm512_setzero_ps();
-  for (int c = 0; c < D / 2; c += 2)  // D % 32 == 0
-    for (int u = 0; u < 2; ++u) {
-      const __m512bh k = (__m512bh)_mm512_loadu_si512(kt + (c + u) * kChunk);
-      for (int r = 0; r < R; ++r)
-        a[r][u] = _mm512_dpbf16_ps(a[r][u], k, (__m512bh)_mm512_set1_epi32(static_cast<int>(q[r][c + u])));
-    }
-  for (int r = 0; r < R; ++r) s[r] = _mm512_mul_ps(_mm512_add_ps(a[r][0], a[r][1]), _mm512_set1_ps(scale));
-}
-
-// acc[r][0:D] += p_r . V for R rows' bf16 probability pairs pp[r][8]; the rows share every
-// load of Vp.
-template <int R>
-inline void accumulate_chunk(const uint32_t (*pp)[kChunk / 2], const uint32_t* vp, int D,
-                             float* const* acc) {
-  for (int d0 = 0; d0 < D; d0 += 32) {
-    __m512 a[R][2];
+// Raw scores s[r][n] (16 keys of chunk n) of R query rows (bf16 pairs q[r]) against N
+// chunks of Kt. The rows share every load of Kt; U chains per score when R * N alone
+// would leave the dot-product units waiting on latency.
+template <int R, int N>
+inline void segment_scores(const uint32_t* const* q, const uint32_t* kt, int D, __m512 (&s)[R][N]) {
+  constexpr int U = R * N <= 4 ? 2 : 1;
+  const int half = D / 2;  // pair-columns; a multiple of 16
+  __m512 a[U][R][N];
+  for (int u = 0; u < U; ++u)
     for (int r = 0; r < R; ++r)
-      for (int c = 0; c < 2; ++c) a[r][c] = _mm512_loadu_ps(acc[r] + d0 + 16 * c);
-    for (int i = 0; i < kChunk / 2; ++i) {
-      const __m512bh v0 = (__m512bh)_mm512_loadu_si512(vp + i * D + d0);
-      const __m512bh v1 = (__m512bh)_mm512_loadu_si512(vp + i * D + d0 + 16);
+      for (int n = 0; n < N; ++n) a[u][r][n] = _mm512_setzero_ps();
+  for (int c = 0; c < half; c += U)
+    for (int u = 0; u < U; ++u) {
+      __m512bh k[N];
+      for (int n = 0; n < N; ++n)
+        k[n] = (__m512bh)_mm512_loadu_si512(kt + (n * half + c + u) * kChunk);
       for (int r = 0; r < R; ++r) {
-        const __m512bh p = (__m512bh)_mm512_set1_epi32(static_cast<int>(pp[r][i]));
-        a[r][0] = _mm512_dpbf16_ps(a[r][0], v0, p);
-        a[r][1] = _mm512_dpbf16_ps(a[r][1], v1, p);
+        const __m512bh qb = (__m512bh)_mm512_set1_epi32(static_cast<int>(q[r][c + u]));
+        for (int n = 0; n < N; ++n) a[u][r][n] = _mm512_dpbf16_ps(a[u][r][n], k[n], qb);
       }
     }
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < 2; ++c) _mm512_storeu_ps(acc[r] + d0 + 16 * c, a[r][c]);
-  }
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < N; ++n) {
+      s[r][n] = a[0][r][n];
+      for (int u = 1; u < U; ++u) s[r][n] = _mm512_add_ps(s[r][n], a[u][r][n]);
+    }
 }
 
-// Online-softmax update of row r with this chunk's masked scores s (rescales its output
-// when the running max grows); writes the chunk's bf16 probability pairs to pp.
-inline void softmax_step(__m512 s, int r, Bf16TileBuffers& w, uint32_t* pp) {
-  float* acc = w.acc.data() + static_cast<size_t>(r) * w.D;
-  const float m_new = std::max(w.mx[r], _mm512_reduce_max_ps(s));
-  if (m_new > w.mx[r]) {
-    const float alpha = std::exp(w.mx[r] - m_new);  // 0 on the first chunk
-    w.sum[r] *= alpha;
-    const __m512 va = _mm512_set1_ps(alpha);
-    for (int d = 0; d < w.D; d += 16) _mm512_storeu_ps(acc + d, _mm512_mul_ps(va, _mm512_loadu_ps(acc + d)));
-    w.mx[r] = m_new;
+// Online-softmax step of row r over N chunks of raw scores s, visible keys bits of
+// visible (bit 16n + lane): updates the row's max and denominator, writes the bf16
+// probability pairs (key pairs of the segment) to pp and returns the factor alpha that the
+// row's output must be scaled by before this segment's p . V is added. Scores are kept in
+// log2 units (scale_log2 = scale * log2(e)), so probabilities are powers of two.
+template <int N>
+inline float softmax_step(__m512 (&s)[N], uint64_t visible, float scale_log2, int r,
+                          Bf16TileBuffers& w, uint32_t* pp) {
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 vscale = _mm512_set1_ps(scale_log2);
+  __mmask16 vis[N];
+  __m512 m = neg_inf;
+  for (int n = 0; n < N; ++n) {
+    vis[n] = static_cast<__mmask16>(visible >> (kChunk * n));
+    s[n] = _mm512_mask_mul_ps(neg_inf, vis[n], s[n], vscale);
+    m = _mm512_max_ps(m, s[n]);
   }
-  const __m256i pb = (__m256i)_mm512_cvtneps_pbh(exp16(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
-  const __m512 rounded = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(pb), 16));
-  w.sum[r] += _mm512_reduce_add_ps(rounded);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(pp), pb);
+  // Branch-free (the max grows unpredictably): every lane of mv = max(running, segment).
+  m = _mm512_max_ps(m, _mm512_shuffle_f32x4(m, m, 0x4E));
+  m = _mm512_max_ps(m, _mm512_shuffle_f32x4(m, m, 0xB1));
+  m = _mm512_max_ps(m, _mm512_permute_ps(m, 0x4E));
+  m = _mm512_max_ps(m, _mm512_permute_ps(m, 0xB1));
+  const __m512 old = _mm512_set1_ps(w.mx[r]);
+  const __m512 mv = _mm512_max_ps(old, m);  // finite: a key is visible
+  // Exactly 1 while the max stays, 0 on the row's first segment (old = -inf).
+  const __m512 alpha = exp2_probs(_mm512_sub_ps(old, mv), _mm512_cmp_ps_mask(old, neg_inf, _CMP_NEQ_OQ));
+  w.mx[r] = _mm512_cvtss_f32(mv);
+  float* sum = w.sum.data() + 16 * r;
+  const __m512bh ones = (__m512bh)_mm512_set1_epi16(0x3F80);  // bf16 1.0
+  __m512 total = _mm512_mul_ps(alpha, _mm512_loadu_ps(sum));
+  for (int n = 0; n < N; n += 2) {
+    const __m512 p0 = exp2_probs(_mm512_sub_ps(s[n], mv), vis[n]);
+    const __m512 p1 = n + 1 < N ? exp2_probs(_mm512_sub_ps(s[n + 1], mv), vis[n + 1])
+                                : _mm512_setzero_ps();
+    const __m512bh pb = _mm512_cvtne2ps_pbh(p1, p0);  // keys 16n .. 16n + 31, as 16 pairs
+    total = _mm512_dpbf16_ps(total, pb, ones);
+    _mm512_storeu_si512(pp + kChunk / 2 * n, (__m512i)pb);
+  }
+  _mm512_storeu_ps(sum, total);
+  return _mm512_cvtss_f32(alpha);
 }
 
-// The chunk for R rows (ids rows[], visibility masks[]): scores, softmax, p . V.
-template <int R>
-inline void rows_step(const int* rows, const __mmask16* masks, Bf16TileBuffers& w, float scale) {
+// acc[r][d0 : d0 + 16W] = alpha[r] * acc[r][...] + sum_i pp[r][i] . Vp[i][...] for R rows
+// over the segment's key pairs; the rows share every load of Vp.
+template <int R, int W>
+inline void values_block(const uint32_t (*pp)[kMaxSegChunks * kChunk / 2], const uint32_t* vp,
+                         int pairs, int D, int d0, float* const* acc, const float* alpha) {
+  __m512 a[R][W];
+  for (int r = 0; r < R; ++r) {
+    const __m512 al = _mm512_set1_ps(alpha[r]);
+    for (int x = 0; x < W; ++x) a[r][x] = _mm512_mul_ps(al, _mm512_loadu_ps(acc[r] + d0 + 16 * x));
+  }
+  for (int i = 0; i < pairs; ++i) {
+    __m512bh v[W];
+    for (int x = 0; x < W; ++x) v[x] = (__m512bh)_mm512_loadu_si512(vp + i * D + d0 + 16 * x);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh p = (__m512bh)_mm512_set1_epi32(static_cast<int>(pp[r][i]));
+      for (int x = 0; x < W; ++x) a[r][x] = _mm512_dpbf16_ps(a[r][x], v[x], p);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int x = 0; x < W; ++x) _mm512_storeu_ps(acc[r] + d0 + 16 * x, a[r][x]);
+}
+
+// The segment (N chunks, transposed in w.kt / w.vp) for R rows (ids rows[], visible keys
+// bits visible[]): scores, softmax, p . V.
+template <int R, int N>
+inline void rows_step(const int* rows, const uint64_t* visible, Bf16TileBuffers& w, float scale_log2) {
+  const int D = w.D;
   const uint32_t* q[R];
   float* acc[R];
   for (int r = 0; r < R; ++r) {
-    q[r] = w.q.data() + static_cast<size_t>(rows[r]) * w.D / 2;
-    acc[r] = w.acc.data() + static_cast<size_t>(rows[r]) * w.D;
+    q[r] = w.q.data() + static_cast<size_t>(rows[r]) * D / 2;
+    acc[r] = w.acc.data() + static_cast<size_t>(rows[r]) * D;
   }
-  __m512 s[R];
-  chunk_scores<R>(q, w.kt.data(), w.D, scale, s);
-  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  uint32_t pp[R][kChunk / 2];
-  for (int r = 0; r < R; ++r) softmax_step(_mm512_mask_mov_ps(neg_inf, masks[r], s[r]), rows[r], w, pp[r]);
-  accumulate_chunk<R>(pp, w.vp.data(), w.D, acc);
+  __m512 s[R][N];
+  segment_scores<R, N>(q, w.kt.data(), D, s);
+  alignas(64) uint32_t pp[R][kMaxSegChunks * kChunk / 2];
+  float alpha[R];
+  for (int r = 0; r < R; ++r) alpha[r] = softmax_step<N>(s[r], visible[r], scale_log2, rows[r], w, pp[r]);
+  const int pairs = N * kChunk / 2;
+  int d0 = 0;
+  for (; d0 + 64 <= D; d0 += 64) values_block<R, 4>(pp, w.vp.data(), pairs, D, d0, acc, alpha);
+  if (d0 < D) values_block<R, 2>(pp, w.vp.data(), pairs, D, d0, acc, alpha);  // D % 32 == 0
 }
 
-constexpr int kRowBlock = 4;  // query rows that share each load of the chunk
+template <int R>
+inline void rows_step_n(int n, const int* rows, const uint64_t* visible, Bf16TileBuffers& w,
+                        float scale_log2) {
+  switch (n) {
+    case 1: rows_step<R, 1>(rows, visible, w, scale_log2); break;
+    case 2: rows_step<R, 2>(rows, visible, w, scale_log2); break;
+    case 3: rows_step<R, 3>(rows, visible, w, scale_log2); break;
+    default: rows_step<R, 4>(rows, visible, w, scale_log2); break;
+  }
+}
 
-// One task: query rows r = i * G + g (token first_token + i at position pos0 + i, head
-// h * G + g) of one sequence over its visible keys. Returns false on a block table entry
-// outside [0, num_blocks).
-inline bool bf16_tile_task(const uint16_t* q_ptr, int64_t q_t_stride, int64_t q_h_stride,
-                           const uint16_t* k_head, const uint16_t* v_head, const int32_t* table,
-                           int64_t num_blocks, int64_t block_size, int64_t h, int G,
-                           int64_t first_token, int nq, int64_t pos0, float scale,
-                           int64_t window, uint16_t* out_ptr, int64_t num_heads,
-                           Bf16TileBuffers& w) {
-  const int D = w.D;
-  const int rows = nq * G;
-  for (int i = 0; i < nq; ++i)
+// Pointers to the rows of keys c0 .. c0 + count - 1 in one KV head's K and V caches
+// (nullptr at or past key_hi); false on a block table entry outside [0, num_blocks).
+inline bool key_rows(const Bf16Problem& pb, const int32_t* table, const uint16_t* k_head,
+                     const uint16_t* v_head, int64_t c0, int count, int64_t key_hi,
+                     const uint16_t** krows, const uint16_t** vrows) {
+  int j = 0;
+  while (j < count && c0 + j < key_hi) {  // one run of keys per block
+    const int64_t key = c0 + j;
+    const int64_t b = key / pb.block_size, off = key - b * pb.block_size;
+    const int64_t phys = table[b];
+    if (phys < 0 || phys >= pb.num_blocks) return false;
+    const int64_t run = std::min<int64_t>({count - j, pb.block_size - off, key_hi - key});
+    const uint16_t* kb = k_head + (phys * pb.block_size + off) * pb.D;
+    const uint16_t* vb = v_head + (phys * pb.block_size + off) * pb.D;
+    for (int64_t t = 0; t < run; ++t, ++j) {
+      krows[j] = kb + t * pb.D;
+      vrows[j] = vb + t * pb.D;
+    }
+  }
+  for (; j < count; ++j) krows[j] = vrows[j] = nullptr;
+  return true;
+}
+
+inline int64_t first_segment_start(const Bf16Unit& u) { return u.key_lo / kChunk * kChunk; }
+
+// Prefetches the first line of each K and V block of unit u's segment of seg keys from
+// key s, so that its page walks (the cache is far larger than the TLB's reach) overlap the
+// work before it; its other lines follow later.
+inline void touch_segment(const Bf16Problem& pb, const Bf16Unit& u, int64_t s, int seg) {
+  const int64_t head = u.h * pb.num_blocks * pb.block_size * pb.D;
+  const int32_t* table = pb.block_tables + u.seq * pb.bt_stride;
+  const int64_t end = std::min<int64_t>(s + seg, u.key_hi);
+  for (int64_t key = s; key < end; key = (key / pb.block_size + 1) * pb.block_size) {
+    const int64_t phys = table[key / pb.block_size];
+    if (phys < 0 || phys >= pb.num_blocks) return;  // reported when the segment is read
+    const int64_t row = (phys * pb.block_size + key % pb.block_size) * pb.D;
+    _mm_prefetch(reinterpret_cast<const char*>(pb.k + head + row), _MM_HINT_NTA);
+    _mm_prefetch(reinterpret_cast<const char*>(pb.v + head + row), _MM_HINT_NTA);
+  }
+}
+
+// Runs unit u: leaves its rows' un-normalised outputs, maxima and denominators in w (rows
+// that see no key of the range keep mx = -inf, zero sums and outputs). next (or nullptr):
+// the unit this thread runs after u, whose first keys are prefetched during u's last
+// segment. Returns false on a block table entry outside [0, num_blocks).
+inline bool bf16_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* next,
+                          Bf16TileBuffers& w) {
+  const int D = pb.D, G = pb.G;
+  const int rows = u.nq * G;
+  for (int i = 0; i < u.nq; ++i)
     for (int g = 0; g < G; ++g) {
       const int r = i * G + g;
-      const uint16_t* src = q_ptr + (first_token + i) * q_t_stride + (h * G + g) * q_h_stride;
+      const uint16_t* src = pb.q + (u.first_token + i) * pb.q_t_stride + (u.h * G + g) * pb.q_h_stride;
       std::copy(src, src + D, reinterpret_cast<uint16_t*>(w.q.data() + static_cast<size_t>(r) * D / 2));
       w.mx[r] = -std::numeric_limits<float>::infinity();
-      w.sum[r] = 0.f;
     }
+  std::fill(w.sum.begin(), w.sum.begin() + static_cast<size_t>(rows) * 16, 0.f);
   std::fill(w.acc.begin(), w.acc.begin() + static_cast<size_t>(rows) * D, 0.f);
 
-  const int64_t first_key = window > 0 ? std::max<int64_t>(0, pos0 - window + 1) : 0;
-  const int64_t last_key = pos0 + nq - 1;
-  const int64_t row_stride = D;
-  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  // Row pointers of a chunk's keys and values (nullptr past the context); false on a block
-  // table entry outside [0, num_blocks).
-  auto chunk_rows = [&](int64_t c0, const uint16_t** krows, const uint16_t** vrows) {
-    int j = 0;
-    while (j < kChunk && c0 + j <= last_key) {  // one run of keys per block
-      const int64_t key = c0 + j;
-      const int64_t b = key / block_size, off = key - b * block_size;
-      const int64_t phys = table[b];
-      if (phys < 0 || phys >= num_blocks) return false;
-      const int64_t run = std::min<int64_t>({kChunk - j, block_size - off, last_key - key + 1});
-      const uint16_t* kb = k_head + (phys * block_size + off) * row_stride;
-      const uint16_t* vb = v_head + (phys * block_size + off) * row_stride;
-      for (int64_t t = 0; t < run; ++t, ++j) {
-        krows[j] = kb + t * row_stride;
-        vrows[j] = vb + t * row_stride;
-      }
+  const int64_t head_stride = pb.num_blocks * pb.block_size * D;
+  const int32_t* table = pb.block_tables + u.seq * pb.bt_stride;
+  const uint16_t* k_head = pb.k + u.h * head_stride;
+  const uint16_t* v_head = pb.v + u.h * head_stride;
+  const int seg_chunks = segment_chunks(D);
+  const int seg = seg_chunks * kChunk;
+  constexpr int kMaxSeg = kMaxSegChunks * kChunk;
+  const uint16_t* krows[kMaxSeg];
+  const uint16_t* vrows[kMaxSeg];
+  const uint16_t* next_k[kMaxSeg];  // the rows this thread reads next (prefetched meanwhile)
+  const uint16_t* next_v[kMaxSeg];
+  int64_t s0 = first_segment_start(u);
+  const int64_t end = s0 + (u.key_hi - s0 + seg - 1) / seg * seg;  // past the last segment
+  if (!key_rows(pb, table, k_head, v_head, s0, seg, u.key_hi, next_k, next_v)) return false;
+  for (; s0 < u.key_hi; s0 += seg) {
+    std::copy(next_k, next_k + seg, krows);
+    std::copy(next_v, next_v + seg, vrows);
+    if (s0 + seg < u.key_hi) {
+      if (!key_rows(pb, table, k_head, v_head, s0 + seg, seg, u.key_hi, next_k, next_v)) return false;
+    } else if (next) {  // the next unit's first segment
+      const int64_t next_head = next->h * head_stride;
+      if (!key_rows(pb, pb.block_tables + next->seq * pb.bt_stride, pb.k + next_head,
+                    pb.v + next_head, first_segment_start(*next), seg, next->key_hi, next_k, next_v))
+        return false;
+    } else {
+      std::fill(next_k, next_k + seg, nullptr);
+      std::fill(next_v, next_v + seg, nullptr);
     }
-    for (; j < kChunk; ++j) krows[j] = vrows[j] = nullptr;
-    return true;
-  };
-  const uint16_t* krows[kChunk];
-  const uint16_t* vrows[kChunk];
-  const uint16_t* next_k[kChunk];
-  const uint16_t* next_v[kChunk];
-  int64_t c0 = first_key / kChunk * kChunk;
-  if (!chunk_rows(c0, next_k, next_v)) return false;
-  for (; c0 <= last_key; c0 += kChunk) {
-    std::copy(next_k, next_k + kChunk, krows);
-    std::copy(next_v, next_v + kChunk, vrows);
-    // Blocks are scattered: fetch the next chunk's rows while this one is computed.
-    if (c0 + kChunk <= last_key) {
-      if (!chunk_rows(c0 + kChunk, next_k, next_v)) return false;
-      for (int j = 0; j < kChunk && next_k[j]; ++j)
-        for (int64_t byte = 0; byte < D * 2; byte += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(next_k[j]) + byte, _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(next_v[j]) + byte, _MM_HINT_T0);
-        }
+    // Page walks of the blocks two segments ahead (this unit's or the next's) start now.
+    const int64_t ahead = s0 + 2 * seg - end;  // >= 0: that many keys into the next unit
+    if (ahead < 0)
+      touch_segment(pb, u, s0 + 2 * seg, seg);
+    else if (next)
+      touch_segment(pb, *next, first_segment_start(*next) + ahead, seg);
+    const int n = static_cast<int>(std::min<int64_t>(seg, u.key_hi - s0) + kChunk - 1) / kChunk;
+    for (int c = 0; c < n; ++c)
+      transpose_keys(krows + c * kChunk, D, w.kt.data() + static_cast<size_t>(c) * D / 2 * kChunk,
+                     next_k + c * kChunk);
+    interleave_values(vrows, n * kChunk / 2, D, w.vp.data(), next_v);
+    for (int j = n * kChunk; j < seg; ++j) {  // what the short last segment did not cover
+      prefetch_row(next_k[j], D);
+      prefetch_row(next_v[j], D);
     }
-    transpose_keys(krows, D, w.kt.data());
-    interleave_values(vrows, D, w.vp.data());
-    int active = 0;  // rows that see a key of this chunk, in blocks of kRowBlock
-    int rows[kRowBlock];
-    __mmask16 masks[kRowBlock];
+
+    int active = 0;  // rows that see a key of this segment, in blocks of kRowBlock
+    int ids[kRowBlock];
+    uint64_t visible[kRowBlock];
+    const float scale_log2 = pb.scale * 1.44269504088896341f;
     auto flush = [&] {
       switch (active) {
-        case 1: rows_step<1>(rows, masks, w, scale); break;
-        case 2: rows_step<2>(rows, masks, w, scale); break;
-        case 3: rows_step<3>(rows, masks, w, scale); break;
-        case 4: rows_step<4>(rows, masks, w, scale); break;
+        case 1: rows_step_n<1>(n, ids, visible, w, scale_log2); break;
+        case 2: rows_step_n<2>(n, ids, visible, w, scale_log2); break;
+        case 3: rows_step_n<3>(n, ids, visible, w, scale_log2); break;
+        case 4: rows_step_n<4>(n, ids, visible, w, scale_log2); break;
         default: break;
       }
       active = 0;
     };
-    for (int i = 0; i < nq; ++i) {
-      // Query i (position p) sees keys [lo, hi) of the chunk.
-      const int64_t p = pos0 + i;
-      const int64_t lo = std::max<int64_t>(c0, window > 0 ? p - window + 1 : 0) - c0;
-      const int64_t hi = std::min<int64_t>(c0 + kChunk, p + 1) - c0;
+    for (int i = 0; i < u.nq; ++i) {
+      // Query i (position p) sees keys [lo, hi) of the segment (relative to s0).
+      const int64_t p = u.pos0 + i;
+      const int64_t first = std::max(u.key_lo, pb.window > 0 ? p - pb.window + 1 : 0);
+      const int64_t lo = std::max<int64_t>(first, s0) - s0;
+      const int64_t hi = std::min<int64_t>({s0 + seg, u.key_hi, p + 1}) - s0;
       if (hi <= lo) continue;
-      const __mmask16 visible = _mm512_cmp_epi32_mask(lane, _mm512_set1_epi32(static_cast<int>(lo)), _MM_CMPINT_NLT) &
-                                _mm512_cmp_epi32_mask(lane, _mm512_set1_epi32(static_cast<int>(hi)), _MM_CMPINT_LT);
+      const uint64_t below_hi = hi >= 64 ? ~uint64_t{0} : (uint64_t{1} << hi) - 1;
+      const uint64_t bits = below_hi & ~((uint64_t{1} << lo) - 1);
       for (int g = 0; g < G; ++g) {
-        rows[active] = i * G + g;
-        masks[active] = visible;
+        ids[active] = i * G + g;
+        visible[active] = bits;
         if (++active == kRowBlock) flush();
       }
     }
     flush();
   }
-  for (int i = 0; i < nq; ++i)
-    for (int g = 0; g < G; ++g) {
-      const int r = i * G + g;
-      Row<uint16_t>::store(out_ptr + ((first_token + i) * num_heads + h * G + g) * D,
-                           w.acc.data() + static_cast<size_t>(r) * D, 1.f / w.sum[r], D);
-    }
   return true;
+}
+
+// out rows of unit u = w's outputs / denominators (every row saw a key).
+inline void bf16_unit_store(const Bf16Problem& pb, const Bf16Unit& u, const Bf16TileBuffers& w) {
+  const int D = pb.D;
+  for (int i = 0; i < u.nq; ++i)
+    for (int g = 0; g < pb.G; ++g) {
+      const int r = i * pb.G + g;
+      store_row_bf16(pb.out + ((u.first_token + i) * pb.num_heads + u.h * pb.G + g) * D,
+                           w.acc.data() + static_cast<size_t>(r) * D, 1.f / w.row_sum(r), D);
+    }
+}
+
+// A partial result of a unit over part of its keys, as bf16_unit_save leaves it in a slot
+// of partial_floats(rows, D) floats: [rows] maxima, [rows] denominators, [rows][D] outputs.
+inline size_t partial_floats(int rows, int D) { return static_cast<size_t>(rows) * (D + 2); }
+
+inline void bf16_unit_save(const Bf16Unit& u, const Bf16TileBuffers& w, int G, float* slot) {
+  const int rows = u.nq * G;
+  for (int r = 0; r < rows; ++r) {
+    slot[r] = w.mx[r];
+    slot[rows + r] = w.row_sum(r);
+  }
+  std::copy(w.acc.begin(), w.acc.begin() + static_cast<size_t>(rows) * w.D, slot + 2 * rows);
+}
+
+// out rows of tile u = the log-sum-exp combination of its parts' partial results (parts
+// slots, stride floats apart, from first); every row saw a key in some part.
+inline void bf16_combine(const Bf16Problem& pb, const Bf16Unit& u, const float* first, int parts,
+                         size_t stride) {
+  const int D = pb.D, rows = u.nq * pb.G;
+  std::vector<float> acc(D);
+  for (int r = 0; r < rows; ++r) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (int j = 0; j < parts; ++j) m = std::max(m, first[j * stride + r]);
+    float total = 0.f;
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int j = 0; j < parts; ++j) {
+      const float* slot = first + j * stride;
+      const float f = std::exp2(slot[r] - m);  // maxima in log2 units; 0 where the row saw no key
+      if (f == 0.f) continue;
+      total += f * slot[rows + r];
+      const float* part_acc = slot + 2 * rows + static_cast<size_t>(r) * D;
+      for (int d = 0; d < D; ++d) acc[d] += f * part_acc[d];
+    }
+    const int i = r / pb.G, g = r % pb.G;
+    store_row_bf16(pb.out + ((u.first_token + i) * pb.num_heads + u.h * pb.G + g) * D, acc.data(),
+                   1.f / total, D);
+  }
 }
 
 }  // namespace paged_core_cpu

@@ -302,33 +302,127 @@ void attention_kernel(const T* __restrict q_ptr, int64_t q_t_stride, int64_t q_h
 }
 
 #if PAGED_CORE_BF16_TILES
+using paged_core_cpu::Bf16Problem;
+using paged_core_cpu::Bf16Unit;
+
+// A bf16 unit of work: a task's tile on one KV head over all or part of its keys.
+struct Bf16Job {
+  Bf16Unit unit;
+  int64_t cost;  // keys x queries
+  int64_t slot;  // < 0: writes the output; else its partial result's slot
+  int64_t split;  // its Bf16Split (slot >= 0)
+};
+
+// A tile whose keys were split into parts, jobs writing slots first_slot.. (in key order);
+// the job that finishes its last part combines them.
+struct Bf16Split {
+  Bf16Unit tile;
+  int64_t first_slot;
+  int parts;
+  int pending;  // parts not finished yet
+};
+
+constexpr int64_t kMinPartKeys = 256;  // keys of one part of a split tile, at least
+
+// The jobs of every task on every KV head, longest first. A tile costing more than an
+// eighth of a thread's share of the step (few sequences, long contexts) is split into
+// parts of whole segments, kMinPartKeys keys or more, so every thread gets work.
+std::vector<Bf16Job> make_bf16_jobs(const std::vector<Task>& tasks, const int32_t* seq_lens,
+                                    const int32_t* qsl, int64_t num_kv_heads, int64_t window,
+                                    int nthreads, std::vector<Bf16Split>& splits) {
+  int64_t total = 0;
+  for (const Task& t : tasks) total += t.cost * num_kv_heads;
+  const int64_t target = std::max<int64_t>(1, total / (8 * nthreads));
+  std::vector<Bf16Job> jobs;
+  int64_t slots = 0;
+  for (const Task& t : tasks) {
+    const int64_t s = t.seq;
+    const int64_t pos0 = seq_lens[s] - (qsl[s + 1] - qsl[s]) + t.first_query;
+    const int64_t key_hi = pos0 + t.num_queries;
+    const int64_t key_lo = window > 0 ? std::max<int64_t>(0, pos0 - window + 1) : 0;
+    const int64_t aligned_lo = key_lo / paged_core_cpu::kSplitAlign * paged_core_cpu::kSplitAlign;
+    const int64_t align_units = (key_hi - aligned_lo + paged_core_cpu::kSplitAlign - 1) /
+                                paged_core_cpu::kSplitAlign;
+    const int64_t parts = std::min<int64_t>(
+        {(t.cost + target - 1) / target, (key_hi - key_lo) / kMinPartKeys, align_units});
+    for (int64_t h = 0; h < num_kv_heads; ++h) {
+      const Bf16Unit tile{s, h, qsl[s] + t.first_query, pos0, key_lo, key_hi,
+                          static_cast<int>(t.num_queries)};
+      if (parts < 2) {
+        jobs.push_back({tile, t.cost, -1, -1});
+        continue;
+      }
+      const int64_t split = static_cast<int64_t>(splits.size());
+      splits.push_back({tile, slots, static_cast<int>(parts), static_cast<int>(parts)});
+      for (int64_t j = 0; j < parts; ++j) {  // part j: alignment units [j * n / parts, ...)
+        Bf16Unit part = tile;
+        part.key_lo = std::max(key_lo, aligned_lo + j * align_units / parts * paged_core_cpu::kSplitAlign);
+        part.key_hi = std::min(key_hi, aligned_lo + (j + 1) * align_units / parts * paged_core_cpu::kSplitAlign);
+        jobs.push_back({part, (part.key_hi - part.key_lo) * t.num_queries, slots++, split});
+      }
+    }
+  }
+  std::stable_sort(jobs.begin(), jobs.end(),
+                   [](const Bf16Job& a, const Bf16Job& b) { return a.cost > b.cost; });
+  return jobs;
+}
+
+// What one thread of the bf16 tile kernel would take for the tasks, in microseconds,
+// roughly: K and V bytes at ~15 GB/s (scattered blocks) plus 4 * D flops per key and query
+// row at ~250 GFLOP/s (one core).
+double single_thread_us(const std::vector<Task>& tasks, int64_t num_kv_heads, int G, int D) {
+  double bytes = 0, flops = 0;
+  for (const Task& t : tasks) {
+    bytes += static_cast<double>(t.cost) / t.num_queries * D * 4 * num_kv_heads;
+    flops += static_cast<double>(t.cost) * G * D * 4 * num_kv_heads;
+  }
+  return bytes / 15e3 + flops / 250e3;
+}
+
+// Steps estimated below this run on the calling thread alone: waking the others costs
+// tens of microseconds when they sleep between parallel regions (OMP_WAIT_POLICY=PASSIVE).
+constexpr double kWakeWorthUs = 20;
+
 // attention_kernel's tasks for bfloat16 with vdpbf16ps tiles (attention_tiles_bf16.h);
-// needs head_dim % 32 == 0.
-void bf16_tile_kernel(const uint16_t* q_ptr, int64_t q_t_stride, int64_t q_h_stride,
-                      const uint16_t* k_ptr, const uint16_t* v_ptr, const int32_t* block_tables,
-                      int64_t bt_stride, const int32_t* seq_lens, const int32_t* qsl,
-                      uint16_t* out_ptr, const std::vector<Task>& tasks, int64_t num_kv_heads,
-                      int64_t num_blocks, int64_t block_size, int64_t group, int64_t head_dim,
-                      float scale, int64_t window, int* error_flag) {
-  const int64_t head_stride = num_blocks * block_size * head_dim;
-  const int64_t num_work = static_cast<int64_t>(tasks.size()) * num_kv_heads;
-  const int nthreads = std::max(1, at::get_num_threads());
+// needs head_dim % 32 == 0. Threads take jobs in order; each claims its next job when it
+// starts one, so the next job's first keys are prefetched while this one ends.
+void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
+                      const int32_t* seq_lens, const int32_t* qsl, int64_t num_kv_heads,
+                      int* error_flag) {
+  const int nthreads = single_thread_us(tasks, num_kv_heads, pb.G, pb.D) < kWakeWorthUs
+                           ? 1 : std::max(1, at::get_num_threads());
+  std::vector<Bf16Split> splits;
+  const std::vector<Bf16Job> jobs =
+      make_bf16_jobs(tasks, seq_lens, qsl, num_kv_heads, pb.window, nthreads, splits);
+  const int max_rows = static_cast<int>(TILE) * pb.G;
+  const size_t slot_floats = paged_core_cpu::partial_floats(max_rows, pb.D);
+  std::vector<float> partials;
+  if (!splits.empty())
+    partials.resize((splits.back().first_slot + splits.back().parts) * slot_floats);
+  const int64_t num_jobs = static_cast<int64_t>(jobs.size());
+  struct alignas(64) Counter { int64_t value = 0; } next_job;  // a cache line of its own
 #pragma omp parallel num_threads(nthreads)
   {
-    paged_core_cpu::Bf16TileBuffers buffers(static_cast<int>(TILE * group), static_cast<int>(head_dim));
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t w = 0; w < num_work; ++w) {
-      const Task& task = tasks[w / num_kv_heads];
-      const int64_t h = w % num_kv_heads;
-      const int64_t s = task.seq;
-      const int64_t q_len = qsl[s + 1] - qsl[s];
-      const bool ok = paged_core_cpu::bf16_tile_task(
-          q_ptr, q_t_stride, q_h_stride, k_ptr + h * head_stride, v_ptr + h * head_stride,
-          block_tables + s * bt_stride, num_blocks, block_size, h, static_cast<int>(group),
-          qsl[s] + task.first_query, static_cast<int>(task.num_queries),
-          seq_lens[s] - q_len + task.first_query, scale, window, out_ptr,
-          num_kv_heads * group, buffers);
-      if (!ok) __atomic_store_n(error_flag, 2, __ATOMIC_RELAXED);
+    paged_core_cpu::Bf16TileBuffers buffers(max_rows, pb.D);
+    int64_t j = __atomic_fetch_add(&next_job.value, 1, __ATOMIC_RELAXED);
+    while (j < num_jobs) {
+      const int64_t after = __atomic_fetch_add(&next_job.value, 1, __ATOMIC_RELAXED);
+      const Bf16Job& job = jobs[j];
+      const Bf16Unit* next = after < num_jobs ? &jobs[after].unit : nullptr;
+      if (!paged_core_cpu::bf16_unit_run(pb, job.unit, next, buffers)) {
+        __atomic_store_n(error_flag, 2, __ATOMIC_RELAXED);
+      } else if (job.slot < 0) {
+        paged_core_cpu::bf16_unit_store(pb, job.unit, buffers);
+      } else {
+        paged_core_cpu::bf16_unit_save(job.unit, buffers, pb.G,
+                                       partials.data() + job.slot * slot_floats);
+        Bf16Split& split = splits[job.split];
+        // The last part to finish sees every part's slot (acquire pairs with the others' release).
+        if (__atomic_sub_fetch(&split.pending, 1, __ATOMIC_ACQ_REL) == 0)
+          paged_core_cpu::bf16_combine(pb, split.tile, partials.data() + split.first_slot * slot_floats,
+                                       split.parts, slot_floats);
+      }
+      j = after;
     }
   }
 }
@@ -411,13 +505,15 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
                         Hq / Hk, scale, sliding_window, &error_flag);
   } else if (PAGED_CORE_BF16_TILES && D % 32 == 0) {
 #if PAGED_CORE_BF16_TILES
-    bf16_tile_kernel(reinterpret_cast<const uint16_t*>(query.const_data_ptr()), query.stride(0),
-                     query.stride(1), reinterpret_cast<const uint16_t*>(k_cache.const_data_ptr()),
-                     reinterpret_cast<const uint16_t*>(v_cache.const_data_ptr()),
-                     block_tables.const_data_ptr<int32_t>(), block_tables.stride(0), sl, qsl,
-                     reinterpret_cast<uint16_t*>(out.mutable_data_ptr()), tasks, Hk,
-                     k_cache.size(1), k_cache.size(2), Hq / Hk, D, static_cast<float>(scale),
-                     sliding_window, &error_flag);
+    const Bf16Problem pb{reinterpret_cast<const uint16_t*>(query.const_data_ptr()),
+                         query.stride(0), query.stride(1),
+                         reinterpret_cast<const uint16_t*>(k_cache.const_data_ptr()),
+                         reinterpret_cast<const uint16_t*>(v_cache.const_data_ptr()),
+                         block_tables.const_data_ptr<int32_t>(), block_tables.stride(0),
+                         k_cache.size(1), k_cache.size(2), static_cast<int>(Hq / Hk),
+                         static_cast<int>(D), static_cast<float>(scale), sliding_window,
+                         reinterpret_cast<uint16_t*>(out.mutable_data_ptr()), Hq};
+    bf16_tile_kernel(pb, tasks, sl, qsl, Hk, &error_flag);
 #endif
   } else {
     dispatch_dim<uint16_t>(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
