@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from .attention import AttentionBackend, AttentionMetadata
+from .huge_pages import zeros_on_huge_pages
 from .models.llama import LlamaForCausalLM
 from .packed_batch import PackedBatch
 
@@ -29,6 +30,13 @@ def kv_cache_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: to
     return 2 * spec.num_layers * block_size * model.shard.num_kv_heads * spec.head_dim * element
 
 
+def _zeros_cache(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """One layer's K or V cache; on the CPU in huge pages (``huge_pages``)."""
+    if device.type == "cpu":
+        return zeros_on_huge_pages(shape, dtype)
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, backend: AttentionBackend, num_blocks: int,
                  block_size: int, device: torch.device, dtype: torch.dtype) -> None:
@@ -38,8 +46,7 @@ class ModelRunner:
         self.device = device
         shape = backend.kv_cache_shape(num_blocks, block_size, model.shard.num_kv_heads,
                                        model.spec.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device),
-                           torch.zeros(shape, dtype=dtype, device=device))
+        self.kv_caches = [(_zeros_cache(shape, dtype, device), _zeros_cache(shape, dtype, device))
                           for _ in range(model.spec.num_layers)]
 
     @torch.inference_mode()

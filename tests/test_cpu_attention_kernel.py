@@ -102,6 +102,35 @@ def test_long_contexts_match_reference(step, head_dim, window, dtype, cpu_isa):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 700])
+def test_a_long_sequence_gets_the_same_bits_alone_or_batched_on_any_thread_count(window, dtype,
+                                                                                  cpu_isa):
+    """Where split-KV cuts a long context depends on its own positions only, so the result of
+    a sequence does not change with the rest of the step or the threads (batch-invariant mode)."""
+    seq_lens, query_lens = LONG_STEPS["mixed"]
+    query, k_cache, v_cache, tables, lens, starts = _step(seq_lens, query_lens, 2, 3, 64, 16,
+                                                          dtype, seed=3)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n in sorted({1, threads}):
+            torch.set_num_threads(n)
+            batched = cpu_paged_attention(query, k_cache, v_cache, tables, lens, starts, 0.125,
+                                          window, cpu_isa=cpu_isa)
+            for s in range(len(seq_lens)):  # each sequence alone
+                rows = slice(int(starts[s]), int(starts[s + 1]))
+                own_start = torch.tensor([0, rows.stop - rows.start], dtype=starts.dtype)
+                alone = cpu_paged_attention(query[rows], k_cache, v_cache, tables[s:s + 1],
+                                            lens[s:s + 1], own_start, 0.125, window,
+                                            cpu_isa=cpu_isa)
+                assert torch.equal(alone, batched[rows]), f"sequence {s} on {n} threads"
+            results.append(batched)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(r, results[0]) for r in results)
+
+
 def test_out_argument_padding_rows_threads_and_strided_query(cpu_isa):
     query, k_cache, v_cache, tables, lens, starts = _step([5, 300, 41], [5, 20, 1], 2, 2, 64, 16,
                                                           torch.float32, pad=3, seed=1)

@@ -322,17 +322,18 @@ struct Bf16Split {
   int pending;  // parts not finished yet
 };
 
-constexpr int64_t kMinPartKeys = 256;  // keys of one part of a split tile, at least
+// Keys of one part of a split tile: parts end at multiples of this absolute position.
+constexpr int64_t kPartKeys = 256;
+static_assert(kPartKeys % paged_core_cpu::kSplitAlign == 0, "parts start on segment boundaries");
 
-// The jobs of every task on every KV head, longest first. A tile costing more than an
-// eighth of a thread's share of the step (few sequences, long contexts) is split into
-// parts of whole segments, kMinPartKeys keys or more, so every thread gets work.
+// The jobs of every task on every KV head, longest first. A tile whose keys cross a multiple
+// of kPartKeys (long contexts) is split there into parts, so a few long sequences still give
+// every thread work. Where a tile is cut depends on its own positions only, never on the
+// rest of the step or the thread count: a query's result is the same whatever it is
+// batched with (batch-invariant mode relies on that).
 std::vector<Bf16Job> make_bf16_jobs(const std::vector<Task>& tasks, const int32_t* seq_lens,
                                     const int32_t* qsl, int64_t num_kv_heads, int64_t window,
-                                    int nthreads, std::vector<Bf16Split>& splits) {
-  int64_t total = 0;
-  for (const Task& t : tasks) total += t.cost * num_kv_heads;
-  const int64_t target = std::max<int64_t>(1, total / (8 * nthreads));
+                                    std::vector<Bf16Split>& splits) {
   std::vector<Bf16Job> jobs;
   int64_t slots = 0;
   for (const Task& t : tasks) {
@@ -340,11 +341,8 @@ std::vector<Bf16Job> make_bf16_jobs(const std::vector<Task>& tasks, const int32_
     const int64_t pos0 = seq_lens[s] - (qsl[s + 1] - qsl[s]) + t.first_query;
     const int64_t key_hi = pos0 + t.num_queries;
     const int64_t key_lo = window > 0 ? std::max<int64_t>(0, pos0 - window + 1) : 0;
-    const int64_t aligned_lo = key_lo / paged_core_cpu::kSplitAlign * paged_core_cpu::kSplitAlign;
-    const int64_t align_units = (key_hi - aligned_lo + paged_core_cpu::kSplitAlign - 1) /
-                                paged_core_cpu::kSplitAlign;
-    const int64_t parts = std::min<int64_t>(
-        {(t.cost + target - 1) / target, (key_hi - key_lo) / kMinPartKeys, align_units});
+    const int64_t first_part = key_lo / kPartKeys;
+    const int64_t parts = (key_hi - 1) / kPartKeys - first_part + 1;
     for (int64_t h = 0; h < num_kv_heads; ++h) {
       const Bf16Unit tile{s, h, qsl[s] + t.first_query, pos0, key_lo, key_hi,
                           static_cast<int>(t.num_queries)};
@@ -354,10 +352,10 @@ std::vector<Bf16Job> make_bf16_jobs(const std::vector<Task>& tasks, const int32_
       }
       const int64_t split = static_cast<int64_t>(splits.size());
       splits.push_back({tile, slots, static_cast<int>(parts), static_cast<int>(parts)});
-      for (int64_t j = 0; j < parts; ++j) {  // part j: alignment units [j * n / parts, ...)
+      for (int64_t j = 0; j < parts; ++j) {
         Bf16Unit part = tile;
-        part.key_lo = std::max(key_lo, aligned_lo + j * align_units / parts * paged_core_cpu::kSplitAlign);
-        part.key_hi = std::min(key_hi, aligned_lo + (j + 1) * align_units / parts * paged_core_cpu::kSplitAlign);
+        part.key_lo = std::max(key_lo, (first_part + j) * kPartKeys);
+        part.key_hi = std::min(key_hi, (first_part + j + 1) * kPartKeys);
         jobs.push_back({part, (part.key_hi - part.key_lo) * t.num_queries, slots++, split});
       }
     }
@@ -393,7 +391,7 @@ void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
                            ? 1 : std::max(1, at::get_num_threads());
   std::vector<Bf16Split> splits;
   const std::vector<Bf16Job> jobs =
-      make_bf16_jobs(tasks, seq_lens, qsl, num_kv_heads, pb.window, nthreads, splits);
+      make_bf16_jobs(tasks, seq_lens, qsl, num_kv_heads, pb.window, splits);
   const int max_rows = static_cast<int>(TILE) * pb.G;
   const size_t slot_floats = paged_core_cpu::partial_floats(max_rows, pb.D);
   std::vector<float> partials;
