@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <vector>
 
 namespace {
@@ -309,15 +310,15 @@ using paged_core_cpu::Bf16Unit;
 struct Bf16Job {
   Bf16Unit unit;
   int64_t cost;  // keys x queries
-  int64_t slot;  // < 0: writes the output; else its partial result's slot
+  int64_t slot;  // < 0: writes the output; else where its partial result starts (floats)
   int64_t split;  // its Bf16Split (slot >= 0)
 };
 
-// A tile whose keys were split into parts, jobs writing slots first_slot.. (in key order);
-// the job that finishes its last part combines them.
+// A tile whose keys were split into parts, jobs writing partial results `stride` floats
+// apart from `first` (in key order); the job that finishes its last part combines them.
 struct Bf16Split {
   Bf16Unit tile;
-  int64_t first_slot;
+  size_t first, stride;
   int parts;
   int pending;  // parts not finished yet
 };
@@ -333,9 +334,10 @@ static_assert(kPartKeys % paged_core_cpu::kSplitAlign == 0, "parts start on segm
 // batched with (batch-invariant mode relies on that).
 std::vector<Bf16Job> make_bf16_jobs(const std::vector<Task>& tasks, const int32_t* seq_lens,
                                     const int32_t* qsl, int64_t num_kv_heads, int64_t window,
-                                    std::vector<Bf16Split>& splits) {
+                                    int G, int D, std::vector<Bf16Split>& splits,
+                                    size_t& partial_floats) {
   std::vector<Bf16Job> jobs;
-  int64_t slots = 0;
+  partial_floats = 0;
   for (const Task& t : tasks) {
     const int64_t s = t.seq;
     const int64_t pos0 = seq_lens[s] - (qsl[s + 1] - qsl[s]) + t.first_query;
@@ -351,12 +353,15 @@ std::vector<Bf16Job> make_bf16_jobs(const std::vector<Task>& tasks, const int32_
         continue;
       }
       const int64_t split = static_cast<int64_t>(splits.size());
-      splits.push_back({tile, slots, static_cast<int>(parts), static_cast<int>(parts)});
+      const size_t stride = paged_core_cpu::partial_floats(tile.nq * G, D);
+      splits.push_back({tile, partial_floats, stride, static_cast<int>(parts), static_cast<int>(parts)});
       for (int64_t j = 0; j < parts; ++j) {
         Bf16Unit part = tile;
         part.key_lo = std::max(key_lo, (first_part + j) * kPartKeys);
         part.key_hi = std::min(key_hi, (first_part + j + 1) * kPartKeys);
-        jobs.push_back({part, (part.key_hi - part.key_lo) * t.num_queries, slots++, split});
+        jobs.push_back({part, (part.key_hi - part.key_lo) * t.num_queries,
+                        static_cast<int64_t>(partial_floats), split});
+        partial_floats += stride;
       }
     }
   }
@@ -390,13 +395,12 @@ void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
   const int nthreads = single_thread_us(tasks, num_kv_heads, pb.G, pb.D) < kWakeWorthUs
                            ? 1 : std::max(1, at::get_num_threads());
   std::vector<Bf16Split> splits;
-  const std::vector<Bf16Job> jobs =
-      make_bf16_jobs(tasks, seq_lens, qsl, num_kv_heads, pb.window, splits);
+  size_t partial_floats = 0;
+  const std::vector<Bf16Job> jobs = make_bf16_jobs(tasks, seq_lens, qsl, num_kv_heads, pb.window,
+                                                   pb.G, pb.D, splits, partial_floats);
   const int max_rows = static_cast<int>(TILE) * pb.G;
-  const size_t slot_floats = paged_core_cpu::partial_floats(max_rows, pb.D);
-  std::vector<float> partials;
-  if (!splits.empty())
-    partials.resize((splits.back().first_slot + splits.back().parts) * slot_floats);
+  // Every slot is written before it is read: no need to zero the buffer.
+  const std::unique_ptr<float[]> partials(partial_floats ? new float[partial_floats] : nullptr);
   const int64_t num_jobs = static_cast<int64_t>(jobs.size());
   struct alignas(64) Counter { int64_t value = 0; } next_job;  // a cache line of its own
 #pragma omp parallel num_threads(nthreads)
@@ -412,13 +416,12 @@ void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
       } else if (job.slot < 0) {
         paged_core_cpu::bf16_unit_store(pb, job.unit, buffers);
       } else {
-        paged_core_cpu::bf16_unit_save(job.unit, buffers, pb.G,
-                                       partials.data() + job.slot * slot_floats);
+        paged_core_cpu::bf16_unit_save(job.unit, buffers, pb.G, partials.get() + job.slot);
         Bf16Split& split = splits[job.split];
         // The last part to finish sees every part's slot (acquire pairs with the others' release).
         if (__atomic_sub_fetch(&split.pending, 1, __ATOMIC_ACQ_REL) == 0)
-          paged_core_cpu::bf16_combine(pb, split.tile, partials.data() + split.first_slot * slot_floats,
-                                       split.parts, slot_floats);
+          paged_core_cpu::bf16_combine(pb, split.tile, partials.get() + split.first, split.parts,
+                                       split.stride);
       }
       j = after;
     }
