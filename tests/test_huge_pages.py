@@ -15,17 +15,17 @@ def _thp_mode() -> str | None:
     return path.read_text().split("[")[1].split("]")[0]
 
 
-def _anon_huge_bytes(address: int) -> int:
-    """AnonHugePages of the mapping holding ``address`` (from /proc/self/smaps)."""
+def _vm_flags(address: int) -> set[str]:
+    """The VmFlags of the mapping holding ``address`` (from /proc/self/smaps)."""
     inside = False
     for line in Path("/proc/self/smaps").read_text().splitlines():
         first = line.split()[0]
         if "-" in first and ":" not in first:
             start, end = (int(x, 16) for x in first.split("-"))
             inside = start <= address < end
-        elif inside and first == "AnonHugePages:":
-            return int(line.split()[1]) * 1024
-    return 0
+        elif inside and first == "VmFlags:":
+            return set(line.split()[1:])
+    return set()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -40,10 +40,12 @@ def test_zeros_with_the_asked_shape_and_dtype(dtype):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or _thp_mode() in (None, "never"),
                     reason="needs Linux with transparent huge pages in madvise or always mode")
-def test_the_memory_is_on_huge_pages():
+def test_the_memory_is_advised_onto_huge_pages():
+    """Whether the kernel then grants 2 MiB pages depends on its free memory and
+    fragmentation at that moment, so what is asserted is the advice ("hg" flag)."""
     t = zeros_on_huge_pages((64 * HUGE_PAGE // 2,), torch.bfloat16)  # 64 MiB
     assert t.data_ptr() % HUGE_PAGE == 0
-    assert _anon_huge_bytes(t.data_ptr()) >= 32 * HUGE_PAGE  # most of it (the kernel may refuse a few)
+    assert "hg" in _vm_flags(t.data_ptr())
 
 
 def test_engines_keep_their_kv_cache_on_huge_pages_on_cpu():
