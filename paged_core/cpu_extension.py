@@ -2,7 +2,8 @@
 
 Sources live in ``paged_core/csrc``: ``paged_attention.cpp`` (attention of a
 packed step over the paged cache), ``fused_ops.cpp`` (RMSNorm, add + RMSNorm,
-rotary embedding, SiLU-and-multiply) and ``decoder_stack.cpp`` (every decoder
+rotary embedding, SiLU-and-multiply), ``bf16_dot_linear.cpp`` (the bfloat16
+linear of the ``avx512_bf16`` level only) and ``decoder_stack.cpp`` (every decoder
 layer of a model in one call: ``torch.classes.paged_core_cpu_<level>.DecoderStack``). Each level of
 ``paged_core.cpu_isa`` (``generic``, ``avx2``, ``avx512``, ``avx512_bf16``) is its
 own build, compiled with that level's explicit ISA flags (never ``-march=native``,
@@ -40,7 +41,7 @@ from .cpu_isa import selected_cpu_isa, unsupported_reason
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = ("paged_attention.cpp", "fused_ops.cpp", "decoder_stack.cpp")
+_SOURCES = ("paged_attention.cpp", "fused_ops.cpp", "bf16_dot_linear.cpp", "decoder_stack.cpp")
 
 # Compiler flags each level adds to the one below it (see ``paged_core.cpu_isa``).
 _LEVEL_CFLAGS = {

@@ -7,7 +7,7 @@ The CPU paths form a ladder; each level is a superset of the one before:
 | ``generic``   | any x86-64                        | no ISA flags (SSE2 baseline)  | plain ``F.linear``              |
 | ``avx2``      | avx2, fma, f16c                   | ``-mavx2 -mfma -mf16c``       | float32-packed oneDNN           |
 | ``avx512``    | + avx512 f/bw/vl/dq               | + ``-mavx512f/bw/vl/dq``      | float32-packed oneDNN           |
-| ``avx512_bf16`` | + avx512_bf16                   | + ``-mavx512bf16``            | bfloat16-packed oneDNN (native) |
+| ``avx512_bf16`` | + avx512_bf16                   | + ``-mavx512bf16``            | bfloat16 ``vdpbf16ps`` (native) |
 
 float32 models always keep ``F.linear`` (the reference dtype matches transformers token
 for token); float16 models use float32-packed linears from ``avx2`` up.
@@ -16,6 +16,11 @@ for token); float16 models use float32-packed linears from ``avx2`` up.
 machine with AVX512-BF16 can run every path, so its tests exercise the code an AVX2
 machine takes. Asking for a level the CPU lacks is an error naming the setting and the
 missing flags, never a crash on an illegal instruction.
+
+The bfloat16 linears of the ``avx512_bf16`` level run paged-core's own ``vdpbf16ps``
+kernel (``bf16_dot``, ``models/bf16_dot_linear.py``) or oneDNN's bfloat16 GEMM
+(``onednn``), which uses AMX tiles where the CPU has them: ``PAGED_CORE_CPU_LINEAR``
+(``auto``: ``onednn`` on CPUs with AMX-BF16, else ``bf16_dot``) picks one.
 """
 from __future__ import annotations
 
@@ -35,6 +40,8 @@ _LEVEL_FLAGS = {
 }
 
 SETTING = "PAGED_CORE_CPU_ISA"
+LINEAR_SETTING = "PAGED_CORE_CPU_LINEAR"
+BF16_LINEAR_KERNELS = ("bf16_dot", "onednn")
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,3 +100,16 @@ def packed_linear_dtype(device: torch.device, dtype: torch.dtype,
     if level == "generic":
         return None
     return dtype if level == "avx512_bf16" and dtype == torch.bfloat16 else torch.float32
+
+
+def selected_bf16_linear() -> str:
+    """The kernel of the ``avx512_bf16`` level's bfloat16 linears (see the module doc):
+    ``PAGED_CORE_CPU_LINEAR`` if set (not ``auto``), else ``onednn`` on CPUs with AMX-BF16 and
+    ``bf16_dot`` on the others. Read on every call; raises ``ValueError`` for an unknown value."""
+    raw = os.environ.get(LINEAR_SETTING, "").strip().lower()
+    if raw in ("", "auto"):
+        return "onednn" if _capabilities().get("amx_bf16") is True else "bf16_dot"
+    if raw not in BF16_LINEAR_KERNELS:
+        raise ValueError(f"{LINEAR_SETTING}={raw!r} is not a bfloat16 linear kernel; choose auto "
+                         f"or one of {', '.join(BF16_LINEAR_KERNELS)}")
+    return raw

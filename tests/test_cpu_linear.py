@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from paged_core.cpu_isa import packed_linear_dtype, unsupported_reason
-from paged_core.models.cpu_linear import PackedLinear
+from paged_core.cpu_isa import packed_linear_dtype, selected_bf16_linear, unsupported_reason
+from paged_core.models.cpu_linear import PACKED_LINEARS, PackedLinear
 
 CPU = torch.device("cpu")
 NO_NATIVE_BF16 = unsupported_reason("avx512_bf16")
@@ -77,11 +77,19 @@ def test_bf16_engine_takes_the_selected_linears_and_fp32_engine_keeps_f_linear(c
         assert type(qkv) is torch.nn.Linear and qkv.weight.dtype == torch.bfloat16
         assert model.lm_head is None
     else:
-        assert isinstance(model.layers[0].mlp.down_proj, PackedLinear)
-        assert isinstance(model.lm_head, PackedLinear)
+        assert isinstance(model.layers[0].mlp.down_proj, PACKED_LINEARS)
+        assert isinstance(model.lm_head, PACKED_LINEARS)
         assert model.lm_head.compute_dtype == compute_dtype
     out = bf16.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=4),
                         use_tqdm=False)[0].outputs[0]
     assert "Paris" in out.text
     fp32 = LLM(dtype="float32", num_kv_blocks=32)
     assert isinstance(fp32.engine.runner.model.layers[0].mlp.down_proj, torch.nn.Linear)
+
+
+def test_an_unknown_bf16_linear_kernel_is_refused_naming_the_setting(monkeypatch):
+    monkeypatch.setenv("PAGED_CORE_CPU_LINEAR", "mkl")
+    with pytest.raises(ValueError, match="PAGED_CORE_CPU_LINEAR='mkl' is not a bfloat16 linear kernel"):
+        selected_bf16_linear()
+    monkeypatch.setenv("PAGED_CORE_CPU_LINEAR", "oneDNN")  # any case
+    assert selected_bf16_linear() == "onednn"

@@ -5,7 +5,8 @@
   threads; the best of several passes (the rate this machine can reach now);
 - linear FLOP rate: one model layer's projections (``ModelShape.projections``) on ``rows``
   tokens through the linear the engine uses for that dtype at that CPU path
-  (``packed_linear_dtype``: a ``PackedLinear`` computing in that dtype, or ``F.linear``),
+  (``packed_linear_dtype``: ``cpu_linear.packed_linear`` computing in that dtype, or
+  ``F.linear``),
   ``2 * rows * in * out`` FLOPs each.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..cpu_isa import packed_linear_dtype
-from ..models.cpu_linear import PackedLinear
+from ..models.cpu_linear import bf16_dot_applies, packed_linear
 from .attention_cases import ModelShape
 
 
@@ -36,9 +37,12 @@ def memory_bandwidth(num_bytes: int, passes: int) -> dict[str, float]:
 
 
 def linear_kind(dtype: torch.dtype, cpu_isa: str) -> str:
-    """Which linear a ``dtype`` model uses at ``cpu_isa``: ``F.linear`` or ``packed <dtype>``."""
+    """Which linear a ``dtype`` model uses at ``cpu_isa``: ``F.linear``, ``packed <dtype>``
+    (oneDNN) or ``bf16_dot`` (``Bf16DotLinear``)."""
     compute = packed_linear_dtype(torch.device("cpu"), dtype, cpu_isa)
-    return "F.linear" if compute is None else f"packed {str(compute).removeprefix('torch.')}"
+    if compute is None:
+        return "F.linear"
+    return "bf16_dot" if bf16_dot_applies(compute) else f"packed {str(compute).removeprefix('torch.')}"
 
 
 def linear_flops(shape: ModelShape, rows: int) -> int:
@@ -56,7 +60,7 @@ def linear_call(shape: ModelShape, dtype: torch.dtype, cpu_isa: str, rows: int,
         weight = torch.empty(fan_out, fan_in, dtype=dtype).normal_(std=fan_in ** -0.5,
                                                                    generator=generator)
         layers.append(_plain_linear(weight) if compute is None
-                      else PackedLinear(weight, None, compute))
+                      else packed_linear(weight, None, compute))
         inputs.append(torch.empty(rows, fan_in, dtype=dtype).normal_(generator=generator))
 
     def run() -> None:

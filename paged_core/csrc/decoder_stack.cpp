@@ -17,7 +17,8 @@
 // Each step is the very kernel the Python path (models/llama.py with the fused CPU ops,
 // the torch attention backend and cpu_linear's PackedLinear or F.linear) calls, so both
 // give bit-identical results. Projections are a oneDNN-packed weight (mkldnn layout:
-// computed in the weight's dtype, the result cast back) or a plain one (at::linear).
+// computed in the weight's dtype, the result cast back), a bf16_dot_linear weight
+// (avx512_bf16 build) or a plain one (at::linear).
 // Registered as torch.classes.paged_core_cpu_<level>.DecoderStack.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -29,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "bf16_dot_linear.h"
 #include "cpu_common.h"
 #include "fused_ops.h"
 
@@ -43,10 +45,18 @@ namespace {
 
 // y = x W^T + b, in x's dtype.
 struct Projection {
-  at::Tensor weight;  // [out, in], or oneDNN's packed layout of it
+  at::Tensor weight;  // [out, in], oneDNN's packed layout of it, or pack_bf16_dot_weight's
   std::optional<at::Tensor> bias;
+  int64_t bf16_dot_out_features;  // > 0: weight is pack_bf16_dot_weight's, of this many outputs
 
   at::Tensor operator()(const at::Tensor& x) const {
+    if (bf16_dot_out_features > 0) {
+#if defined(__AVX512BF16__)
+      return paged_core_cpu::bf16_dot_linear(x, weight, bf16_dot_out_features, bias);
+#else
+      TORCH_CHECK(false, "bf16_dot_linear weights need the avx512_bf16 build");
+#endif
+    }
     if (!weight.is_mkldnn()) return at::linear(x, weight, bias);
     static const auto linear_pointwise =
         c10::Dispatcher::singleton()
@@ -98,18 +108,23 @@ class DecoderStack : public torch::CustomClassHolder {
   }
 
   // Append the next layer (weights are shared with the Python model, not copied).
+  // bf16_dot_out_features (qkv, o, gate_up, down): a projection's out_features if its weight
+  // is pack_bf16_dot_weight's, else 0.
   void add_layer(at::Tensor input_norm, at::Tensor post_norm, std::optional<at::Tensor> q_norm,
                  std::optional<at::Tensor> k_norm, at::Tensor qkv_weight,
                  std::optional<at::Tensor> qkv_bias, at::Tensor o_weight,
                  std::optional<at::Tensor> o_bias, at::Tensor gate_up_weight,
                  std::optional<at::Tensor> gate_up_bias, at::Tensor down_weight,
-                 std::optional<at::Tensor> down_bias, int64_t sliding_window) {
+                 std::optional<at::Tensor> down_bias, std::vector<int64_t> bf16_dot_out_features,
+                 int64_t sliding_window) {
     TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "q_norm and k_norm come together");
+    TORCH_CHECK(bf16_dot_out_features.size() == 4, "one bf16_dot_out_features per projection");
+    const auto& n = bf16_dot_out_features;
     layers_.push_back(Layer{std::move(input_norm), std::move(post_norm), std::move(q_norm),
-                            std::move(k_norm), Projection{std::move(qkv_weight), std::move(qkv_bias)},
-                            Projection{std::move(o_weight), std::move(o_bias)},
-                            Projection{std::move(gate_up_weight), std::move(gate_up_bias)},
-                            Projection{std::move(down_weight), std::move(down_bias)}, sliding_window});
+                            std::move(k_norm), Projection{std::move(qkv_weight), std::move(qkv_bias), n[0]},
+                            Projection{std::move(o_weight), std::move(o_bias), n[1]},
+                            Projection{std::move(gate_up_weight), std::move(gate_up_bias), n[2]},
+                            Projection{std::move(down_weight), std::move(down_bias), n[3]}, sliding_window});
   }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }

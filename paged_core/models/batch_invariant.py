@@ -60,7 +60,7 @@ def make_batch_invariant(model: nn.Module, tile_rows: int = TILE_ROWS) -> None:
     """Wrap every projection of ``model`` (after ``pack_for_cpu``, if any) in a
     ``RowTiledLinear``, the LM head included; a row-parallel layer of a tensor-parallel group
     tiles its local product and keeps its all-reduce."""
-    from .cpu_linear import PackedLinear
+    from .cpu_linear import PACKED_LINEARS
     from .parallel_layers import RowParallelLinear
 
     for module in list(model.modules()):
@@ -68,7 +68,7 @@ def make_batch_invariant(model: nn.Module, tile_rows: int = TILE_ROWS) -> None:
             if isinstance(child, RowParallelLinear) and child.tp.size > 1:
                 child.matmul = RowTiledLinear(child.matmul or WeightProduct(child.weight),
                                               tile_rows)
-            elif isinstance(child, (nn.Linear, PackedLinear)):
+            elif isinstance(child, (nn.Linear, *PACKED_LINEARS)):
                 setattr(module, name, RowTiledLinear(child, tile_rows))
     if model.lm_head is None:  # tied to the embedding and not packed
         model.lm_head = RowTiledLinear(WeightProduct(model.embed_tokens.weight), tile_rows)

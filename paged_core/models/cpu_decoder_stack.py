@@ -9,8 +9,8 @@ the very kernels of the Python path in the same order, so both give the same bit
 It serves a model only where the Python path would run exactly those kernels
 (``CpuDecoderStack.for_model`` returns ``None`` otherwise, and the model keeps its
 Python layers): one rank, the fused C++ ops of a CPU level, every projection a
-plain ``nn.Linear`` or a ``cpu_linear.PackedLinear`` (batch-invariant tiling and
-tensor-parallel layers keep Python), and per step (``serves``) an attention
+plain ``nn.Linear`` or one that ``cpu_linear.packed_linear`` built (batch-invariant
+tiling and tensor-parallel layers keep Python), and per step (``serves``) an attention
 backend that sends these caches to the C++ kernel of the same level.
 """
 from __future__ import annotations
@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from ..attention import AttentionBackend, AttentionMetadata
-from .cpu_linear import PackedLinear
+from .bf16_dot_linear import Bf16DotLinear
+from .cpu_linear import PACKED_LINEARS
 from .elementwise import FusedCpuOps
 from .parallel_layers import RowParallelLinear
 
@@ -45,6 +46,8 @@ class CpuDecoderStack:
                 None if attn.k_norm is None else attn.k_norm.weight,
                 *_weight_and_bias(attn.qkv_proj), *_weight_and_bias(attn.o_proj),
                 *_weight_and_bias(mlp.gate_up_proj), *_weight_and_bias(mlp.down_proj),
+                [_bf16_dot_out_features(p) for p in
+                 (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)],
                 attn.sliding_window or 0)
 
     @classmethod
@@ -79,11 +82,16 @@ class CpuDecoderStack:
 
 def _weight_and_bias(projection: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The weight the C++ projection multiplies by (packed or plain) and its bias."""
-    if isinstance(projection, PackedLinear):
+    if isinstance(projection, PACKED_LINEARS):
         return projection.packed_weight, projection.bias
     return projection.weight, projection.bias
 
 
+def _bf16_dot_out_features(projection: nn.Module) -> int:
+    """What the C++ stack needs to run a ``Bf16DotLinear``: its out_features (else 0)."""
+    return projection.out_features if isinstance(projection, Bf16DotLinear) else 0
+
+
 # Exactly these types (subclasses may compute otherwise); a RowParallelLinear of one rank
 # is a plain nn.Linear.
-_STACKED_PROJECTIONS = (nn.Linear, RowParallelLinear, PackedLinear)
+_STACKED_PROJECTIONS = (nn.Linear, RowParallelLinear, *PACKED_LINEARS)

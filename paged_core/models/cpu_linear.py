@@ -17,12 +17,17 @@ the projection weights' memory; the KV cache and activations stay in the model's
 float32 models keep plain ``F.linear``: the packed kernel sums in another order,
 and float32 is the reference dtype that must match transformers token for token.
 Which kind a model gets is ``paged_core.cpu_isa.packed_linear_dtype`` (forced by
-``PAGED_CORE_CPU_ISA``).
+``PAGED_CORE_CPU_ISA``); ``packed_linear`` builds it. A bfloat16 model on a CPU with
+AVX512-BF16 gets ``bf16_dot_linear.Bf16DotLinear`` instead of a bfloat16 ``PackedLinear``
+(see there why) unless ``PAGED_CORE_CPU_LINEAR`` (``cpu_isa.selected_bf16_linear``) says
+``onednn``, as it does by default on CPUs with AMX.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from .bf16_dot_linear import Bf16DotLinear
 
 
 class PackedLinear(nn.Module):
@@ -46,14 +51,38 @@ class PackedLinear(nn.Module):
         return y.to(x.dtype)
 
 
+def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None,
+                  compute_dtype: torch.dtype) -> PackedLinear | Bf16DotLinear:
+    """The fastest prepacked linear computing ``x @ weight.T + bias`` in ``compute_dtype``:
+    ``Bf16DotLinear`` where ``bf16_dot_applies`` and the weight fits, else ``PackedLinear``."""
+    if bf16_dot_applies(compute_dtype) and Bf16DotLinear.fits(weight):
+        return Bf16DotLinear(weight, bias)
+    return PackedLinear(weight, bias, compute_dtype)
+
+
+def bf16_dot_applies(compute_dtype: torch.dtype) -> bool:
+    """True if linears computing in ``compute_dtype`` take ``Bf16DotLinear``: bfloat16, that
+    kernel selected (``cpu_isa.selected_bf16_linear``) and the ``avx512_bf16`` kernels built
+    (a CPU with AVX512-BF16)."""
+    from ..cpu_extension import cpu_extension_available
+    from ..cpu_isa import selected_bf16_linear
+
+    return (compute_dtype == torch.bfloat16 and selected_bf16_linear() == "bf16_dot"
+            and cpu_extension_available("avx512_bf16"))
+
+
 def pack_linear_layers(model: nn.Module, compute_dtype: torch.dtype) -> None:
-    """Replace every ``nn.Linear`` inside ``model`` by a ``PackedLinear`` (in place); a
+    """Replace every ``nn.Linear`` inside ``model`` by a ``packed_linear`` (in place); a
     row-parallel layer of a tensor-parallel group keeps its all-reduce and packs its product."""
     from .parallel_layers import RowParallelLinear
 
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, RowParallelLinear) and child.tp.size > 1:
-                child.matmul = PackedLinear(child.weight, None, compute_dtype)
+                child.matmul = packed_linear(child.weight, None, compute_dtype)
             elif isinstance(child, nn.Linear):
-                setattr(module, name, PackedLinear(child.weight, child.bias, compute_dtype))
+                setattr(module, name, packed_linear(child.weight, child.bias, compute_dtype))
+
+
+# Every prepacked kind ``packed_linear`` builds.
+PACKED_LINEARS = (PackedLinear, Bf16DotLinear)

@@ -146,14 +146,15 @@ class LlamaForCausalLM(nn.Module):
         return None if logits is None else logits[:, :self.spec.vocab_size]
 
     def pack_for_cpu(self, compute_dtype: torch.dtype) -> None:
-        """Switch every projection, the (tied) LM head included, to prepacked oneDNN weights
-        that compute in ``compute_dtype`` (see ``cpu_linear``)."""
-        from .cpu_linear import PackedLinear, pack_linear_layers
+        """Switch every projection, the (tied) LM head included, to prepacked weights that
+        compute in ``compute_dtype`` (see ``cpu_linear``)."""
+        from .cpu_linear import PackedLinear, pack_linear_layers, packed_linear
         pack_linear_layers(self, compute_dtype)
         self.decoder_stack = None  # it held the unpacked weights: use_ops builds it again
         if self.lm_head is None:
-            self.lm_head = PackedLinear(self.embed_tokens.weight, None, compute_dtype)
-        self.prefers_bucketed_batches = True
+            self.lm_head = packed_linear(self.embed_tokens.weight, None, compute_dtype)
+        # oneDNN builds a kernel per row count: steps then keep to a few (bucketed_num_tokens)
+        self.prefers_bucketed_batches = any(isinstance(m, PackedLinear) for m in self.modules())
 
     def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
         """Copy Hugging Face weights in (this rank's slices, ``shard.slice_of``), fusing q/k/v

@@ -1,0 +1,39 @@
+"""The bfloat16 linear of CPUs with AVX512-BF16: ``paged_core/csrc/bf16_dot_linear.cpp``.
+
+A bfloat16 model at the ``avx512_bf16`` level (``paged_core.cpu_isa``) computes its
+projections and LM head with ``vdpbf16ps`` over weights packed once at load time, in
+place of oneDNN's packed linear (``cpu_linear.PackedLinear``): on the 2-core
+AVX512-BF16 EPYC it streamed the weights of decode-sized batches (1-64 rows) 1.3-1.6x
+faster and matched oneDNN at prefill sizes. Each row is summed in one fixed order
+whatever the batch, so a row's result never depends on the rows beside it.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Bf16DotLinear(nn.Module):
+    """``y = x @ W.T + b`` for bfloat16 ``x`` with ``W`` packed by ``pack_bf16_dot_weight``
+    (inference only; the weight's in_features must be even).
+
+    ``packed_weight`` is ``[ceil(out / 32), in / 2, 32, 2]`` bfloat16; ``bias`` is bfloat16."""
+
+    compute_dtype = torch.bfloat16
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        from ..cpu_extension import cpu_ops
+
+        self._ops = cpu_ops("avx512_bf16")
+        self.out_features, self.in_features = weight.shape
+        self.packed_weight = self._ops.pack_bf16_dot_weight(weight.detach().to(torch.bfloat16))
+        self.bias = None if bias is None else bias.detach().to(torch.bfloat16)
+
+    @staticmethod
+    def fits(weight: torch.Tensor) -> bool:
+        """True if ``weight`` (``[out, in]``) can be packed: an even number of in_features."""
+        return weight.dim() == 2 and weight.shape[1] % 2 == 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._ops.bf16_dot_linear(x, self.packed_weight, self.out_features, self.bias)

@@ -1,0 +1,90 @@
+"""The AVX512-BF16 linear (``Bf16DotLinear``): the exact product rounded once to bfloat16
+(up to float32 summation), every row's bits independent of the batch around it, any
+leading shape and row stride, and the engine's choice of it. Runs only on CPUs with
+AVX512-BF16 (elsewhere the engine keeps oneDNN's ``PackedLinear``, tested in
+test_cpu_linear.py)."""
+import pytest
+import torch
+
+from paged_core.cpu_isa import unsupported_reason
+from paged_core.models.bf16_dot_linear import Bf16DotLinear
+from paged_core.models.cpu_linear import PackedLinear, packed_linear
+
+NO_NATIVE_BF16 = unsupported_reason("avx512_bf16")
+pytestmark = pytest.mark.skipif(NO_NATIVE_BF16 is not None, reason=str(NO_NATIVE_BF16))
+
+
+def _layer(out_features: int, in_features: int, with_bias: bool, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, in_features, generator=gen).bfloat16()
+    bias = torch.randn(out_features, generator=gen).bfloat16() if with_bias else None
+    return weight, bias
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 9, 17, 300])
+@pytest.mark.parametrize("out_features", [16, 50, 96, 200])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_the_exact_product_rounded_once(rows, out_features, with_bias):
+    weight, bias = _layer(out_features, 96, with_bias)
+    x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(1)).bfloat16()
+    y = Bf16DotLinear(weight, bias)(x)
+    exact = x.double() @ weight.double().T + (0 if bias is None else bias.double())
+    assert y.shape == (rows, out_features) and y.dtype == torch.bfloat16
+    # float32 sums of 96 exact products, then one rounding to bfloat16 (half an ulp: 2^-9)
+    magnitude = x.double().abs() @ weight.double().abs().T + 1
+    assert ((y.double() - exact).abs() <= exact.abs() * 2.0 ** -8 + magnitude * 96 * 2.0 ** -23).all()
+
+
+def test_a_row_gives_the_same_bits_alone_or_in_any_batch():
+    weight, bias = _layer(200, 128, True)
+    layer = Bf16DotLinear(weight, bias)
+    batch = torch.randn(300, 128, generator=torch.Generator().manual_seed(2)).bfloat16()
+    full = layer(batch)
+    for rows in (1, 2, 5, 8, 13, 257):
+        assert torch.equal(layer(batch[:rows]), full[:rows])
+    assert torch.equal(layer(batch[150:151]), full[150:151])
+
+
+def test_any_leading_shape_and_row_stride():
+    weight, _ = _layer(64, 96, False)
+    layer = Bf16DotLinear(weight, None)
+    wide = torch.randn(10, 200, generator=torch.Generator().manual_seed(3)).bfloat16()
+    strided = wide[:, 8:104]  # rows 200 elements apart
+    assert torch.equal(layer(strided), layer(strided.contiguous()))
+    assert torch.equal(layer(strided.contiguous().view(2, 5, 96)), layer(strided).view(2, 5, 64))
+
+
+def test_odd_in_features_keep_onednn_and_bad_inputs_say_what_is_wrong():
+    weight, _ = _layer(32, 95, False)
+    assert not Bf16DotLinear.fits(weight)
+    assert isinstance(packed_linear(weight, None, torch.bfloat16), PackedLinear)
+    assert isinstance(packed_linear(_layer(32, 96, False)[0], None, torch.bfloat16), Bf16DotLinear)
+    layer = Bf16DotLinear(_layer(32, 96, False)[0], None)
+    with pytest.raises(RuntimeError, match="in_features = 96"):
+        layer(torch.zeros(2, 64, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="x must be bfloat16"):
+        layer(torch.zeros(2, 96))
+
+
+def test_the_setting_picks_onednn_or_bf16_dot(monkeypatch):
+    weight = _layer(32, 96, False)[0]
+    monkeypatch.setenv("PAGED_CORE_CPU_LINEAR", "onednn")
+    assert isinstance(packed_linear(weight, None, torch.bfloat16), PackedLinear)
+    monkeypatch.setenv("PAGED_CORE_CPU_LINEAR", "bf16_dot")
+    assert isinstance(packed_linear(weight, None, torch.bfloat16), Bf16DotLinear)
+
+
+@pytest.mark.parametrize("kernel", ["bf16_dot", "onednn"])
+def test_a_bf16_engine_runs_the_chosen_kernel_and_buckets_only_for_onednn(kernel, monkeypatch):
+    from paged_core import LLM, SamplingParams
+
+    monkeypatch.setenv("PAGED_CORE_CPU_ISA", "avx512_bf16")
+    monkeypatch.setenv("PAGED_CORE_CPU_LINEAR", kernel)
+    llm = LLM(dtype="bfloat16", num_kv_blocks=32)
+    model = llm.engine.runner.model
+    expected = Bf16DotLinear if kernel == "bf16_dot" else PackedLinear
+    assert type(model.layers[0].mlp.down_proj) is expected and type(model.lm_head) is expected
+    assert model.prefers_bucketed_batches == (kernel == "onednn")  # oneDNN: a kernel per row count
+    out = llm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=4),
+                       use_tqdm=False)[0].outputs[0]
+    assert "Paris" in out.text
