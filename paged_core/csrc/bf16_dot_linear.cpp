@@ -7,7 +7,7 @@
 // Each group is one contiguous stream of 32 K * 2 bytes.
 //
 // bf16_dot_linear walks the groups (split between threads) and, for each, every tile of up
-// to 8 rows: per pair of k, one or two weight loads, one broadcast of x per row, and a
+// to 12 rows: per pair of k, one or two weight loads, one broadcast of x per row, and a
 // vdpbf16ps per (row, 16 outputs), accumulating in float32; then + bias, rounded to
 // bfloat16 (nearest even). A group's weights come from memory during its first row tile
 // (prefetched while the thread's previous group ran) and from L1/L2 for the others.
@@ -35,7 +35,7 @@
 namespace {
 
 constexpr int64_t kGroup = 32;     // outputs per packed column group (two zmm of float32)
-constexpr int64_t kRowTile = 8;    // rows per tile: 8 x 2 accumulators + 2 weights + 1 broadcast
+constexpr int64_t kRowTile = 12;   // rows per tile: 12 x 2 accumulators + 2 weights + 1 broadcast
 constexpr int64_t kRowBlock = 256; // rows whose x stays in L2 while every group passes by
 
 // Rows [0, MT) of x times G consecutive groups starting at w (G groups are K2 * 64 elements
@@ -95,6 +95,7 @@ void any_row_tile(int64_t rows, const uint16_t* x, int64_t ldx, const uint16_t* 
   case MT: return row_tile<MT, G>(x, ldx, w, K2, bias, y, ldy, n0, N, prefetch);
     PAGED_CORE_ROW_TILE(1) PAGED_CORE_ROW_TILE(2) PAGED_CORE_ROW_TILE(3) PAGED_CORE_ROW_TILE(4)
     PAGED_CORE_ROW_TILE(5) PAGED_CORE_ROW_TILE(6) PAGED_CORE_ROW_TILE(7) PAGED_CORE_ROW_TILE(8)
+    PAGED_CORE_ROW_TILE(9) PAGED_CORE_ROW_TILE(10) PAGED_CORE_ROW_TILE(11) PAGED_CORE_ROW_TILE(12)
 #undef PAGED_CORE_ROW_TILE
     default: TORCH_CHECK(false, "row tiles hold 1 to ", kRowTile, " rows");
   }
