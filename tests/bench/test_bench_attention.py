@@ -11,7 +11,7 @@ from paged_core.bench.attention_cases import SMOLLM2, kv_pool, paged_step
 from paged_core.bench.cli import main
 from paged_core.bench.machine_rates import linear_kind
 from paged_core.cpu_extension import cpu_extension_available
-from paged_core.cpu_isa import selected_cpu_isa, supported_cpu_isas
+from paged_core.cpu_isa import selected_bf16_linear, selected_cpu_isa, supported_cpu_isas
 from paged_core.kernels import reference
 
 
@@ -48,7 +48,8 @@ def test_linear_kind_follows_the_engine():
     assert linear_kind(torch.bfloat16, "generic") == "F.linear"
     if torch.backends.mkldnn.is_available():
         assert linear_kind(torch.bfloat16, "avx2") == "packed float32"
-        native = "avx512_bf16" in supported_cpu_isas()  # else oneDNN's bfloat16 linear
+        native = ("avx512_bf16" in supported_cpu_isas()  # else oneDNN's bfloat16 linear
+                  and selected_bf16_linear() == "bf16_dot")  # (auto: oneDNN on AMX CPUs)
         assert linear_kind(torch.bfloat16, "avx512_bf16") == ("bf16_dot" if native else "packed bfloat16")
 
 
