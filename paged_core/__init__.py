@@ -18,6 +18,7 @@ from .async_engine import AsyncEngine  # noqa: E402
 from .beam_search import BeamSearchOutput, BeamSearchSequence
 from .beam_search_params import BeamSearchParams
 from .config import EngineConfig
+from .core.engine_stats import EngineStats
 from .engine import LLMEngine
 from .engine_client import EngineClient
 from .exceptions import (EngineDeadError, EngineOverloadedError, ParamValidationError,
@@ -31,6 +32,6 @@ __all__ = [
     "LLM", "LLMEngine", "AsyncEngine", "EngineClient", "EngineConfig", "SamplingParams",
     "StructuredOutputsParams", "EngineDeadError", "EngineOverloadedError", "ParamValidationError",
     "RequestFailedError", "RequestTimeoutError", "RequestOutput", "CompletionOutput", "Logprob",
-    "RequestMetrics", "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence",
+    "RequestMetrics", "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence", "EngineStats",
 ]
 __version__ = "0.1.0"

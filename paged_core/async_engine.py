@@ -46,6 +46,7 @@ from .beam_search_params import BeamSearchParams
 from .chat import chat_prompt_token_ids
 from .admission import AdmissionGate
 from .config import SERVING_ITL_TARGET_MS, EngineConfig
+from .core.engine_stats import EngineStats
 from .deadlines import Deadlines, check_timeout
 from .engine import LLMEngine
 from .engine_commands import AbortRequest, AddRequest, EngineCommand
@@ -101,11 +102,9 @@ class AsyncEngine:
         """True once the step loop died of an error (vLLM's name); a clean shutdown is not one."""
         return self._dead is not None
 
-    def stats(self) -> dict[str, float]:
-        """The engine's stats plus admission counters (``num_rejected`` requests so far)."""
-        stats = self.engine.stats()
-        stats["num_rejected"] = self._gate.num_rejected
-        return stats
+    def stats(self) -> EngineStats:
+        """The engine's stats plus admission control's ``num_rejected`` requests so far."""
+        return dataclasses.replace(self.engine.stats(), num_rejected=self._gate.num_rejected)
 
     @property
     def tool_call_parser(self) -> str | None:

@@ -54,7 +54,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             else:
                 print(f"{out.prompt or ''}{completion.text}")
     if args.stats:
-        print(json.dumps(stats), file=sys.stderr)
+        print(json.dumps(stats.as_dict()), file=sys.stderr)
     return 0
 
 

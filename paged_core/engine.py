@@ -20,6 +20,7 @@ import torch
 from .beam_request import BeamSearchRequest
 from .beam_search_params import BeamSearchParams
 from .config import EngineConfig
+from .core.engine_stats import EngineStats
 from .core.kv_cache_manager import KVCacheManager
 from .core.scheduler import Scheduler, SchedulerOutput, StepBudget
 from .core.sequence import Sequence
@@ -361,19 +362,18 @@ class LLMEngine:
         """Forget every prefix-cached block that no request holds."""
         self.kv.reset_prefix_cache()
 
-    def stats(self) -> dict[str, float]:
-        """KV usage, prefix-cache counters (tokens), queue sizes, preemptions, generated tokens."""
-        stats = self.kv.stats()
-        stats.update(
+    def stats(self) -> EngineStats:
+        """KV usage, prefix-cache counters (tokens), queue sizes, preemptions, generated tokens,
+        and speculative decoding's counters if it is on (``core.engine_stats``)."""
+        return EngineStats(
+            kv=self.kv.stats(),
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
             num_requests=len(self.requests),
             num_preemptions=self.scheduler.num_preemptions,
             generated_tokens=self.generated_tokens,
+            spec_decode=None if self.proposer is None else self.spec_stats.snapshot(),
         )
-        if self.proposer is not None:
-            stats.update(self.spec_stats.as_dict())
-        return stats
 
 
 def _may_draft(seq) -> bool:

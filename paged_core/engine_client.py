@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Protocol, runtime_checkable
 
+from .core.engine_stats import EngineStats
 from .outputs import RequestOutput
 from .prompts import PromptInput
 from .beam_search_params import BeamSearchParams
@@ -40,8 +41,8 @@ class EngineClient(Protocol):
     def errored(self) -> bool:
         """True once the engine died of an error (not after a clean shutdown or drain)."""
 
-    def stats(self) -> dict[str, float]:
-        """KV-cache, queue and counter gauges (see ``LLMEngine.stats``)."""
+    def stats(self) -> EngineStats:
+        """KV-cache, queue and counter gauges (``core.engine_stats``; see ``LLMEngine.stats``)."""
 
     @property
     def tool_call_parser(self) -> str | None:

@@ -9,6 +9,7 @@ from .beam_search import BeamSearchOutput, beam_search_output
 from .beam_search_params import BeamSearchParams
 from .chat import chat_prompt_token_ids
 from .config import EngineConfig
+from .core.engine_stats import EngineStats
 from .engine import LLMEngine
 from .outputs import RequestOutput
 from .prompts import PromptInput, is_single_prompt
@@ -40,7 +41,8 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> EngineStats:
+        """The engine's ``EngineStats`` (typed; also readable as a flat mapping of numbers)."""
         return self.engine.stats()
 
     def reset_prefix_cache(self) -> None:

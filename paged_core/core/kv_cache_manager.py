@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from .block_hash import extend_block_hashes
 from .block_pool import Block, BlockPool
+from .engine_stats import KvCacheStats
 from .sequence import Sequence
 
 
@@ -143,14 +144,14 @@ class KVCacheManager:
             self.pool.cache_full_block(table[i], seq.block_hashes[i])
         self._num_cached[seq.seq_id] = num_full
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> KvCacheStats:
         pool = self.pool
-        return {
-            "kv_blocks_total": pool.num_blocks,
-            "kv_blocks_used": pool.num_used_blocks,
-            "kv_blocks_cached": pool.num_cached_free,
-            "kv_blocks_free": pool.num_free_blocks - pool.num_cached_free,
-            "kv_usage": pool.num_used_blocks / pool.num_blocks,
-            "prefix_cache_queries": self.prefix_cache_queries,
-            "prefix_cache_hits": self.prefix_cache_hits,
-        }
+        return KvCacheStats(
+            kv_blocks_total=pool.num_blocks,
+            kv_blocks_used=pool.num_used_blocks,
+            kv_blocks_cached=pool.num_cached_free,
+            kv_blocks_free=pool.num_free_blocks - pool.num_cached_free,
+            kv_usage=pool.num_used_blocks / pool.num_blocks,
+            prefix_cache_queries=self.prefix_cache_queries,
+            prefix_cache_hits=self.prefix_cache_hits,
+        )

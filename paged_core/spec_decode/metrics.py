@@ -8,6 +8,8 @@ is vLLM's ``1 + accepted / drafts``: tokens gained per verify step.
 """
 from __future__ import annotations
 
+from ..core.engine_stats import SpecDecodeStats
+
 
 class SpecDecodingStats:
     def __init__(self, num_speculative_tokens: int) -> None:
@@ -25,15 +27,14 @@ class SpecDecodingStats:
         for pos in range(num_accepted_tokens):
             self.num_accepted_tokens_per_pos[pos] += 1
 
-    def as_dict(self) -> dict[str, float]:
-        """The counters under their ``stats()`` keys."""
+    def snapshot(self) -> SpecDecodeStats:
+        """The counters now, as ``stats()`` reports them."""
         drafts = self.num_drafts
-        return {
-            "spec_decode_num_drafts": drafts,
-            "spec_decode_num_draft_tokens": self.num_draft_tokens,
-            "spec_decode_num_accepted_tokens": self.num_accepted_tokens,
-            "spec_decode_mean_acceptance_length":
-                1 + self.num_accepted_tokens / drafts if drafts else 0.0,
-            "spec_decode_draft_acceptance_rate":
-                self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0,
-        }
+        return SpecDecodeStats(
+            spec_decode_num_drafts=drafts,
+            spec_decode_num_draft_tokens=self.num_draft_tokens,
+            spec_decode_num_accepted_tokens=self.num_accepted_tokens,
+            spec_decode_mean_acceptance_length=1 + self.num_accepted_tokens / drafts if drafts else 0.0,
+            spec_decode_draft_acceptance_rate=(self.num_accepted_tokens / self.num_draft_tokens
+                                               if self.num_draft_tokens else 0.0),
+        )

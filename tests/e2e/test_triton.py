@@ -183,7 +183,7 @@ def test_metrics_are_the_rows_of_the_engine_metrics_table(triton):
     assert triton.generate("hi", {"max_tokens": 2}).status_code == 200
     time.sleep(0.3)  # the metrics are published every 0.25 s
     text = httpx.get(triton.metrics_url, timeout=10).text
-    spec_stats = set(SpecDecodingStats(0).as_dict())
+    spec_stats = set(SpecDecodingStats(0).snapshot())
     for metric in ENGINE_METRICS:
         if metric.stat in spec_stats:
             assert metric.name not in text

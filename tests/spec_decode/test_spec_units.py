@@ -176,7 +176,7 @@ def test_acceptance_counting_and_counters():
     stats.observe(3, 0)
     stats.observe(0, 0)  # a step without drafts is not a draft
     assert stats.num_accepted_tokens_per_pos == [1, 1, 0]
-    assert stats.as_dict() == {
+    assert stats.snapshot().as_dict() == {
         "spec_decode_num_drafts": 2, "spec_decode_num_draft_tokens": 6,
         "spec_decode_num_accepted_tokens": 2, "spec_decode_mean_acceptance_length": 2.0,
         "spec_decode_draft_acceptance_rate": 2 / 6}
