@@ -30,12 +30,13 @@ from .distributed.executor import make_executor
 from .distributed.worker import RankSpec
 from .eos import eos_token_ids
 from .exceptions import RequestFailedError
+from .input_processor import InputProcessor
 from .model_loader import load_hf_config, load_tokenizer, resolve_model_folder
 from .models.llama_spec import LlamaFamilySpec
 from .models.sharding import ShardPlan
 from .outputs import RequestOutput
 from .packed_batch import StepInput, bucketed_num_tokens, pack_batch
-from .prompts import PromptInput, tokenize_prompt
+from .prompts import PromptInput
 from .request import Request
 from .sampler import Sampler
 from .sampling_params import SamplingParams
@@ -43,7 +44,6 @@ from .sampling_plan import SamplingPlan
 from .spec_decode.factory import make_proposer
 from .spec_decode.metrics import SpecDecodingStats
 from .spec_decode.rejection_sampler import num_accepted
-from .structured_outputs import GrammarCompilerCache
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +80,9 @@ class LLMEngine:
         self.sampler = Sampler(torch.Generator().manual_seed(config.seed))  # draws on the CPU
         self.max_total_tokens = min(self.max_model_len, num_blocks * config.block_size)
         self.eos_token_ids = eos_token_ids(folder, hf_config, self.tokenizer)
-        self.grammar_compiler = GrammarCompilerCache(self.tokenizer, self.vocab_size,
-                                                     self.eos_token_ids)
+        self.input_processor = InputProcessor(self.tokenizer, self.vocab_size, self.eos_token_ids,
+                                              self.max_model_len, self.max_total_tokens,
+                                              num_blocks, config.block_size)
         self.requests: dict[str, Request] = {}
         self.generated_tokens = 0
         self.itl_target_s = (config.itl_target_ms or 0) / 1000
@@ -99,37 +100,13 @@ class LLMEngine:
                      params: SamplingParams | BeamSearchParams | None = None, *,
                      priority: int = 0, tenant: str | None = None
                      ) -> Request | BeamSearchRequest:
-        """Validate, tokenize and compile ``structured_outputs`` (so ``AsyncEngine``, which calls
-        this in a worker thread, admits a request only once its grammar is ready); raises
-        ``ValueError`` saying what to change. No side effects on the engine.
-
-        ``BeamSearchParams`` make a beam search request (``beam_request.py``). ``priority``
-        (vLLM's) and ``tenant`` are its ``SchedulingFields``, whatever its kind."""
-        params = params or SamplingParams()
-        if not isinstance(params, (SamplingParams, BeamSearchParams)):
-            raise ValueError(f"sampling_params must be a SamplingParams or BeamSearchParams, "
-                             f"got {type(params).__name__}")
+        """A validated request for this engine (``InputProcessor.process``), under a
+        request_id not in use; raises ``ValueError`` saying what to change. No side
+        effects on the engine."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        text, token_ids = tokenize_prompt(prompt, self.tokenizer, self.vocab_size)
-        if len(token_ids) >= self.max_total_tokens:
-            limit = ("the model's context (max_model_len=%d)" % self.max_model_len
-                     if self.max_total_tokens == self.max_model_len else
-                     "the KV cache (%d tokens; raise kv_cache_memory or num_kv_blocks)"
-                     % self.max_total_tokens)
-            raise ValueError(
-                f"prompt is too long: {len(token_ids)} tokens, but {limit} leaves room for at most "
-                f"{self.max_total_tokens - 1} prompt tokens plus one generated token; shorten the prompt")
-        params.verify_for_model(self.vocab_size, self.max_model_len, len(token_ids))
-        if isinstance(params, BeamSearchParams):
-            params.verify_kv_capacity(len(token_ids), self.kv.num_blocks, self.config.block_size)
-            return BeamSearchRequest(request_id, text, token_ids, params, self.eos_token_ids,
-                                     self.tokenizer, priority=priority, tenant=tenant)
-        so = params.structured_outputs
-        compiled = self.grammar_compiler.compile(so) if so is not None else None
-        return Request(request_id, text, token_ids, params, self.eos_token_ids,
-                       self.max_total_tokens, self.tokenizer, compiled,
-                       priority=priority, tenant=tenant)
+        return self.input_processor.process(request_id, prompt, params, priority=priority,
+                                            tenant=tenant)
 
     def add_request(self, request: Request | BeamSearchRequest) -> None:
         if request.request_id in self.requests:

@@ -115,7 +115,7 @@ def test_bitmask_keeps_exactly_the_tokens_the_matcher_accepts(llm_fp32):
     engine = llm_fp32.engine
     so = StructuredOutputsParams(json={"type": "object", "properties": {"ok": {"type": "boolean"}},
                                        "required": ["ok"]})
-    compiled = engine.grammar_compiler.compile(so)
+    compiled = engine.input_processor.grammar_compiler.compile(so)
     grammar = SequenceGrammar(xgr.GrammarMatcher(compiled))
     tokenizer = engine.tokenizer
     for token in tokenizer.encode('{"ok', add_special_tokens=False):
@@ -155,7 +155,7 @@ def test_preempted_and_forked_sequences_keep_their_grammar_state(tokenizer, tmp_
                 jsonschema.validate(json.loads(comp.text), schema)
             else:  # cut by max_tokens: still a prefix the grammar accepts
                 assert comp.finish_reason == "length"
-                matcher = xgr.GrammarMatcher(llm.engine.grammar_compiler.compile(
+                matcher = xgr.GrammarMatcher(llm.engine.input_processor.grammar_compiler.compile(
                     StructuredOutputsParams(json=schema, disable_any_whitespace=True)))
                 assert all(matcher.accept_token(t) for t in comp.token_ids)
 

@@ -84,7 +84,7 @@ async def test_bad_constraints_are_400_naming_the_field(client, extra, param):
 
 
 async def test_grammars_compile_off_the_step_loop_thread(client, engine, monkeypatch):
-    compiler = engine.engine.grammar_compiler
+    compiler = engine.engine.input_processor.grammar_compiler
     threads, compile = [], compiler.compile
     monkeypatch.setattr(compiler, "compile",
                         lambda p: threads.append(threading.current_thread().name) or compile(p))

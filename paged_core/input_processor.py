@@ -1,0 +1,67 @@
+"""The front end's first step: a prompt and its params in, a validated request out (vLLM v1's
+``Processor``).
+
+``InputProcessor.process`` checks the params' type and their fit to the model, tokenizes
+the prompt, refuses one that leaves no room to generate, and compiles a structured-output
+grammar (cached), so the engine core only ever sees requests it can run. It raises
+``ValueError`` saying what to change and touches no engine state: ``AsyncEngine`` runs it
+in a worker thread and admits a request only once its grammar is ready.
+"""
+from __future__ import annotations
+
+from .beam_request import BeamSearchRequest
+from .beam_search_params import BeamSearchParams
+from .prompts import PromptInput, tokenize_prompt
+from .request import Request
+from .sampling_params import SamplingParams
+from .structured_outputs import GrammarCompilerCache
+
+
+class InputProcessor:
+    """Turns prompts into requests for one model and KV cache (the limits are fixed)."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: set[int], max_model_len: int,
+                 max_total_tokens: int, num_kv_blocks: int, block_size: int) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+        self.max_total_tokens = max_total_tokens  # min(max_model_len, KV cache capacity)
+        self.num_kv_blocks = num_kv_blocks
+        self.block_size = block_size
+        self.grammar_compiler = GrammarCompilerCache(tokenizer, vocab_size, eos_token_ids)
+
+    def process(self, request_id: str, prompt: PromptInput,
+                params: SamplingParams | BeamSearchParams | None = None, *,
+                priority: int = 0, tenant: str | None = None) -> Request | BeamSearchRequest:
+        """A ``Request`` (``SamplingParams``, the default) or a ``BeamSearchRequest``
+        (``BeamSearchParams``); ``priority`` (vLLM's) and ``tenant`` are its
+        ``SchedulingFields``, whatever its kind."""
+        params = params or SamplingParams()
+        if not isinstance(params, (SamplingParams, BeamSearchParams)):
+            raise ValueError(f"sampling_params must be a SamplingParams or BeamSearchParams, "
+                             f"got {type(params).__name__}")
+        text, token_ids = tokenize_prompt(prompt, self.tokenizer, self.vocab_size)
+        self._check_room(len(token_ids))
+        params.verify_for_model(self.vocab_size, self.max_model_len, len(token_ids))
+        if isinstance(params, BeamSearchParams):
+            params.verify_kv_capacity(len(token_ids), self.num_kv_blocks, self.block_size)
+            return BeamSearchRequest(request_id, text, token_ids, params, self.eos_token_ids,
+                                     self.tokenizer, priority=priority, tenant=tenant)
+        so = params.structured_outputs
+        compiled = self.grammar_compiler.compile(so) if so is not None else None
+        return Request(request_id, text, token_ids, params, self.eos_token_ids,
+                       self.max_total_tokens, self.tokenizer, compiled,
+                       priority=priority, tenant=tenant)
+
+    def _check_room(self, prompt_len: int) -> None:
+        """A prompt must leave room for at least one generated token."""
+        if prompt_len < self.max_total_tokens:
+            return
+        limit = ("the model's context (max_model_len=%d)" % self.max_model_len
+                 if self.max_total_tokens == self.max_model_len else
+                 "the KV cache (%d tokens; raise kv_cache_memory or num_kv_blocks)"
+                 % self.max_total_tokens)
+        raise ValueError(
+            f"prompt is too long: {prompt_len} tokens, but {limit} leaves room for at most "
+            f"{self.max_total_tokens - 1} prompt tokens plus one generated token; shorten the prompt")
