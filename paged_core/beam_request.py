@@ -96,6 +96,10 @@ class BeamSearchRequest(SchedulingFields):
     def is_finished(self) -> bool:
         return not self.beams or self._abort_reason is not None
 
+    def may_draft(self, seq: Sequence) -> bool:
+        """Never: a beam step ranks whole continuations, not one token after another."""
+        return False
+
     def take_logits(self, seq: Sequence, logits: torch.Tensor) -> None:
         """Keep the logits of ``seq``'s next token until its siblings have theirs."""
         self._logits[seq.seq_id] = logits.clone()

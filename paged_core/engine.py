@@ -148,7 +148,8 @@ class LLMEngine:
             logits = self.execute_model(sched)
             outputs = self.update_from_output(sched, logits)
             if self.proposer is not None:
-                self.proposer.propose([seq for seq in self.scheduler.running if _may_draft(seq)])
+                self.proposer.propose([seq for seq in self.scheduler.running
+                                       if seq.request.may_draft(seq)])
         except Exception:
             logger.error("engine step failed: %s", sched.describe())
             raise
@@ -351,13 +352,6 @@ class LLMEngine:
             generated_tokens=self.generated_tokens,
             spec_decode=None if self.proposer is None else self.spec_stats.snapshot(),
         )
-
-
-def _may_draft(seq) -> bool:
-    """Whether speculative decoding may draft for ``seq``: not for beams (a beam step ranks
-    whole continuations) nor under a grammar (its token mask is known for its current state only)."""
-    request = seq.request
-    return isinstance(request, Request) and request.sample_of(seq).grammar is None
 
 
 def _is_sampled(item) -> bool:

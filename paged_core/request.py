@@ -98,6 +98,11 @@ class Request(SchedulingFields):
     def sample_of(self, seq: Sequence) -> Sample:
         return self.samples[seq.sample_index]
 
+    def may_draft(self, seq: Sequence) -> bool:
+        """Whether speculative decoding may draft for ``seq``: not under a grammar (its token
+        mask is known for its current state only)."""
+        return self.sample_of(seq).grammar is None
+
     def sampling_row(self, seq: Sequence, num_drafts: int = 0) -> SamplingRow:
         """The row that samples ``seq``'s next token, as if its first ``num_drafts`` draft
         tokens (speculative decoding) had been appended."""
