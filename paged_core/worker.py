@@ -18,17 +18,20 @@ import os
 import sys
 
 from . import cli
-from .distributed.executor import launched_by_torchrun
+from .distributed.executor import exit_torchrun_rank, launched_by_torchrun
 
 
 def main(argv: list[str] | None = None) -> int:
     """Rank 0: the ``paged-core`` command. Other ranks: only the engine, which serves rank 0's
-    steps and exits the process when rank 0 shuts down (no server, no output of their own)."""
-    if launched_by_torchrun() and int(os.environ["RANK"]) != 0:
+    steps and exits the process when rank 0 shuts down (no server, no output of their own).
+    Under torchrun every rank ends through ``exit_torchrun_rank`` (no interpreter teardown)."""
+    if not launched_by_torchrun():
+        return cli.main(argv)
+    if int(os.environ["RANK"]) != 0:
         from .engine import LLMEngine
 
         LLMEngine(cli.engine_config(cli.build_parser().parse_args(argv)))  # never returns
-    return cli.main(argv)
+    exit_torchrun_rank(cli.main(argv))
 
 
 if __name__ == "__main__":
