@@ -8,31 +8,37 @@ Metric exporters (``engine_metrics.reported``) and JSON output read that view.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 
 class FlatStats(Mapping[str, float]):
-    """The mapping view of a stats dataclass (see the module doc)."""
+    """The mapping view of a frozen stats dataclass (see the module doc), built once per
+    object: an exporter's lookups of every metric do not rebuild it."""
 
-    def as_dict(self) -> dict[str, float]:
+    @functools.cached_property
+    def _flat(self) -> dict[str, float]:
         flat: dict[str, float] = {}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if isinstance(value, FlatStats):
-                flat.update(value.as_dict())
+                flat.update(value._flat)
             elif value is not None:
                 flat[field.name] = value
         return flat
 
+    def as_dict(self) -> dict[str, float]:
+        return dict(self._flat)
+
     def __getitem__(self, key: str) -> float:
-        return self.as_dict()[key]
+        return self._flat[key]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.as_dict())
+        return iter(self._flat)
 
     def __len__(self) -> int:
-        return len(self.as_dict())
+        return len(self._flat)
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@
 //   return hidden
 //
 // Each step is the very kernel the Python path (models/llama.py with the fused CPU ops,
-// the torch attention backend and cpu_linear's PackedLinear or F.linear) calls, so both
-// give bit-identical results. Projections are a oneDNN-packed weight (mkldnn layout:
+// the torch attention backend and cpu_linear's PackedLinear, Bf16DotLinear or F.linear)
+// calls, so both give bit-identical results. Projections are a oneDNN-packed weight (mkldnn layout:
 // computed in the weight's dtype, the result cast back), a bf16_dot_linear weight
 // (avx512_bf16 build) or a plain one (at::linear).
 // Registered as torch.classes.paged_core_cpu_<level>.DecoderStack.
