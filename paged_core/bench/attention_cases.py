@@ -1,7 +1,9 @@
 """The inputs ``bench attention`` times: model shapes, paged steps over a KV pool, torch SDPA.
 
 A ``KvPool`` is one dtype's K and V caches (the engine's layout, ``[Hk, blocks, block_size,
-D]``, random values) of a fixed number of blocks. A ``PagedStep`` is one packed step over
+D]``, random values) of a fixed number of blocks, allocated as the engine allocates its cache
+(``zeros_on_huge_pages``: on 4 KiB pages nearly every block read would add a page walk that
+the engine does not pay). A ``PagedStep`` is one packed step over
 it (``batch`` sequences of ``seq_len`` tokens, the newest ``query_len`` of each are queries)
 with ``instances`` copies of its block tables. Invariants: every block of every copy is a
 different pool block (``shuffled_block_tables``: each sequence's blocks lie at random places),
@@ -19,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attention.cpu_kernels import cpu_paged_attention
+from ..huge_pages import zeros_on_huge_pages
 from ..kernels.reference import shuffled_block_tables
 
 
@@ -76,7 +79,7 @@ class KvPool:
 def kv_pool(shape: ModelShape, dtype: torch.dtype, num_blocks: int,
             generator: torch.Generator) -> KvPool:
     dims = (shape.kv_heads, num_blocks, shape.block_size, shape.head_dim)
-    k, v = (torch.empty(dims, dtype=dtype).normal_(generator=generator) for _ in range(2))
+    k, v = (zeros_on_huge_pages(dims, dtype).normal_(generator=generator) for _ in range(2))
     return KvPool(shape, dtype, k, v)
 
 
