@@ -10,6 +10,10 @@ Life of a request (``k = beam_width``)::
                                      │  partial block); parents nobody continues are freed
                                      └► EOS candidates among the k best -> hypotheses
 
+A step decides forks and frees (a ``GroupDecision``, returned by ``take_logits`` of the
+last beam whose logits came in); the engine applies them to the KV cache manager and the
+scheduler.
+
 A step is transformers' ``_beam_search`` iteration, token for token: candidates
 are the ``max(2, 1 + #eos) * k`` best (beam, token) pairs by cumulative
 log-probability (float32); only the best ``k`` of them may finish a hypothesis
@@ -33,6 +37,7 @@ import torch
 
 from .beam_search import beam_score
 from .beam_search_params import BeamSearchParams
+from .core.group_decision import GroupDecision
 from .core.sequence import Sequence
 from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from .request import _seq_ids  # one id space for every sequence: block tables are keyed by it
@@ -100,20 +105,20 @@ class BeamSearchRequest(SchedulingFields):
         """Never: a beam step ranks whole continuations, not one token after another."""
         return False
 
-    def take_logits(self, seq: Sequence, logits: torch.Tensor) -> None:
-        """Keep the logits of ``seq``'s next token until its siblings have theirs."""
+    def take_logits(self, seq: Sequence, logits: torch.Tensor) -> GroupDecision:
+        """Keep the logits of ``seq``'s next token; once every live beam has its own (and all
+        its tokens computed), run one step: its decision forks the continued beams, frees
+        the dropped ones (every beam when the search ends) and counts the tokens kept."""
         self._logits[seq.seq_id] = logits.clone()
-
-    def advance(self, kv, scheduler) -> int:
-        """Run one beam search step if every live beam is ready; returns how many tokens it
-        kept (continued beams plus finished hypotheses).
-
-        ``kv`` forks the block tables of continued beams; ``scheduler`` admits the
-        forks as running and frees dropped beams (and every beam when the search ends).
-        """
         if not all(b.seq.seq_id in self._logits and b.seq.num_computed_tokens == b.seq.num_tokens
                    for b in self.beams):
-            return 0
+            return GroupDecision()
+        decision = self._step()
+        decision.output_ready = self.is_finished
+        return decision
+
+    def _step(self) -> GroupDecision:
+        """One beam search step over the stacked logits of the live beams."""
         if self.metrics.first_token_time is None:
             self.metrics.first_token_time = time.monotonic()
         logits = torch.stack([self._logits[b.seq.seq_id] for b in self.beams])
@@ -129,12 +134,12 @@ class BeamSearchRequest(SchedulingFields):
             self._add_hypothesis(c, num_generated, "stop" if c.token in eos else "length")
         running = [] if last else [c for c in candidates if c.token not in eos][:k]
         if not running or self._search_is_over(running[0].cum_logprob, num_generated):
-            for beam in self.beams:
-                scheduler.finish(beam.seq)
+            ended = GroupDecision(freed=[beam.seq for beam in self.beams], num_tokens=len(finishing))
             self.beams = []
-            return len(finishing)
-        self.beams = self._continue(running, kv, scheduler)
-        return len(finishing) + len(running)
+            return ended
+        decision = self._continue(running)
+        decision.num_tokens = len(finishing) + len(running)
+        return decision
 
     def _candidates(self, logits: torch.Tensor) -> list[_Candidate]:
         """The best (beam, token) pairs by cumulative log-probability, best first."""
@@ -174,11 +179,12 @@ class BeamSearchRequest(SchedulingFields):
             else num_generated
         return beam_score(best_running, length, p.length_penalty) <= self.hypotheses[-1].score
 
-    def _continue(self, running: list[_Candidate], kv, scheduler) -> list[Beam]:
+    def _continue(self, running: list[_Candidate]) -> GroupDecision:
         """The next live beams: reuse each parent's sequence once, fork it for more, free
-        the parents nobody continues. Forks come first, so shared blocks stay referenced."""
+        the parents nobody continues."""
         reused: dict[int, int] = {}
         beams: list[Beam] = []
+        decision = GroupDecision()
         for c in running:
             parent = self.beams[c.beam]
             if c.beam not in reused:
@@ -188,15 +194,15 @@ class BeamSearchRequest(SchedulingFields):
                 seq = Sequence(next(_seq_ids), self, parent.seq.token_ids + [c.token],
                                len(self.prompt_token_ids), 0)
                 seq.num_computed_tokens = parent.seq.num_computed_tokens
-                kv.fork(parent.seq, seq)
-                scheduler.add_running(seq)
+                decision.forks.append((parent.seq, seq))
             beams.append(Beam(seq, c.cum_logprob, parent.records + [c.record]))
         for index, beam in enumerate(self.beams):
             if index in reused:
                 beam.seq.token_ids.append(reused[index])
             else:
-                scheduler.finish(beam.seq)
-        return beams
+                decision.freed.append(beam.seq)
+        self.beams = beams
+        return decision
 
     def abort(self, reason: str = "abort") -> None:
         """End the search; live beams are reported after the hypotheses with ``reason``

@@ -21,6 +21,7 @@ from .beam_request import BeamSearchRequest
 from .beam_search_params import BeamSearchParams
 from .config import EngineConfig
 from .core.engine_stats import EngineStats
+from .core.group_decision import GroupDecision, SequenceGroup
 from .core.kv_cache_manager import KVCacheManager
 from .core.scheduler import Scheduler, SchedulerOutput, StepBudget
 from .core.sequence import Sequence
@@ -180,95 +181,104 @@ class LLMEngine:
 
     def update_from_output(self, sched: SchedulerOutput,
                            logits: torch.Tensor) -> list[RequestOutput]:
-        """Advance every scheduled sequence, fork, sample, append tokens, free the finished.
+        """Count the scheduled tokens as computed; let each request decide on its sampled
+        sequences' logits (``GroupDecision``s, applied here); sample the sequences handed
+        over, verifying any drafts; append, free the finished.
 
-        Outputs come in this order: requests that failed forking, beam searches that
-        ended, requests that failed appending, then the other requests that got tokens."""
+        Outputs come in this order: requests that failed deciding, requests that a decision
+        ended (beam searches), requests that failed appending, then the other requests
+        that got tokens."""
         outputs: list[RequestOutput] = []
-        plan, beam_searches = self._advance_scheduled(sched, logits, outputs)
-        for request in beam_searches:
-            outputs += self._advance_beam_search(request)
+        sampled = _sampled_rows(sched)
+        self._count_computed(sched)
+        plan, ended = self._decide(sampled, logits, outputs)
+        outputs += self._make_outputs(ended)
         if plan.rows:
             tokens, logprobs = self.sampler(plan.select(logits), plan.rows)
             touched = self._accept_tokens(plan.targets, tokens, logprobs, outputs)
             outputs += self._make_outputs(touched)
         return outputs
 
-    def _advance_scheduled(self, sched: SchedulerOutput, logits: torch.Tensor,
-                           outputs: list[RequestOutput]
-                           ) -> tuple[SamplingPlan, list[BeamSearchRequest]]:
-        """Count every scheduled token as computed; hand beams their logits; plan the
-        sampling of every other sampled sequence and of the samples it forks now."""
+    def _count_computed(self, sched: SchedulerOutput) -> None:
         now = time.monotonic()
-        plan = SamplingPlan()
-        beam_searches: dict[str, BeamSearchRequest] = {}
-        next_logit_row = 0
         for item in sched.scheduled:
-            seq, request = item.seq, item.seq.request
-            sampled = _is_sampled(item)
-            seq.num_computed_tokens += item.num_new_tokens
-            if request.metrics.first_scheduled_time is None:
-                request.metrics.first_scheduled_time = now
-            if not sampled:
+            item.seq.num_computed_tokens += item.num_new_tokens
+            metrics = item.seq.request.metrics
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = now
+
+    def _decide(self, sampled: list[tuple[Sequence, int]], logits: torch.Tensor,
+                outputs: list[RequestOutput]
+                ) -> tuple[SamplingPlan, dict[str, SequenceGroup]]:
+        """Hand every sampled sequence its logits row (``take_logits``) and apply the decision;
+        returns the sampling plan of the sequences the decisions hand over and the requests
+        whose decision asks for an output now. A request that raises fails alone."""
+        plan = SamplingPlan()
+        ended: dict[str, SequenceGroup] = {}
+        for seq, logit_row in sampled:
+            request = seq.request
+            if seq.is_finished:  # its request failed on an earlier sequence of this step
                 continue
-            logit_row = next_logit_row  # this sequence's rows: one, plus one per draft token
-            next_logit_row += 1 + len(seq.spec_token_ids)
             if seq.num_output_tokens == 0 and seq.sample_index == 0:
                 request.num_cached_tokens = seq.num_cached_tokens
-            if isinstance(request, BeamSearchRequest):
-                request.take_logits(seq, logits[logit_row])
-                beam_searches[request.request_id] = request
+            try:
+                decision = request.take_logits(seq, logits[logit_row])
+            except Exception as exc:
+                outputs.append(self._fail_request(request, exc))
                 continue
-            for target in self._fork_samples(seq, outputs):  # only ``seq`` has drafts
+            self._apply(decision)
+            for target in decision.to_sample:  # only ``seq`` has drafts
                 plan.add(request, target, logit_row)
-        return plan, list(beam_searches.values())
+            if decision.output_ready:
+                ended[request.request_id] = request
+        return plan, ended
 
-    def _fork_samples(self, seq: Sequence, outputs: list[RequestOutput]) -> list[Sequence]:
-        """``seq`` and, right after its prompt, the ``n - 1`` samples its request forks from
-        it (sharing its blocks); none if forking failed (the request's output says why)."""
-        request = seq.request
-        if not request.needs_fork:
-            return [seq]
-        try:
-            children = request.fork()
-        except Exception as exc:
-            outputs.append(self._fail_request(request, exc))
-            return []
-        for child in children:
-            self.kv.fork(seq, child)
+    def _apply(self, decision: GroupDecision) -> None:
+        """Forks first (children share their parents' blocks), then frees."""
+        for parent, child in decision.forks:
+            self.kv.fork(parent, child)
             self.scheduler.add_running(child)
-        return [seq, *children]
+        for seq in decision.freed:
+            self.scheduler.finish(seq)
+        self.generated_tokens += decision.num_tokens
 
     def _accept_tokens(self, targets: list[Sequence], tokens: list[int], logprobs: list,
                        outputs: list[RequestOutput]) -> dict[str, Request]:
-        """Append each target's sampled tokens (the accepted drafts and one more); roll back
-        rejected drafts; free the finished. Returns the requests that got tokens."""
+        """Append each target's tokens: its one sampled token, or, if it carried drafts, those
+        ``_verify_drafts`` keeps; free the finished. Returns the requests that got tokens."""
         touched: dict[str, Request] = {}
         end = 0
         for seq in targets:
-            request, drafts = seq.request, seq.spec_token_ids
-            start, end = end, end + 1 + len(drafts)
+            request, num_drafts = seq.request, len(seq.spec_token_ids)
+            start, end = end, end + 1 + num_drafts
             if seq.is_finished:  # its request failed on an earlier sample of this step
                 continue
-            accepted = num_accepted(drafts, tokens[start:end])
-            self.spec_stats.observe(len(drafts), accepted)
-            seq.spec_token_ids = []
+            keep = self._verify_drafts(seq, tokens[start:end]) if num_drafts else 1
             try:
-                finished = self._append_tokens(seq, tokens[start:start + accepted + 1],
-                                               logprobs[start:start + accepted + 1])
+                finished = self._append_tokens(seq, tokens[start:start + keep],
+                                               logprobs[start:start + keep])
             except Exception as exc:
                 touched.pop(request.request_id, None)
                 outputs.append(self._fail_request(request, exc))
                 continue
             if finished:
                 self.scheduler.finish(seq)
-            elif drafts:  # roll back the K/V slots of rejected drafts
+            elif num_drafts:  # the last kept token and the rejected drafts are not in the cache
                 seq.num_computed_tokens = seq.num_tokens - 1
                 self.kv.free_blocks_past_computed(seq)
             touched[request.request_id] = request
         return touched
 
-    def _make_outputs(self, touched: dict[str, Request]) -> list[RequestOutput]:
+    def _verify_drafts(self, seq: Sequence, sampled: list[int]) -> int:
+        """Speculative decoding's verification (``rejection_sampler``): how many of ``sampled``
+        (one token per verified position) ``seq`` keeps, the accepted drafts and one more.
+        Consumes and counts the drafts."""
+        accepted = num_accepted(seq.spec_token_ids, sampled)
+        self.spec_stats.observe(len(seq.spec_token_ids), accepted)
+        seq.spec_token_ids = []
+        return accepted + 1
+
+    def _make_outputs(self, touched: dict[str, SequenceGroup]) -> list[RequestOutput]:
         """Each request's output delta; a finished request is forgotten."""
         outputs = []
         for request in touched.values():
@@ -290,18 +300,6 @@ class LLMEngine:
             if seq.request.append_token(seq, token, lp):
                 return True
         return False
-
-    def _advance_beam_search(self, request: BeamSearchRequest) -> list[RequestOutput]:
-        """One beam search step once all its beams have logits; an output only when it ends."""
-        try:
-            self.generated_tokens += request.advance(self.kv, self.scheduler)
-            if not request.is_finished:
-                return []
-            out = request.make_output()
-        except Exception as exc:
-            return [self._fail_request(request, exc)]
-        del self.requests[request.request_id]
-        return [out]
 
     def check_health(self) -> None:
         """Raises if the engine can no longer run steps (e.g. a tensor-parallel worker died)."""
@@ -352,6 +350,18 @@ class LLMEngine:
             generated_tokens=self.generated_tokens,
             spec_decode=None if self.proposer is None else self.spec_stats.snapshot(),
         )
+
+
+def _sampled_rows(sched: SchedulerOutput) -> list[tuple[Sequence, int]]:
+    """``(sequence, its first logits row)`` for each sequence the step samples, in order (the
+    runner returns one row per such sequence, plus one per draft token it carries); read
+    before the step's tokens are counted as computed."""
+    rows, next_row = [], 0
+    for item in sched.scheduled:
+        if _is_sampled(item):
+            rows.append((item.seq, next_row))
+            next_row += 1 + len(item.seq.spec_token_ids)
+    return rows
 
 
 def _is_sampled(item) -> bool:

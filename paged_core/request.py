@@ -1,8 +1,9 @@
 """``Request``: one user request, its ``n`` samples, their text and their stop conditions.
 
 A request starts with one sequence (the prompt). When that prompt is fully
-computed and the request wants ``n > 1`` samples, the engine forks it into
-``n`` sequences sharing the prompt's blocks. Each sample keeps its own
+computed and the request wants ``n > 1`` samples, it forks into ``n`` sequences
+sharing the prompt's blocks (``take_logits`` decides, the engine applies the
+``GroupDecision``). Each sample keeps its own
 detokenizer, seeded generator, log-probabilities and streaming cursor.
 Invariant: text already handed out is never taken back; while stop strings
 may still match, the last ``max(len(stop)) - 1`` characters are held back.
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .core.group_decision import GroupDecision
 from .core.sequence import Sequence
 from .detokenizer import IncrementalDetokenizer
 from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
@@ -79,13 +81,18 @@ class Request(SchedulingFields):
     def is_finished(self) -> bool:
         return all(s.seq.is_finished for s in self.samples)
 
-    @property
-    def needs_fork(self) -> bool:
-        """True when the prompt is computed and the other ``n - 1`` samples must be created."""
-        return len(self.samples) < self.params.n
+    def take_logits(self, seq: Sequence, logits: torch.Tensor) -> GroupDecision:
+        """``seq`` samples its next token from its row (``logits``: the sampler reads it
+        later, with every other row of the step); right after the prompt, the other
+        ``n - 1`` samples fork from it and sample from the same row."""
+        if len(self.samples) == self.params.n:
+            return GroupDecision(to_sample=[seq])
+        children = self._fork()
+        return GroupDecision(forks=[(seq, child) for child in children], to_sample=[seq, *children])
 
-    def fork(self) -> list[Sequence]:
-        """Create samples ``1..n-1`` as copies of sample 0's token list (blocks shared by caller)."""
+    def _fork(self) -> list[Sequence]:
+        """Create samples ``1..n-1`` as copies of sample 0's token list (blocks shared by the
+        engine, applying the decision)."""
         parent = self.samples[0].seq
         grammar = self.samples[0].grammar
         new = [self._new_sample(list(parent.token_ids), index, grammar and grammar.fork())

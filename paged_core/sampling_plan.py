@@ -29,8 +29,10 @@ class SamplingPlan:
     logit_rows: list[int] = field(default_factory=list)
 
     def add(self, request: Request, target: Sequence, logit_row: int) -> None:
-        """Sample ``target`` from the logits rows starting at ``logit_row``."""
-        target_rows = verify_rows(request, target)
+        """Sample ``target`` from the logits rows starting at ``logit_row``: one row, or one
+        per position its drafts are verified at."""
+        target_rows = verify_rows(request, target) if target.spec_token_ids \
+            else [request.sampling_row(target)]
         self.rows += target_rows
         self.targets.append(target)
         self.logit_rows += range(logit_row, logit_row + len(target_rows))
