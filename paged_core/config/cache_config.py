@@ -1,0 +1,34 @@
+"""``CacheConfig``: the paged KV cache's block size, its size, and prefix caching."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .setting_values import check_positive, parse_size
+
+BLOCK_SIZES = (8, 16, 32, 64, 128)
+
+
+@dataclass
+class CacheConfig:
+    """The KV cache is sized by ``num_kv_blocks`` if given, else ``kv_cache_memory`` bytes
+    (an int or text like ``"2GiB"``, kept as an int), else (CUDA) a fraction
+    ``gpu_memory_utilization`` of free device memory, else 1 GiB on CPU (per rank under
+    tensor parallelism). ``enable_prefix_caching`` shares the blocks of equal prompt
+    prefixes between requests."""
+
+    block_size: int = 16
+    kv_cache_memory: int | str | None = None
+    num_kv_blocks: int | None = None
+    gpu_memory_utilization: float = 0.85
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size not in BLOCK_SIZES:
+            raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
+        if self.num_kv_blocks is not None:
+            check_positive("num_kv_blocks", self.num_kv_blocks)
+        if self.kv_cache_memory is not None:
+            self.kv_cache_memory = parse_size(self.kv_cache_memory)
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")

@@ -1,0 +1,56 @@
+"""``ModelConfig``: which model runs, and how (dtype, device, attention, determinism)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from .setting_values import check_choice, check_positive, env_flag
+
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+_ATTENTION_BACKENDS = ("auto", "torch", "triton")
+EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+@dataclass
+class ModelConfig:
+    """``model`` is a Hugging Face folder, a ``.gguf`` file, or ``None`` for the embedded
+    SmolLM2-135M-Instruct; ``served_model_name`` is what clients call it (default: the
+    folder's or file's name). ``max_model_len`` caps a sequence (default: the model's
+    ``max_position_embeddings``). ``seed`` seeds the sampler of requests without their own.
+
+    ``batch_invariant`` (vLLM's batch-invariant mode; default: the environment variable
+    ``PAGED_CORE_BATCH_INVARIANT``, else off) makes a request's greedy tokens bit-identical
+    whatever else shares its steps, at a speed cost (``models.batch_invariant``); CPU only,
+    float32 or bfloat16.
+    """
+
+    model: str | None = None
+    tokenizer: str | None = None
+    served_model_name: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    max_model_len: int | None = None
+    attention_backend: str = "auto"
+    seed: int = 0
+    batch_invariant: bool = field(default_factory=lambda: env_flag("batch_invariant"))
+
+    def __post_init__(self) -> None:
+        check_choice("dtype", self.dtype, _DTYPES)
+        check_choice("attention_backend", self.attention_backend, _ATTENTION_BACKENDS)
+        if self.max_model_len is not None:
+            check_positive("max_model_len", self.max_model_len)
+        if not isinstance(self.batch_invariant, bool):
+            raise ValueError(f"batch_invariant must be true or false, got {self.batch_invariant!r}")
+        if self.model is not None and not os.path.exists(self.model):
+            raise ValueError(
+                f"model {self.model!r} does not exist: give a Hugging Face model folder, "
+                f"a .gguf file, or leave it unset for the embedded SmolLM2-135M-Instruct")
+
+    @property
+    def model_name(self) -> str:
+        """The name clients use for this model (OpenAI ``model`` field)."""
+        if self.served_model_name:
+            return self.served_model_name
+        if self.model is None:
+            return EMBEDDED_MODEL_NAME
+        return os.path.basename(os.path.normpath(self.model))

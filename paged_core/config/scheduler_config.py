@@ -1,0 +1,52 @@
+"""``SchedulerConfig``: how much work a step takes, and in which order requests start."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .setting_values import check_choice, check_non_negative, check_positive
+
+_SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
+@dataclass
+class SchedulerConfig:
+    """A step runs at most ``max_num_seqs`` sequences and ``max_num_batched_tokens`` tokens.
+
+    ``long_prefill_token_threshold`` and ``max_num_partial_prefills`` bound how much prompt
+    work a step that carries decodes may take (so long prompts arriving under load stall
+    running streams by at most one such step; see ``paged_core.core.scheduler``); 0
+    disables either. ``itl_target_ms`` bounds such steps by time instead: they take only
+    as much prompt work as the measured step cost predicts fits in that many milliseconds
+    (9 steps in 10), and long prompts start only while the running ones' decodes fit in it
+    (short ones while fewer than 16 run; see ``paged_core.core.step_cost``) (``None``: the
+    usage default, ``SERVING_ITL_TARGET_MS`` for ``AsyncEngine`` servers, off for the
+    offline ``LLM``; 0: off).
+
+    ``scheduling_policy`` is vLLM's: ``"fcfs"`` or ``"priority"`` (lower ``priority``
+    first, FCFS within a level); ``tenant_fairness`` makes the tenants (the OpenAI
+    ``user`` field) of one level take turns at admission.
+    """
+
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    long_prefill_token_threshold: int = 0
+    max_num_partial_prefills: int = 0
+    itl_target_ms: float | None = None
+    scheduling_policy: str = "fcfs"
+    tenant_fairness: bool = False
+
+    def __post_init__(self) -> None:
+        check_positive("max_num_seqs", self.max_num_seqs)
+        check_positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        check_non_negative("long_prefill_token_threshold", self.long_prefill_token_threshold)
+        check_non_negative("max_num_partial_prefills", self.max_num_partial_prefills)
+        if self.itl_target_ms is not None and not (
+                isinstance(self.itl_target_ms, (int, float)) and 0 <= self.itl_target_ms < 1e6):
+            raise ValueError(f"itl_target_ms must be a number of milliseconds >= 0 (0 disables "
+                             f"it), got {self.itl_target_ms!r}")
+        check_choice("scheduling_policy", self.scheduling_policy, _SCHEDULING_POLICIES)
+
+
+# ``itl_target_ms`` of servers (``AsyncEngine``) that leave it unset: streams keep ticking
+# under bursts of long prompts; offline batch work (``LLM``) favours throughput instead.
+SERVING_ITL_TARGET_MS = 150.0
