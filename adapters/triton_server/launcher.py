@@ -20,11 +20,14 @@ The recipe (each step is a function below):
 SIGTERM if the launching process dies) and stops it with SIGINT
 (Triton then unloads models, which shuts the engines down), escalating to
 SIGKILL after ``grace_s``. Close client streams before stopping: Triton waits
-up to ``--exit-timeout-secs`` for in-flight requests.
+up to ``--exit-timeout-secs`` for in-flight requests; ``serve`` sets that to the
+engine's ``drain_timeout``, so open requests get the drain time a user set
+(Triton's own default of 30 s, or a fixed value, would cut them off first).
 """
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import shutil
 import signal
@@ -91,13 +94,14 @@ def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
 
 def server_command(repository: str | os.PathLike, backends: str | os.PathLike, host: str,
                    http_port: int, grpc_port: int, metrics_port: int,
-                   extra_args: Sequence[str] = ()) -> list[str]:
+                   extra_args: Sequence[str] = (), exit_timeout_s: float = 10.0) -> list[str]:
     return [str(tritonserver_dist() / "bin" / "tritonserver"),
             f"--model-repository={repository}", f"--backend-directory={backends}",
             f"--http-address={host}", f"--http-port={http_port}",
             f"--grpc-address={host}", f"--grpc-port={grpc_port}",
             f"--metrics-address={host}", f"--metrics-port={metrics_port}",
-            *EXPLICIT_MODE_ARGS, "--exit-timeout-secs=10", "--log-verbose=0", *extra_args]
+            *EXPLICIT_MODE_ARGS, f"--exit-timeout-secs={math.ceil(exit_timeout_s)}",
+            "--log-verbose=0", *extra_args]
 
 
 class TritonServer:
@@ -106,14 +110,17 @@ class TritonServer:
     def __init__(self, repository: str | os.PathLike, host: str = "127.0.0.1",
                  http_port: int = 8000, grpc_port: int | None = None,
                  metrics_port: int | None = None, work_dir: str | os.PathLike | None = None,
-                 log: IO | None = None, extra_args: Sequence[str] = ()) -> None:
+                 log: IO | None = None, extra_args: Sequence[str] = (),
+                 exit_timeout_s: float = 10.0) -> None:
+        """``exit_timeout_s``: how long Triton waits for in-flight requests once stopped."""
         self.host, self.http_port = host, http_port
+        self.exit_timeout_s = exit_timeout_s
         self.grpc_port = grpc_port if grpc_port is not None else http_port + 1
         self.metrics_port = metrics_port if metrics_port is not None else http_port + 2
         self._tmp = None if work_dir else tempfile.TemporaryDirectory(prefix="paged-core-triton-")
         backends = prepare_backends(work_dir or self._tmp.name)
         self.command = server_command(repository, backends, host, self.http_port, self.grpc_port,
-                                      self.metrics_port, extra_args)
+                                      self.metrics_port, extra_args, exit_timeout_s)
         self.proc = popen_session(self.command, env=server_env(), stdout=log, stderr=log)
 
     @property
@@ -135,8 +142,11 @@ class TritonServer:
             time.sleep(0.5)
         raise TimeoutError(f"tritonserver not ready after {timeout_s:.0f}s")
 
-    def stop(self, grace_s: float = 30.0) -> int:
-        """SIGINT the process group, then SIGKILL after ``grace_s``; returns the exit code."""
+    def stop(self, grace_s: float | None = None) -> int:
+        """SIGINT the process group, then SIGKILL after ``grace_s`` (default: the exit timeout
+        plus 30 s for unloading); returns the exit code."""
+        if grace_s is None:
+            grace_s = self.exit_timeout_s + 30.0
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGINT)
             try:
@@ -165,7 +175,7 @@ def serve(host: str, http_port: int, config: EngineConfig, grpc_port: int | None
     with tempfile.TemporaryDirectory(prefix="paged-core-triton-") as work:
         repository = write_repository(Path(work) / "models", config, model_name)
         server = TritonServer(repository, host, http_port, grpc_port, metrics_port,
-                              work_dir=work)
+                              work_dir=work, exit_timeout_s=config.drain_timeout)
         try:
             code = server.proc.wait()
             if code != 0:

@@ -88,6 +88,9 @@ def test_triton_launcher_environment(tmp_path):
     assert "nvidia_pytriton.libs" in env["LD_LIBRARY_PATH"]
     cmd = launcher.server_command("/repo", backends, "127.0.0.1", 9000, 9001, 9002)
     assert "--http-port=9000" in cmd and "--grpc-port=9001" in cmd and "--metrics-port=9002" in cmd
+    # Triton waits for in-flight requests as long as the engine drains (serve passes it)
+    assert "--exit-timeout-secs=121" in launcher.server_command(
+        "/repo", backends, "127.0.0.1", 9000, 9001, 9002, exit_timeout_s=120.5)
 
 
 def test_litserve_probe_api_never_ships_the_engine_to_its_worker():
