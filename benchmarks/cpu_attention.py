@@ -27,7 +27,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from paged_core.cpu_extension import cpu_extension_available  # noqa: E402
+from paged_core.cpu.extension import cpu_extension_available  # noqa: E402
 from paged_core.attention.metadata import AttentionMetadata  # noqa: E402
 from paged_core.attention.torch_backend import TorchAttentionBackend  # noqa: E402
 from paged_core.bench.report import machine_info, new_figure, save_plot  # noqa: E402

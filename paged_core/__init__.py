@@ -10,17 +10,17 @@ Public API (vLLM-style names)::
     engine = AsyncEngine(EngineConfig())
     async for out in engine.generate("Hello", SamplingParams(max_tokens=8), request_id="r1"): ...
 """
-from .openmp_spin import keep_threads_awake_between_ops
+from .cpu.openmp_spin import keep_threads_awake_between_ops
 
 keep_threads_awake_between_ops()  # before anything imports torch
 
 from .async_engine import AsyncEngine  # noqa: E402
-from .beam_search import BeamSearchOutput, BeamSearchSequence
-from .beam_search_params import BeamSearchParams
+from .beam_search.results import BeamSearchOutput, BeamSearchSequence
+from .beam_search.params import BeamSearchParams
 from .config import EngineConfig
 from .core.engine_stats import EngineStats
 from .engine import LLMEngine
-from .engine_client import EngineClient
+from .serving.engine_client import EngineClient
 from .exceptions import (EngineDeadError, EngineOverloadedError, ParamValidationError,
                          RequestFailedError, RequestTimeoutError)
 from .llm import LLM

@@ -42,17 +42,17 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
-from .beam_search_params import BeamSearchParams
-from .chat import chat_prompt_token_ids
-from .admission import AdmissionGate
+from .beam_search.params import BeamSearchParams
+from .frontend.chat_prompt import chat_prompt_token_ids
+from .serving.admission import AdmissionGate
 from .config import SERVING_ITL_TARGET_MS, EngineConfig
 from .core.engine_stats import EngineStats
-from .deadlines import Deadlines, check_timeout
+from .serving.deadlines import Deadlines, check_timeout
 from .engine import LLMEngine
-from .engine_commands import AbortRequest, AddRequest, EngineCommand
+from .serving.engine_commands import AbortRequest, AddRequest, EngineCommand
 from .exceptions import EngineDeadError, RequestTimeoutError
 from .outputs import RequestOutput
-from .prompts import PromptInput
+from .frontend.prompts import PromptInput
 from .sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ import weakref
 
 import torch
 
-from .beam_request import BeamSearchRequest
-from .beam_search_params import BeamSearchParams
+from .beam_search.request import BeamSearchRequest
+from .beam_search.params import BeamSearchParams
 from .config import EngineConfig
 from .core.engine_stats import EngineStats
 from .core.group_decision import GroupDecision, SequenceGroup
@@ -26,22 +26,22 @@ from .core.kv_cache_manager import KVCacheManager
 from .core.scheduler import Scheduler, SchedulerOutput, StepBudget
 from .core.sequence import Sequence
 from .core.step_cost import StepCostModel, latency_budget
-from .devices import resolve_device, resolve_dtype
-from .distributed.executor import make_executor
-from .distributed.worker import RankSpec
-from .eos import eos_token_ids
+from .executor.devices import resolve_device, resolve_dtype
+from .executor.executor import make_executor
+from .executor.rank_worker import RankSpec
+from .frontend.eos import eos_token_ids
 from .exceptions import RequestFailedError
-from .input_processor import InputProcessor
-from .model_loader import load_hf_config, load_tokenizer, resolve_model_folder
+from .frontend.input_processor import InputProcessor
+from .models.model_loader import load_hf_config, load_tokenizer, resolve_model_folder
 from .models.llama_spec import LlamaFamilySpec
 from .models.sharding import ShardPlan
 from .outputs import RequestOutput
-from .packed_batch import StepInput, bucketed_num_tokens, pack_batch
-from .prompts import PromptInput
+from .executor.packed_batch import StepInput, bucketed_num_tokens, pack_batch
+from .frontend.prompts import PromptInput
 from .request import Request
-from .sampler import Sampler
+from .sample.sampler import Sampler
 from .sampling_params import SamplingParams
-from .sampling_plan import SamplingPlan
+from .sample.sampling_plan import SamplingPlan
 from .spec_decode.factory import make_proposer
 from .spec_decode.metrics import SpecDecodingStats
 from .spec_decode.rejection_sampler import num_accepted

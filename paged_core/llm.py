@@ -5,14 +5,14 @@ import itertools
 import time
 from typing import Any, Sequence
 
-from .beam_search import BeamSearchOutput, beam_search_output
-from .beam_search_params import BeamSearchParams
-from .chat import chat_prompt_token_ids
+from .beam_search.results import BeamSearchOutput, beam_search_output
+from .beam_search.params import BeamSearchParams
+from .frontend.chat_prompt import chat_prompt_token_ids
 from .config import EngineConfig
 from .core.engine_stats import EngineStats
 from .engine import LLMEngine
 from .outputs import RequestOutput
-from .prompts import PromptInput, is_single_prompt
+from .frontend.prompts import PromptInput, is_single_prompt
 from .sampling_params import SamplingParams
 
 

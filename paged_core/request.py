@@ -21,9 +21,9 @@ import torch
 
 from .core.group_decision import GroupDecision
 from .core.sequence import Sequence
-from .detokenizer import IncrementalDetokenizer
+from .frontend.detokenizer import IncrementalDetokenizer
 from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from .sampler import SamplingRow, TokenLogprobs
+from .sample.sampler import SamplingRow, TokenLogprobs
 from .sampling_params import SamplingParams
 from .scheduling_fields import SchedulingFields
 from .structured_outputs import SequenceGrammar

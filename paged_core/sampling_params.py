@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .beam_search_params import BeamSearchParams
+from .beam_search.params import BeamSearchParams
 from .exceptions import ParamValidationError
 from .param_checks import as_list, check_bool, check_int, check_number
 from .structured_outputs.params import StructuredOutputsParams

@@ -18,7 +18,7 @@ import os
 import sys
 
 from . import cli
-from .distributed.executor import exit_torchrun_rank, launched_by_torchrun
+from .executor.executor import exit_torchrun_rank, launched_by_torchrun
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session")
 def embedded_folder():
-    from paged_core.embedded_model import embedded_model_folder
+    from paged_core.models.embedded_model import embedded_model_folder
     return embedded_model_folder()
 
 
@@ -40,17 +40,17 @@ def llm_fp32():
 
 
 def _cpu_isa_params():
-    from paged_core.cpu_isa import CPU_ISA_LEVELS
+    from paged_core.cpu.isa import CPU_ISA_LEVELS
     return CPU_ISA_LEVELS
 
 
 @pytest.fixture(params=_cpu_isa_params())
 def cpu_isa(request, monkeypatch):
-    """Each CPU path (``paged_core.cpu_isa`` level) in turn, selected through the user's
+    """Each CPU path (``paged_core.cpu.isa`` level) in turn, selected through the user's
     setting ``PAGED_CORE_CPU_ISA`` for the test's duration; a level this CPU cannot run
     skips, saying which flags it lacks, and one whose kernels do not build skips with why."""
-    from paged_core.cpu_extension import cpu_extension_available, cpu_extension_error
-    from paged_core.cpu_isa import unsupported_reason
+    from paged_core.cpu.extension import cpu_extension_available, cpu_extension_error
+    from paged_core.cpu.isa import unsupported_reason
 
     level = request.param
     reason = unsupported_reason(level)

@@ -6,7 +6,7 @@ test_cpu_linear.py)."""
 import pytest
 import torch
 
-from paged_core.cpu_isa import unsupported_reason
+from paged_core.cpu.isa import unsupported_reason
 from paged_core.models.bf16_dot_linear import Bf16DotLinear
 from paged_core.models.cpu_linear import PackedLinear, packed_linear
 

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from paged_core import cpu_extension
-from paged_core.cpu_extension import _build_folder_lock
+from paged_core.cpu import extension as cpu_extension
+from paged_core.cpu.extension import _build_folder_lock
 
 HOLD_AND_HANG = """
 import sys, time
 from pathlib import Path
-from paged_core.cpu_extension import _build_folder_lock
+from paged_core.cpu.extension import _build_folder_lock
 folder = Path(sys.argv[1])
 with _build_folder_lock(folder):
     (folder / "lock").touch()  # what torch's load creates before building
@@ -84,7 +84,7 @@ def test_loading_after_a_killed_load_does_not_hang(tmp_path):
     assert (copy / "lock").exists()
 
     env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path))
-    probe = ("from paged_core.cpu_extension import cpu_extension_error as e; "
+    probe = ("from paged_core.cpu.extension import cpu_extension_error as e; "
              "import sys; sys.exit(e() or 0)")
     done = subprocess.run([sys.executable, "-c", probe], env=env, timeout=300,
                           capture_output=True, text=True)

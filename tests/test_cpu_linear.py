@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from paged_core.cpu_isa import packed_linear_dtype, selected_bf16_linear, unsupported_reason
+from paged_core.cpu.isa import packed_linear_dtype, selected_bf16_linear, unsupported_reason
 from paged_core.models.cpu_linear import PACKED_LINEARS, PackedLinear
 
 CPU = torch.device("cpu")
@@ -51,7 +51,7 @@ def test_which_dtype_packed_linears_compute_in(level, bf16, fp16):
 
 
 def test_the_setting_picks_the_path_and_refuses_what_the_cpu_lacks(monkeypatch):
-    from paged_core.cpu_isa import selected_cpu_isa, supported_cpu_isas
+    from paged_core.cpu.isa import selected_cpu_isa, supported_cpu_isas
     monkeypatch.setenv("PAGED_CORE_CPU_ISA", "auto")
     assert selected_cpu_isa() == supported_cpu_isas()[-1]
     monkeypatch.setenv("PAGED_CORE_CPU_ISA", "generic")

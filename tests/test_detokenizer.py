@@ -1,5 +1,5 @@
 """Incremental detokenization: streamed pieces concatenate to the full decode, never half a character."""
-from paged_core.detokenizer import IncrementalDetokenizer
+from paged_core.frontend.detokenizer import IncrementalDetokenizer
 
 TEXT = "Grüße aus Köln! 東京タワーは高い。 Emoji: 🚀🎉 done — ok"
 

@@ -3,8 +3,8 @@ import os
 
 import pytest
 
-from paged_core import embedded_model
-from paged_core.model_loader import resolve_model_folder
+from paged_core.models import embedded_model
+from paged_core.models.model_loader import resolve_model_folder
 
 
 def test_embedded_gguf_is_found_without_importing_the_package():

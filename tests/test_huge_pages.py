@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from paged_core.huge_pages import HUGE_PAGE, zeros_on_huge_pages
+from paged_core.cpu.huge_pages import HUGE_PAGE, zeros_on_huge_pages
 
 
 def _thp_mode() -> str | None:

@@ -3,7 +3,7 @@ errors that say what to change and no engine state touched."""
 import pytest
 
 from paged_core import BeamSearchParams, LLM, SamplingParams
-from paged_core.beam_request import BeamSearchRequest
+from paged_core.beam_search.request import BeamSearchRequest
 from paged_core.request import Request
 from paged_core.structured_outputs import StructuredOutputsParams
 

@@ -16,7 +16,7 @@ def _spincount(imports: str, **env: str) -> str:
 
 
 def test_paged_core_first_sets_the_bounded_spin():
-    from paged_core.openmp_spin import DEFAULT_SPINCOUNT
+    from paged_core.cpu.openmp_spin import DEFAULT_SPINCOUNT
     assert _spincount("import paged_core") == DEFAULT_SPINCOUNT
 
 

@@ -18,7 +18,7 @@ What this proves:
 - ``paged-core serve --adapter litserve`` answers a completion through the ``openai``
   client with that same text, and stops cleanly on SIGINT (the whole process group is
   killed by PID afterwards in any case);
-- the C++ kernels build from the installed ``paged_core/csrc`` sources;
+- the C++ kernels build from the installed ``paged_core/cpu/csrc`` sources;
 - ``pkgutil.walk_packages`` over the installed package lists exactly the source tree's
   modules, and every one imports, except where it needs a framework of an extra that a
   ``[litserve]`` install leaves out (``OPTIONAL_IMPORTS``: nothing else may be missing).
@@ -91,7 +91,7 @@ print(json.dumps({"file": paged_core.__file__, "modules": ["paged_core", *names]
                   "walk_errors": walk_errors, "failures": failures}))
 """
 
-CPP_KERNELS = ("from paged_core.cpu_extension import cpu_extension_error; "
+CPP_KERNELS = ("from paged_core.cpu.extension import cpu_extension_error; "
                "print(repr(cpu_extension_error()))")
 
 
@@ -232,7 +232,7 @@ def test_wheel_holds_every_source_file_and_nothing_else(dists):
     names = set(wheel_names(dists.wheel))
     dist_info = "-".join(dists.wheel.name.split("-")[:2]) + ".dist-info"
     expected = {installed for _, installed in source_files(dists.tree)}
-    assert "paged_core/distributed/__init__.py" in expected  # the folder a hand list forgot
+    assert "paged_core/executor/__init__.py" in expected  # the folder a hand list forgot
     missing = sorted(expected - names)
     extra = sorted(n for n in names - expected if not n.startswith(dist_info + "/"))
     assert not missing, f"files missing from {dists.wheel.name}: {missing}"
@@ -247,7 +247,7 @@ def test_sdist_holds_every_source_file_and_builds_the_same_wheel(dists):
         members = {m.name.removeprefix(prefix) for m in tar.getmembers() if m.isfile()}
     expected = {source for source, _ in source_files(dists.tree)}
     expected |= {"pyproject.toml", "README.md"}
-    assert any(name.startswith("paged_core/csrc/") and name.endswith(".cpp") for name in expected)
+    assert any(name.startswith("paged_core/cpu/csrc/") and name.endswith(".cpp") for name in expected)
     missing = sorted(expected - members)
     assert not missing, f"files missing from {dists.sdist.name}: {missing}"
     from_tree, from_sdist = wheel_names(dists.wheel), wheel_names(dists.sdist_wheel)
@@ -296,7 +296,7 @@ def test_every_installed_module_imports(install, dists):
     assert Path(report["file"]).is_relative_to(install.venv), report["file"]
     assert not report["walk_errors"], f"packages that could not be walked: {report['walk_errors']}"
     modules = set(report["modules"])
-    for name in ("paged_core.distributed", "paged_core.kernels", "paged_core.adapters.litserve",
+    for name in ("paged_core.executor", "paged_core.kernels", "paged_core.adapters.litserve",
                  "paged_core.adapters.litserve.server", "paged_core.adapters.triton_server"):
         assert name in modules
     expected = source_modules(dists.tree)

@@ -10,7 +10,7 @@ so no count of agreeing tokens is asserted."""
 import torch
 
 from paged_core import LLM, SamplingParams
-from paged_core.cpu_isa import packed_linear_dtype
+from paged_core.cpu.isa import packed_linear_dtype
 
 from .reference import assert_greedy_close, engine_top_logprobs, hf_greedy_top_logprobs, \
     passage_token_ids

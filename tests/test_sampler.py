@@ -3,7 +3,7 @@ top-p (also when the nucleus is larger than the candidate set), min-p; seeded ro
 depend on the batch. Statistical checks use thousands of rows and 5-sigma bounds."""
 import torch
 
-from paged_core.sampler import _TOP_P_CANDIDATES, Sampler, SamplingRow
+from paged_core.sample.sampler import _TOP_P_CANDIDATES, Sampler, SamplingRow
 from paged_core.sampling_params import SamplingParams
 
 DRAWS = 20000

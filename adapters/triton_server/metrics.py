@@ -1,5 +1,5 @@
 """``TritonMetrics``: Triton custom metrics of one model instance, from the engine metrics
-table (``paged_core/engine_metrics.py``, which the OpenAI layer exports too).
+table (``paged_core/serving/engine_metrics.py``, which the OpenAI layer exports too).
 
 One ``MetricFamily`` (kind, name and help from the table) with one metric labelled
 ``model`` per row that the engine's ``stats()`` reports when the model loads: the
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from paged_core.engine_metrics import reported
+from paged_core.serving.engine_metrics import reported
 
 
 class TritonMetrics:

@@ -8,15 +8,15 @@ no gather of each sequence's blocks, no padding of queries, no masks. Tasks of
 (sequence, kv head, tile of 16 queries) each keep a block-wise online softmax
 in float32; every query reads only the keys it may see (causal, sliding window).
 
-The kernel is ``paged_core/csrc/paged_attention.cpp``, built with the other C++
-CPU kernels by ``paged_core.cpu_extension`` (on first use, then cached); where it
+The kernel is ``paged_core/cpu/csrc/paged_attention.cpp``, built with the other C++
+CPU kernels by ``paged_core.cpu.extension`` (on first use, then cached); where it
 cannot be built, the torch backend keeps its plain-torch path.
 """
 from __future__ import annotations
 
 import torch
 
-from ..cpu_extension import cpu_ops
+from ..cpu.extension import cpu_ops
 
 
 def cpu_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -35,7 +35,7 @@ def cpu_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     float32 or bfloat16 (accumulated in float32). Returns ``[num_tokens, Hq, D]`` in the
     query dtype, written into ``out`` (contiguous, like query) if given; rows past
     ``query_start_loc[-1]`` (padding) are left as they were.
-    ``cpu_isa`` picks the build (``paged_core.cpu_isa`` level; default: the selected one).
+    ``cpu_isa`` picks the build (``paged_core.cpu.isa`` level; default: the selected one).
     Raises ``RuntimeError`` if that kernel is unavailable (``cpu_extension_available``)
     or an argument is inconsistent (the message says which).
     """

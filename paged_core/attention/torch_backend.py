@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..cpu_extension import cpu_extension_available
-from ..cpu_isa import selected_cpu_isa
+from ..cpu.extension import cpu_extension_available
+from ..cpu.isa import selected_cpu_isa
 from .cpu_kernels import cpu_paged_attention
 from .metadata import AttentionMetadata
 
@@ -55,7 +55,7 @@ class TorchAttentionBackend:
     ``cpu_kernel`` (default: on) sends each step to the C++ kernel when the cache
     is a CPU float32/bfloat16 tensor and the kernel builds here; off, or where it
     cannot be used, the plain-torch path runs. Both compute the same attention.
-    ``cpu_isa`` is the kernel build it uses (``paged_core.cpu_isa`` level, fixed at
+    ``cpu_isa`` is the kernel build it uses (``paged_core.cpu.isa`` level, fixed at
     construction: the selected one by default), ``None`` without the kernel.
     """
 

@@ -1,6 +1,6 @@
 """``bench attention``: the C++ CPU attention per CPU path against this machine's memory bandwidth and linear FLOP rate.
 
-For every CPU path level this host supports (``paged_core.cpu_isa``; ``generic``, slow,
+For every CPU path level this host supports (``paged_core.cpu.isa``; ``generic``, slow,
 only with ``--full``), each level's own build of the kernel (``cpu_paged_attention(...,
 cpu_isa=level)``, all loaded side by side), in bfloat16 and float32 (the kernel's
 dtypes; the common ``--dtype`` is not used):
@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
-from ..cpu_extension import cpu_extension_available, cpu_extension_error
-from ..cpu_isa import supported_cpu_isas
+from ..cpu.extension import cpu_extension_available, cpu_extension_error
+from ..cpu.isa import supported_cpu_isas
 from .attention_cases import (LLAMA_8B, SMOLLM2, KvPool, ModelShape, blocks_for, kv_pool,
                               paged_step, sdpa_call)
 from .attention_plot import plot  # noqa: F401 - the benchmark's ``plot(results, out_dir, name)``

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attention.cpu_kernels import cpu_paged_attention
-from ..huge_pages import zeros_on_huge_pages
+from ..cpu.huge_pages import zeros_on_huge_pages
 from ..kernels.reference import shuffled_block_tables
 
 

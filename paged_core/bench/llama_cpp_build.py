@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, TextIO
 
-from paged_core.embedded_model import cache_dir
+from paged_core.models.embedded_model import cache_dir
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SERVER_TARGET = "llama-server"

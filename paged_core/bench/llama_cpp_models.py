@@ -24,7 +24,7 @@ GGUF_KINDS = ("q4_1", "bf16")
 
 def gguf_path(kind: str, log: TextIO = sys.stderr) -> Path:
     """The GGUF file of the embedded model for ``kind`` (one of ``GGUF_KINDS``)."""
-    from paged_core.embedded_model import embedded_gguf_path, embedded_model_folder
+    from paged_core.models.embedded_model import embedded_gguf_path, embedded_model_folder
 
     if kind == "q4_1":
         return Path(embedded_gguf_path())

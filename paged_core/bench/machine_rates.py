@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ..cpu_isa import packed_linear_dtype
+from ..cpu.isa import packed_linear_dtype
 from ..models.cpu_linear import bf16_dot_applies, packed_linear
 from .attention_cases import ModelShape
 

@@ -56,7 +56,7 @@ def machine_info(threads: int) -> dict[str, Any]:
     import torch
     import transformers
 
-    from ..cpu_isa import selected_cpu_isa
+    from ..cpu.isa import selected_cpu_isa
 
     info = {
         "cpu": cpu_model(),

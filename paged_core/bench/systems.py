@@ -70,7 +70,7 @@ def kv_bytes_per_token(hf_config, dtype: torch.dtype) -> int:
 def load_hf_model(dtype: str):
     from transformers import AutoModelForCausalLM
 
-    from paged_core.embedded_model import embedded_model_folder
+    from paged_core.models.embedded_model import embedded_model_folder
 
     model = AutoModelForCausalLM.from_pretrained(embedded_model_folder(), dtype=torch_dtype(dtype))
     return model.eval()

@@ -34,13 +34,13 @@ from typing import Any
 
 import torch
 
-from ..cpu_isa import packed_linear_dtype
+from ..cpu.isa import packed_linear_dtype
 from ..config import EngineConfig
 from ..engine import LLMEngine
 from ..models.llama import LlamaFamilySpec
-from ..model_loader import load_hf_config, resolve_model_folder
+from ..models.model_loader import load_hf_config, resolve_model_folder
 from ..models.sharding import allowed_tensor_parallel_sizes
-from ..distributed.worker import threads_per_rank
+from ..executor.rank_worker import threads_per_rank
 from .engine_driver import submit
 from .report import command_line, cpu_model, new_figure, save_plot
 from .tp_probe import CollectiveTimer, kv_cache_bytes, model_bytes, rank_memory

@@ -25,10 +25,10 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from ..distributed import executor as executor_module
-from ..distributed.group import TensorParallelGroup
-from ..model_loader import load_hf_config, load_model
-from ..model_runner import kv_cache_bytes_per_block
+from ..executor import executor as executor_module
+from ..executor.group import TensorParallelGroup
+from ..models.model_loader import load_hf_config, load_model
+from ..executor.model_runner import kv_cache_bytes_per_block
 
 # (owner, attribute) of every collective the driver calls during a step.
 _COLLECTIVES = ((TensorParallelGroup, "all_reduce"), (TensorParallelGroup, "gather_to_driver"),

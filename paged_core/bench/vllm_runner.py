@@ -78,7 +78,7 @@ class VllmCpu:
     name = "vllm-cpu"
 
     def __init__(self, python: str, dtype: str, threads: int, max_model_len: int) -> None:
-        from paged_core.embedded_model import embedded_model_folder
+        from paged_core.models.embedded_model import embedded_model_folder
 
         self._tmp = tempfile.TemporaryDirectory(prefix="paged-core-vllm-")
         script = Path(self._tmp.name) / "vllm_worker.py"

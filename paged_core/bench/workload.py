@@ -127,6 +127,6 @@ def embedded_tokenizer():
     """The tokenizer of the embedded SmolLM2-135M-Instruct (loaded once per process)."""
     from transformers import AutoTokenizer
 
-    from paged_core.embedded_model import embedded_model_folder
+    from paged_core.models.embedded_model import embedded_model_folder
 
     return AutoTokenizer.from_pretrained(embedded_model_folder())

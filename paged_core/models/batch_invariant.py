@@ -10,7 +10,7 @@ always sees one shape per layer and each output row depends only on its input
 row. The other per-token ops are batch-invariant by construction: the fused
 norms, rotary and activation loop over rows; the C++ paged attention reduces
 each query over its own keys, block by block in position order, whatever the
-rest of the step holds (``paged_core/csrc/paged_attention.cpp``).
+rest of the step holds (``paged_core/cpu/csrc/paged_attention.cpp``).
 
 ``TILE_ROWS`` trades decode for prefill: a step with fewer rows pays for a
 whole tile, a long prompt runs as several tile-sized products (each layer's

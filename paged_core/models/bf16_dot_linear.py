@@ -1,6 +1,6 @@
-"""The bfloat16 linear of CPUs with AVX512-BF16: ``paged_core/csrc/bf16_dot_linear.cpp``.
+"""The bfloat16 linear of CPUs with AVX512-BF16: ``paged_core/cpu/csrc/bf16_dot_linear.cpp``.
 
-A bfloat16 model at the ``avx512_bf16`` level (``paged_core.cpu_isa``) computes its
+A bfloat16 model at the ``avx512_bf16`` level (``paged_core.cpu.isa``) computes its
 projections and LM head with ``vdpbf16ps`` over weights packed once at load time, in
 place of oneDNN's packed linear (``cpu_linear.PackedLinear``): on the 2-core
 AVX512-BF16 EPYC it streamed the weights of decode-sized batches (1-64 rows) 1.3-1.6x
@@ -23,7 +23,7 @@ class Bf16DotLinear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
-        from ..cpu_extension import cpu_ops
+        from ..cpu.extension import cpu_ops
 
         self._ops = cpu_ops("avx512_bf16")
         self.out_features, self.in_features = weight.shape

@@ -3,7 +3,7 @@
 A one-sequence decode step of a 30-layer model runs ~400 small ops; from Python
 each costs microseconds of interpreter and dispatch work, which on a 2-core CPU
 was a third of such a step. ``CpuDecoderStack`` hands the layers' weights (shared,
-not copied) to ``DecoderStack`` (``paged_core/csrc/decoder_stack.cpp``), which runs
+not copied) to ``DecoderStack`` (``paged_core/cpu/csrc/decoder_stack.cpp``), which runs
 the very kernels of the Python path in the same order, so both give the same bits.
 
 It serves a model only where the Python path would run exactly those kernels
@@ -29,7 +29,7 @@ class CpuDecoderStack:
     """The decoder layers of one model as a ``torch.classes.paged_core_cpu_<level>.DecoderStack``."""
 
     def __init__(self, model: nn.Module, cpu_isa: str) -> None:
-        from ..cpu_extension import ops_namespace
+        from ..cpu.extension import ops_namespace
 
         spec = model.spec
         self.cpu_isa = cpu_isa

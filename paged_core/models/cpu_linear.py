@@ -16,7 +16,7 @@ the projection weights' memory; the KV cache and activations stay in the model's
 
 float32 models keep plain ``F.linear``: the packed kernel sums in another order,
 and float32 is the reference dtype that must match transformers token for token.
-Which kind a model gets is ``paged_core.cpu_isa.packed_linear_dtype`` (forced by
+Which kind a model gets is ``paged_core.cpu.isa.packed_linear_dtype`` (forced by
 ``PAGED_CORE_CPU_ISA``); ``packed_linear`` builds it. A bfloat16 model on a CPU with
 AVX512-BF16 gets ``bf16_dot_linear.Bf16DotLinear`` instead of a bfloat16 ``PackedLinear``
 (see there why) unless ``PAGED_CORE_CPU_LINEAR`` (``cpu_isa.selected_bf16_linear``) says
@@ -64,8 +64,8 @@ def bf16_dot_applies(compute_dtype: torch.dtype) -> bool:
     """True if linears computing in ``compute_dtype`` take ``Bf16DotLinear``: bfloat16, that
     kernel selected (``cpu_isa.selected_bf16_linear``) and the ``avx512_bf16`` kernels built
     (a CPU with AVX512-BF16)."""
-    from ..cpu_extension import cpu_extension_available
-    from ..cpu_isa import selected_bf16_linear
+    from ..cpu.extension import cpu_extension_available
+    from ..cpu.isa import selected_bf16_linear
 
     return (compute_dtype == torch.bfloat16 and selected_bf16_linear() == "bf16_dot"
             and cpu_extension_available("avx512_bf16"))

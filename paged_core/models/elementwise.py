@@ -4,7 +4,7 @@ embedding, the MLP's SiLU-and-multiply.
 ``TORCH_OPS`` is plain torch, computed as Hugging Face's Llama computes them:
 the reference, and the path wherever the C++ kernels cannot run.
 ``FusedCpuOps(level)`` does each step in one pass over the rows with the C++ kernels
-of one CPU path (``paged_core/csrc/fused_ops.cpp``), rounding where torch rounds, so both give
+of one CPU path (``paged_core/cpu/csrc/fused_ops.cpp``), rounding where torch rounds, so both give
 the same numbers up to the last bit of RMSNorm's float32 sum of squares and of
 SiLU's exp. CPU models in float32 or bfloat16 use it when the kernels build
 (``select_ops``).
@@ -58,12 +58,12 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class FusedCpuOps:
-    """The fused C++ ops of one CPU kernel build (``cpu_isa``, a ``paged_core.cpu_isa`` level)."""
+    """The fused C++ ops of one CPU kernel build (``cpu_isa``, a ``paged_core.cpu.isa`` level)."""
 
     name = "fused-cpu"
 
     def __init__(self, cpu_isa: str) -> None:
-        from ..cpu_extension import cpu_ops
+        from ..cpu.extension import cpu_ops
 
         self.cpu_isa = cpu_isa
         self._ops = cpu_ops(cpu_isa)
@@ -99,8 +99,8 @@ TORCH_OPS = TorchOps()
 
 def select_ops(device: torch.device, dtype: torch.dtype) -> TorchOps | FusedCpuOps:
     """The fused C++ ops for CPU float32/bfloat16 models when they build here, else plain torch."""
-    from ..cpu_extension import cpu_extension_available
-    from ..cpu_isa import selected_cpu_isa
+    from ..cpu.extension import cpu_extension_available
+    from ..cpu.isa import selected_cpu_isa
 
     if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         return TORCH_OPS

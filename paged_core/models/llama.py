@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import AttentionBackend, AttentionMetadata
-from ..distributed.group import SINGLE, TensorParallelGroup
+from ..executor.group import SINGLE, TensorParallelGroup
 from .cpu_decoder_stack import CpuDecoderStack
 from .elementwise import TORCH_OPS, FusedCpuOps, TorchOps
 from .layers import RMSNorm, RotaryEmbedding

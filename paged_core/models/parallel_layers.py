@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..distributed.group import TensorParallelGroup
+from ..executor.group import TensorParallelGroup
 
 
 class RowParallelLinear(nn.Linear):

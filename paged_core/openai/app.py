@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
-from paged_core.engine_client import EngineClient
+from paged_core.serving.engine_client import EngineClient
 
 from . import serving
 from .chat import chat_job

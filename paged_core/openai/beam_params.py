@@ -8,7 +8,7 @@ ignored. Value errors are 400s naming the request field (``n`` for ``beam_width`
 """
 from __future__ import annotations
 
-from paged_core.beam_search_params import BeamSearchParams
+from paged_core.beam_search.params import BeamSearchParams
 
 from .errors import OpenAIError, bad_request
 from .protocol import SamplingFields

@@ -10,7 +10,7 @@ import asyncio
 from functools import partial
 from typing import Any
 
-from paged_core.engine_client import EngineClient
+from paged_core.serving.engine_client import EngineClient
 from paged_core.outputs import CompletionOutput
 
 from .errors import OpenAIError

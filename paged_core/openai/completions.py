@@ -4,7 +4,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from paged_core.engine_client import EngineClient
+from paged_core.serving.engine_client import EngineClient
 from paged_core.outputs import CompletionOutput
 
 from .errors import OpenAIError

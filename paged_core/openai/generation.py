@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Callable
 
 import anyio
 
-from paged_core.engine_client import EngineClient
+from paged_core.serving.engine_client import EngineClient
 from paged_core.outputs import RequestOutput
 from paged_core.sampling_params import SamplingParams
 

@@ -3,7 +3,7 @@
 Engine gauges and counters (KV usage, cached blocks, prefix-cache queries and
 hits, running/waiting, preemptions, generated tokens, rejected requests,
 speculative decoding's draft / accepted tokens and mean acceptance length) are
-the rows of the engine metrics table (``paged_core/engine_metrics.py``, shared
+the rows of the engine metrics table (``paged_core/serving/engine_metrics.py``, shared
 with the Triton adapter), read from ``engine.stats()`` at scrape time, so they
 can never drift from the engine; latency histograms (time to first token,
 inter-token latency) are observed by the OpenAI layer as it streams;
@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, ge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from paged_core.engine_metrics import reported
+from paged_core.serving.engine_metrics import reported
 
 PREFIX = "paged_core"
 _FAMILIES = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from paged_core.beam_search_params import BeamSearchParams
+from paged_core.beam_search.params import BeamSearchParams
 from paged_core.sampling_params import SamplingParams
 
 from .beam_params import beam_search_params

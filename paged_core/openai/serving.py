@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from paged_core.engine_client import EngineClient
+from paged_core.serving.engine_client import EngineClient
 from paged_core.outputs import CompletionOutput, RequestOutput
 from paged_core.sampling_params import SamplingParams
 

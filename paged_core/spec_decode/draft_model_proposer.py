@@ -26,11 +26,11 @@ import torch
 
 from ..core.kv_cache_manager import KVCacheManager
 from ..core.sequence import Sequence
-from ..distributed.group import SINGLE
-from ..distributed.worker import RankSpec, Worker
-from ..model_loader import load_hf_config, resolve_model_folder
+from ..executor.group import SINGLE
+from ..executor.rank_worker import RankSpec, Worker
+from ..models.model_loader import load_hf_config, resolve_model_folder
 from ..models.llama_spec import LlamaFamilySpec
-from ..packed_batch import StepInput, pack_batch
+from ..executor.packed_batch import StepInput, pack_batch
 from .config import SpeculativeConfig
 from .proposer import draft_limit
 

@@ -20,7 +20,7 @@ draw the argmax, so greedy output equals non-speculative greedy output.
 """
 from __future__ import annotations
 
-from ..sampler import SamplingRow
+from ..sample.sampler import SamplingRow
 
 
 def verify_rows(request, seq) -> list[SamplingRow]:

@@ -1,4 +1,4 @@
-"""One engine metrics table (``paged_core/engine_metrics.py``) behind both exporters: the
+"""One engine metrics table (``paged_core/serving/engine_metrics.py``) behind both exporters: the
 OpenAI layer's Prometheus text and the custom metrics the Triton model registers (checked
 with a stand-in for ``pb_utils.MetricFamily``, so no ``tritonserver`` is needed) hold the
 same metrics, with the same kind, help and value, for a real engine's ``stats()``."""
@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from paged_core import AsyncEngine, EngineConfig, SamplingParams
 from paged_core.adapters.triton_server.metrics import TritonMetrics
-from paged_core.engine_metrics import ENGINE_METRICS
+from paged_core.serving.engine_metrics import ENGINE_METRICS
 from paged_core.openai.metrics import ServingMetrics
 
 from ..tiny_models import build_tiny_model

@@ -10,8 +10,8 @@ import torch
 from paged_core.bench.attention_cases import SMOLLM2, kv_pool, paged_step
 from paged_core.bench.cli import main
 from paged_core.bench.machine_rates import linear_kind
-from paged_core.cpu_extension import cpu_extension_available
-from paged_core.cpu_isa import selected_bf16_linear, selected_cpu_isa, supported_cpu_isas
+from paged_core.cpu.extension import cpu_extension_available
+from paged_core.cpu.isa import selected_bf16_linear, selected_cpu_isa, supported_cpu_isas
 from paged_core.kernels import reference
 
 

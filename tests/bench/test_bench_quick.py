@@ -112,7 +112,7 @@ def test_sharing(results_dir):
 def test_tp(results_dir):
     """TP 2 halves a rank's weights (bar the replicated norms) and KV cache; the embedded
     model refuses TP 2 with the engine's message; only TP > 1 spends time in collectives."""
-    from paged_core.distributed.group import TensorParallelGroup
+    from paged_core.executor.group import TensorParallelGroup
 
     result = _load(results_dir, "tp")
     assert "cannot be faster" in result["notes"][0] and "cores" in result["machine_summary"]

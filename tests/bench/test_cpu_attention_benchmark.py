@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from paged_core.cpu_extension import cpu_extension_available
+from paged_core.cpu.extension import cpu_extension_available
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "cpu_attention.py"
 

@@ -4,7 +4,7 @@ import time
 
 from paged_core import SamplingParams
 from paged_core.bench.step_phases import PHASES, PhaseTimer
-from paged_core.sampler import Sampler
+from paged_core.sample.sampler import Sampler
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village by the sea, there"]
 

@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
-from paged_core.engine_metrics import ENGINE_METRICS
+from paged_core.serving.engine_metrics import ENGINE_METRICS
 from paged_core.spec_decode.metrics import SpecDecodingStats
 
 from .conftest import MAX_TOKENS, PROMPTS, free_port, python_cmd, running_server

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from paged_core import AsyncEngine, EngineConfig, EngineOverloadedError, SamplingParams
-from paged_core.admission import AdmissionGate
+from paged_core.serving.admission import AdmissionGate
 from paged_core.openai import build_openai_app
 
 from .conftest import asgi_client

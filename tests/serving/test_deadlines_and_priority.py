@@ -12,7 +12,7 @@ import pytest
 
 from paged_core import (LLM, AsyncEngine, BeamSearchParams, EngineConfig, RequestTimeoutError,
                         SamplingParams)
-from paged_core.deadlines import Deadlines, check_timeout
+from paged_core.serving.deadlines import Deadlines, check_timeout
 from paged_core.openai import build_openai_app
 
 from .conftest import asgi_client

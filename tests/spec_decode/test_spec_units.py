@@ -7,7 +7,7 @@ import pytest
 
 from paged_core import EngineConfig
 from paged_core.core.kv_cache_manager import KVCacheManager
-from paged_core.packed_batch import StepInput, pack_batch
+from paged_core.executor.packed_batch import StepInput, pack_batch
 from paged_core.core.scheduler import Scheduler
 from paged_core.core.sequence import Sequence
 from paged_core.spec_decode import SpeculativeConfig

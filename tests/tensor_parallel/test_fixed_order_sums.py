@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from paged_core.distributed.group import TensorParallelGroup, free_port
+from paged_core.executor.group import TensorParallelGroup, free_port
 
 SIZE = 3
 

@@ -1,8 +1,8 @@
 """Each rank reads only its slices of the checkpoint, and they are the right slices."""
 import torch
 
-from paged_core.distributed.group import TensorParallelGroup
-from paged_core.model_loader import load_hf_config, load_model
+from paged_core.executor.group import TensorParallelGroup
+from paged_core.models.model_loader import load_hf_config, load_model
 
 from ..tiny_models import build_tiny_model
 

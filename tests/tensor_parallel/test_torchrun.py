@@ -27,7 +27,7 @@ def torchrun_node(node_rank: int, port: int, folder: str, prompt: str) -> subpro
 
 
 def test_two_torchrun_nodes_form_one_engine(tokenizer, tmp_path):
-    from paged_core.distributed.group import free_port
+    from paged_core.executor.group import free_port
 
     folder = build_tiny_model("qwen3", str(tmp_path / "qwen3"), tokenizer)
     prompt = tokenizer.decode(passage_token_ids(tokenizer, 30))

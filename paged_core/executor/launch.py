@@ -4,7 +4,7 @@ fresh interpreter.
 Not ``multiprocessing``: its ``spawn`` children re-run the user's ``__main__``
 module, so a script without an ``if __name__ == "__main__":`` guard builds a
 second engine in every worker and the group never forms. A worker here is
-``python -m paged_core.distributed.worker_process``, which never imports the
+``python -m paged_core.executor.worker_process``, which never imports the
 user's main module: tensor parallelism works the same from a guarded or
 unguarded script, ``python -c``, a notebook or an interactive session.
 
@@ -29,9 +29,9 @@ import pickle
 import subprocess
 import sys
 
-from .worker import RankSpec
+from .rank_worker import RankSpec
 
-_WORKER_MODULE = "paged_core.distributed.worker_process"
+_WORKER_MODULE = "paged_core.executor.worker_process"
 _SAFE_PATH = ["-P"] if sys.version_info >= (3, 11) else []  # 3.10: the working directory first
 
 

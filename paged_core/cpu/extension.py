@@ -1,11 +1,11 @@
 """The C++ CPU kernels of paged-core, built on first use, one build per CPU path.
 
-Sources live in ``paged_core/csrc``: ``paged_attention.cpp`` (attention of a
+Sources live in ``paged_core/cpu/csrc``: ``paged_attention.cpp`` (attention of a
 packed step over the paged cache), ``fused_ops.cpp`` (RMSNorm, add + RMSNorm,
 rotary embedding, SiLU-and-multiply), ``bf16_dot_linear.cpp`` (the bfloat16
 linear of the ``avx512_bf16`` level only) and ``decoder_stack.cpp`` (every decoder
 layer of a model in one call: ``torch.classes.paged_core_cpu_<level>.DecoderStack``). Each level of
-``paged_core.cpu_isa`` (``generic``, ``avx2``, ``avx512``, ``avx512_bf16``) is its
+``paged_core.cpu.isa`` (``generic``, ``avx2``, ``avx512``, ``avx512_bf16``) is its
 own build, compiled with that level's explicit ISA flags (never ``-march=native``,
 so a build cache shared between machines stays safe) and registered as its own op
 namespace, ``torch.ops.paged_core_cpu_<level>``: one process can load several
@@ -36,14 +36,14 @@ from pathlib import Path
 
 import torch
 
-from .cpu_isa import selected_cpu_isa, unsupported_reason
+from .isa import selected_cpu_isa, unsupported_reason
 
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("paged_attention.cpp", "fused_ops.cpp", "bf16_dot_linear.cpp", "decoder_stack.cpp")
 
-# Compiler flags each level adds to the one below it (see ``paged_core.cpu_isa``).
+# Compiler flags each level adds to the one below it (see ``paged_core.cpu.isa``).
 _LEVEL_CFLAGS = {
     "generic": [],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],

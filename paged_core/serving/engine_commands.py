@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .beam_request import BeamSearchRequest
-from .request import Request
+from ..beam_search.request import BeamSearchRequest
+from ..request import Request
 
 
 @dataclass(frozen=True)

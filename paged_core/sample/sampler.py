@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling_params import SamplingParams
-from .structured_outputs import GrammarBitmask, SequenceGrammar
+from ..sampling_params import SamplingParams
+from ..structured_outputs import GrammarBitmask, SequenceGrammar
 
 _TOP_P_CANDIDATES = 1024  # top-p without top-k: the nucleus is looked for among these first
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from .attention import AttentionBackend, AttentionMetadata
-from .huge_pages import zeros_on_huge_pages
-from .models.llama import LlamaForCausalLM
+from ..attention import AttentionBackend, AttentionMetadata
+from ..cpu.huge_pages import zeros_on_huge_pages
+from ..models.llama import LlamaForCausalLM
 from .packed_batch import PackedBatch
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .outputs import Logprob, RequestOutput
+from ..outputs import Logprob, RequestOutput
 
 
 @dataclass

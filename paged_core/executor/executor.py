@@ -35,10 +35,10 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from ..packed_batch import PackedBatch
+from .packed_batch import PackedBatch
 from .group import SINGLE, free_port, init_process_group
 from .launch import start_worker
-from .worker import RankSpec, Worker, broadcast_step, for_rank, run_rank, threads_per_rank
+from .rank_worker import RankSpec, Worker, broadcast_step, for_rank, run_rank, threads_per_rank
 
 logger = logging.getLogger("paged_core.executor")
 

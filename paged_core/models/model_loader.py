@@ -11,14 +11,14 @@ import os
 
 import torch
 
-from .cpu_isa import packed_linear_dtype
+from ..cpu.isa import packed_linear_dtype
 from .embedded_model import converted_folder_for, embedded_model_folder
-from .models.batch_invariant import make_batch_invariant
-from .models.elementwise import select_ops
-from .models.layers import RotaryEmbedding
-from .models.llama import LlamaForCausalLM
-from .models.sharding import ShardPlan
-from .distributed.group import SINGLE, TensorParallelGroup
+from .batch_invariant import make_batch_invariant
+from .elementwise import select_ops
+from .layers import RotaryEmbedding
+from .llama import LlamaForCausalLM
+from .sharding import ShardPlan
+from ..executor.group import SINGLE, TensorParallelGroup
 
 
 def resolve_model_folder(model: str | None) -> str:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .exceptions import ParamValidationError
-from .param_checks import check_bool, check_int, check_number
+from ..exceptions import ParamValidationError
+from ..param_checks import check_bool, check_int, check_number
 
 MAX_BEAM_WIDTH = 128
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Protocol, runtime_checkable
 
-from .core.engine_stats import EngineStats
-from .outputs import RequestOutput
-from .prompts import PromptInput
-from .beam_search_params import BeamSearchParams
-from .sampling_params import SamplingParams
+from ..core.engine_stats import EngineStats
+from ..outputs import RequestOutput
+from ..frontend.prompts import PromptInput
+from ..beam_search.params import BeamSearchParams
+from ..sampling_params import SamplingParams
 
 
 @runtime_checkable

@@ -29,10 +29,10 @@ import torch.distributed as dist
 from ..attention import select_backend
 from ..attention.torch_backend import TorchAttentionBackend
 from ..config import EngineConfig
-from ..cpu_extension import cpu_extension_available, cpu_extension_error
-from ..model_loader import load_hf_config, load_model
-from ..model_runner import ModelRunner, kv_cache_bytes_per_block
-from ..packed_batch import PackedBatch
+from ..cpu.extension import cpu_extension_available, cpu_extension_error
+from ..models.model_loader import load_hf_config, load_model
+from .model_runner import ModelRunner, kv_cache_bytes_per_block
+from .packed_batch import PackedBatch
 from .group import TensorParallelGroup, init_process_group, rank_device
 
 logger = logging.getLogger("paged_core.worker")

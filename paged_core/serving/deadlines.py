@@ -14,7 +14,7 @@ import time
 import weakref
 from typing import Any, Iterator
 
-from .exceptions import ParamValidationError
+from ..exceptions import ParamValidationError
 
 
 def check_timeout(timeout: Any) -> float | None:

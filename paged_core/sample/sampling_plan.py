@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .core.sequence import Sequence
-from .request import Request
+from ..core.sequence import Sequence
+from ..request import Request
 from .sampler import SamplingRow
-from .spec_decode.rejection_sampler import verify_rows
+from ..spec_decode.rejection_sampler import verify_rows
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 
-from .exceptions import EngineOverloadedError
+from ..exceptions import EngineOverloadedError
 
 
 class AdmissionGate:

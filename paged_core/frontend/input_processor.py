@@ -9,12 +9,12 @@ in a worker thread and admits a request only once its grammar is ready.
 """
 from __future__ import annotations
 
-from .beam_request import BeamSearchRequest
-from .beam_search_params import BeamSearchParams
+from ..beam_search.request import BeamSearchRequest
+from ..beam_search.params import BeamSearchParams
 from .prompts import PromptInput, tokenize_prompt
-from .request import Request
-from .sampling_params import SamplingParams
-from .structured_outputs import GrammarCompilerCache
+from ..request import Request
+from ..sampling_params import SamplingParams
+from ..structured_outputs import GrammarCompilerCache
 
 
 class InputProcessor:

@@ -35,13 +35,13 @@ from typing import Any
 
 import torch
 
-from .beam_search import beam_score
-from .beam_search_params import BeamSearchParams
-from .core.group_decision import GroupDecision
-from .core.sequence import Sequence
-from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from .request import _seq_ids  # one id space for every sequence: block tables are keyed by it
-from .scheduling_fields import SchedulingFields
+from .results import beam_score
+from .params import BeamSearchParams
+from ..core.group_decision import GroupDecision
+from ..core.sequence import Sequence
+from ..outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from ..request import _seq_ids  # one id space for every sequence: block tables are keyed by it
+from ..scheduling_fields import SchedulingFields
 
 TokenRecord = tuple[int, float, int]  # (token id, log-probability, rank: 1 = most likely)
 

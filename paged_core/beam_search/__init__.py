@@ -1,0 +1,1 @@
+"""Beam search: its params, its results and the engine-side request that runs it."""

@@ -1,0 +1,1 @@
+"""The CPU runtime: the C++ kernels' builds per ISA level, the ISA ladder, huge pages, OpenMP spinning."""
