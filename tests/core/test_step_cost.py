@@ -1,5 +1,5 @@
 """``StepCostModel`` and ``latency_budget``: the step-time fit the latency target uses
-(pure; the engine's use of them is in ``tests/test_latency_target.py``)."""
+(pure; the engine's use of them is in ``tests/engine/test_latency_target.py``)."""
 import numpy as np
 import pytest
 

@@ -3,7 +3,7 @@ from ``launcher.server_command`` the way the README's "your own tritonserver" re
 
 The repository's ``1/model.py`` wraps ``TritonPythonModel``: a prompt containing ``MARKER``
 breaks the engine's forward pass for good (``engine.engine.runner.execute`` raises), as in
-``tests/test_fault_isolation.py``. That request gets an error response at once. In explicit model
+``tests/engine/test_fault_isolation.py``. That request gets an error response at once. In explicit model
 control (the launcher's mode) the model then unloads itself: ``/v2/models/paged_llm/ready``
 stays non-200, new requests get an error at once, and ``POST /v2/repository/models/paged_llm/load``
 builds a fresh engine that serves again. In Triton's default mode the model cannot unload itself:

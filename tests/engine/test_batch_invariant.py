@@ -10,7 +10,7 @@ from paged_core.config import EngineConfig
 from paged_core.models.batch_invariant import RowTiledLinear, WeightProduct
 from paged_core.models.cpu_linear import PackedLinear
 
-from .tiny_models import build_tiny_model
+from ..tiny_models import build_tiny_model
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):",
            "Once upon a time in a land far away there lived a king who " * 4,

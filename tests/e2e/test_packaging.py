@@ -41,12 +41,12 @@ import openai
 import pytest
 from packaging.requirements import Requirement
 
-from .e2e.conftest import SERVER_ENV, free_port, running_server
-from .e2e.openai_checks import MODEL
+from .conftest import SERVER_ENV, free_port, running_server
+from .openai_checks import MODEL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # source folder -> where the wheel installs it
 SOURCE_ROOTS = {"paged_core": "paged_core", "kernels": "paged_core/kernels",
                 "adapters": "paged_core/adapters"}

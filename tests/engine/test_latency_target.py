@@ -16,8 +16,8 @@ def test_latency_target_keeps_greedy_outputs(tokenizer, tmp_path, monkeypatch):
     """Steps cut to a tiny time budget give the same tokens as unbounded steps: once a
     sequence decodes, prompts advance a few tokens per step beside the decodes instead of
     ``max_num_batched_tokens`` (64)."""
-    from .reference import passage_token_ids
-    from .tiny_models import build_tiny_model
+    from ..reference import passage_token_ids
+    from ..tiny_models import build_tiny_model
 
     folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
     prompts = [passage_token_ids(tokenizer, n, offset=9 * i) for i, n in enumerate([5, 90, 60, 130])]

@@ -4,7 +4,7 @@ import pytest
 
 from paged_core import LLM, LLMEngine, EngineConfig, SamplingParams
 
-from .reference import passage_token_ids
+from ..reference import passage_token_ids
 
 
 def test_n4_shares_prompt_blocks_copy_on_write(tokenizer):

@@ -14,8 +14,8 @@ import torch
 from paged_core import AsyncEngine, BeamSearchParams, EngineConfig, LLM, SamplingParams
 from paged_core.beam_search.request import BeamSearchRequest
 
-from .reference import passage_token_ids
-from .tiny_models import build_tiny_model
+from ..reference import passage_token_ids
+from ..tiny_models import build_tiny_model
 
 NEW_TOKENS = 7
 

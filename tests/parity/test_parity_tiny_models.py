@@ -6,8 +6,8 @@ import torch
 
 from paged_core import LLM, SamplingParams
 
-from .reference import hf_greedy, passage_token_ids
-from .tiny_models import build_tiny_model
+from ..reference import hf_greedy, passage_token_ids
+from ..tiny_models import build_tiny_model
 
 ARCHITECTURES = ["llama", "llama3-rope", "mistral", "qwen2", "qwen3"]
 

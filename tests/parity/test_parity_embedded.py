@@ -4,7 +4,7 @@ import pytest
 
 from paged_core import LLM, SamplingParams
 
-from .reference import hf_greedy, passage_token_ids
+from ..reference import hf_greedy, passage_token_ids
 
 PROMPT_LENGTHS = [5, 33, 100, 255, 400]  # 1 to 26 blocks: partial, full and many blocks
 NEW_TOKENS = 32

@@ -4,8 +4,8 @@ import pytest
 from paged_core import LLM, SamplingParams
 from paged_core.executor.packed_batch import bucketed_num_tokens
 
-from .reference import hf_greedy, passage_token_ids
-from .tiny_models import build_tiny_model
+from ..reference import hf_greedy, passage_token_ids
+from ..tiny_models import build_tiny_model
 
 
 def test_buckets_are_few_and_tight():

@@ -12,7 +12,7 @@ import torch
 from paged_core import LLM, SamplingParams
 from paged_core.cpu.isa import packed_linear_dtype
 
-from .reference import assert_greedy_close, engine_top_logprobs, hf_greedy_top_logprobs, \
+from ..reference import assert_greedy_close, engine_top_logprobs, hf_greedy_top_logprobs, \
     passage_token_ids
 
 TOP_K = 5

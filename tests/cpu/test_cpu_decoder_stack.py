@@ -10,7 +10,7 @@ qkv bias, per-head q/k norms, tied embeddings), float32 (plain linears) and bflo
 import pytest
 import torch
 
-from .tiny_models import build_tiny_model
+from ..tiny_models import build_tiny_model
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ import xgrammar as xgr
 from paged_core import LLM, SamplingParams, StructuredOutputsParams
 from paged_core.structured_outputs import GrammarBitmask, SequenceGrammar
 
-from .tiny_models import build_tiny_model
+from ..tiny_models import build_tiny_model
 
 SHORT = {"type": "string", "maxLength": 12}
 POINT = {"type": "object", "properties": {"x": {"type": "integer", "minimum": -9, "maximum": 9},

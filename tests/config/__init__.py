@@ -1,0 +1,1 @@
+"""Configuration: EngineConfig, its parts, the CLI's settings."""

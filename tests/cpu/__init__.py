@@ -1,0 +1,1 @@
+"""The CPU runtime: C++ kernels per ISA level, linears, huge pages, OpenMP."""

@@ -1,0 +1,1 @@
+"""The front end: input processing and detokenization."""

@@ -1,0 +1,1 @@
+"""Sampling: the sampler and per-request sampling behaviour."""
