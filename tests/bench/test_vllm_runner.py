@@ -74,3 +74,31 @@ def test_worker_failure_raises_with_its_stderr(fake_vllm_path):
     (fake_vllm_path / "vllm" / "__init__.py").write_text("raise ImportError('no CPU build here')\n")
     with pytest.raises(RuntimeError, match="no CPU build here"):
         VllmCpu(sys.executable, "float32", threads=1, max_model_len=64)
+
+
+def test_another_paged_core_tree_runs_in_its_own_process_from_its_own_source(tmp_path):
+    """``PagedCoreTree`` imports the tree it is given, not this one: a stand-in tree whose
+    ``paged_core`` is a minimal vLLM-style ``LLM`` answers through the real worker."""
+    import sys
+
+    from paged_core.bench.paged_core_tree import PagedCoreTree
+
+    (tmp_path / "paged_core").mkdir()
+    (tmp_path / "paged_core" / "__init__.py").write_text(
+        textwrap.dedent(FAKE_VLLM).replace("0.0-test", "tree-under-test").replace(
+            "gpu_memory_utilization, seed, max_model_len", "kv_cache_memory").replace(
+            "assert max_model_len >= 16", "assert kv_cache_memory == 1 << 20"))
+    system = PagedCoreTree(str(tmp_path), "float32", threads=1, kv_cache_memory=1 << 20)
+    try:
+        result = system.run([BenchRequest([1, 2], 4)])
+    finally:
+        system.close()
+    assert system.name == f"paged-core@{tmp_path.name}"  # not a git checkout: its folder name
+    assert result.output_tokens == 4 and result.extra["paged_core_version"] == "tree-under-test"
+
+
+def test_a_folder_without_paged_core_is_refused(tmp_path):
+    from paged_core.bench.paged_core_tree import PagedCoreTree
+
+    with pytest.raises(SystemExit, match="no paged_core package"):
+        PagedCoreTree(str(tmp_path), "float32", threads=1, kv_cache_memory=1 << 20)
