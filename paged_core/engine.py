@@ -44,6 +44,7 @@ from .sampling_params import SamplingParams
 from .sample.sampling_plan import SamplingPlan
 from .spec_decode.factory import make_proposer
 from .spec_decode.metrics import SpecDecodingStats
+from .spec_decode.proposer import TargetModel
 from .spec_decode.rejection_sampler import num_accepted
 
 logger = logging.getLogger(__name__)
@@ -90,7 +91,8 @@ class LLMEngine:
         self.step_cost = StepCostModel(  # fed only when there is a latency target
             rows_of=bucketed_num_tokens if self.runner.model.prefers_bucketed_batches else int)
         spec = config.speculative_config
-        self.proposer = make_proposer(spec, self) if spec is not None else None
+        self.proposer = None if spec is None else make_proposer(spec, TargetModel(
+            config, self.vocab_size, self.max_total_tokens, num_blocks, self.device, self.dtype))
         self.spec_stats = SpecDecodingStats(spec.num_speculative_tokens if spec else 0)
 
     @property

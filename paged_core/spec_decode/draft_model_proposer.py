@@ -32,28 +32,28 @@ from ..models.model_loader import load_hf_config, resolve_model_folder
 from ..models.llama_spec import LlamaFamilySpec
 from ..executor.packed_batch import StepInput, pack_batch
 from .config import SpeculativeConfig
-from .proposer import draft_limit
+from .proposer import TargetModel, draft_limit
 
 
 class DraftModelProposer:
-    def __init__(self, config: SpeculativeConfig, engine) -> None:
+    def __init__(self, config: SpeculativeConfig, target: TargetModel) -> None:
         folder = resolve_model_folder(config.model)
         hf_config = load_hf_config(folder)
         vocab_size = LlamaFamilySpec.from_hf_config(hf_config).vocab_size
-        if vocab_size != engine.vocab_size:
+        if vocab_size != target.vocab_size:
             raise ValueError(
                 f"speculative_config['model'] has vocab_size {vocab_size} but the target model "
-                f"has {engine.vocab_size}; the draft model must use the target's tokenizer")
+                f"has {target.vocab_size}; the draft model must use the target's tokenizer")
         context = getattr(hf_config, "max_position_embeddings", None) or 2048
-        self.max_total_tokens = min(engine.max_total_tokens, context)
+        self.max_total_tokens = min(target.max_total_tokens, context)
         draft_engine_config = replace(
-            engine.config, model=folder, tokenizer=None, speculative_config=None,
-            num_kv_blocks=engine.kv.num_blocks, tensor_parallel_size=1,
+            target.config, model=folder, tokenizer=None, speculative_config=None,
+            num_kv_blocks=target.num_blocks, tensor_parallel_size=1,
             distributed_executor_backend=None)
-        worker = Worker(RankSpec(draft_engine_config, folder, self.max_total_tokens, engine.device,
-                                 engine.dtype), SINGLE)
+        worker = Worker(RankSpec(draft_engine_config, folder, self.max_total_tokens, target.device,
+                                 target.dtype), SINGLE)
         self.runner = worker.runner
-        self.kv = KVCacheManager(worker.num_blocks, engine.config.block_size, False)
+        self.kv = KVCacheManager(worker.num_blocks, target.config.block_size, False)
         self.k = config.num_speculative_tokens
         self.shadows: dict[int, Sequence] = {}
         self.synced: dict[int, int] = {}  # seq_id -> the target's length when last proposed for

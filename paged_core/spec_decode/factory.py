@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from .draft_model_proposer import DraftModelProposer
 from .ngram_proposer import NgramProposer
+from .proposer import TargetModel
 
 
-def make_proposer(config, engine):
-    """The proposer for ``config.method`` (``engine`` gives the draft model its settings)."""
+def make_proposer(config, target: TargetModel):
+    """The proposer for ``config.method``, drafting for ``target``."""
     if config.method == "ngram":
-        return NgramProposer(config, engine.max_total_tokens)
-    return DraftModelProposer(config, engine)
+        return NgramProposer(config, target.max_total_tokens)
+    return DraftModelProposer(config, target)
