@@ -1,7 +1,9 @@
-"""``LLMEngine``: the synchronous core. ``step()`` = ``schedule`` -> ``execute_model`` ->
-``update_from_output`` (vLLM's names): schedule, run the forward through the executor
-(in process or on every tensor-parallel rank), then sample, append, free; with a
-``speculative_config`` the proposer then drafts tokens for the next step (``spec_decode``).
+"""``LLMEngine``: the synchronous core. ``step()`` = ``schedule`` -> ``plan_sampling`` ->
+``execute_model`` -> ``update_from_output`` (vLLM's names, plus the plan): schedule; let
+each request decide what its sampled rows are for (``core.group_decision``); run the forward
+and the sampling through the executor (in process or on every tensor-parallel rank; rank 0
+samples); then apply the decisions, append, free; with a ``speculative_config`` the
+proposer then drafts tokens for the next step (``spec_decode``).
 
 Not thread-safe: the offline ``LLM`` calls it directly; ``AsyncEngine`` owns
 one on its step-loop thread. Requests are validated (and tokenized) by
@@ -14,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,9 +42,8 @@ from .outputs import RequestOutput
 from .executor.packed_batch import StepInput, bucketed_num_tokens, pack_batch
 from .frontend.prompts import PromptInput
 from .request import Request
-from .sample.sampler import Sampler
 from .sampling_params import SamplingParams
-from .sample.sampling_plan import SamplingPlan
+from .sample.sampling_plan import SamplerOutput, SamplingPlan
 from .spec_decode.factory import make_proposer
 from .spec_decode.metrics import SpecDecodingStats
 from .spec_decode.proposer import TargetModel
@@ -79,7 +81,6 @@ class LLMEngine:
                                    max_num_partial_prefills=config.max_num_partial_prefills,
                                    policy=config.scheduling_policy,
                                    tenant_fairness=config.tenant_fairness)
-        self.sampler = Sampler(torch.Generator().manual_seed(config.seed))  # draws on the CPU
         self.max_total_tokens = min(self.max_model_len, num_blocks * config.block_size)
         self.eos_token_ids = eos_token_ids(folder, hf_config, self.tokenizer)
         self.input_processor = InputProcessor(self.tokenizer, self.vocab_size, self.eos_token_ids,
@@ -148,8 +149,9 @@ class LLMEngine:
         if sched.is_empty:
             return []
         try:
-            logits = self.execute_model(sched)
-            outputs = self.update_from_output(sched, logits)
+            plan = self.plan_sampling(sched)
+            output = self.execute_model(sched, plan.sampling)
+            outputs = self.update_from_output(sched, plan, output)
             if self.proposer is not None:
                 self.proposer.propose([seq for seq in self.scheduler.running
                                        if seq.request.may_draft(seq)])
@@ -168,9 +170,33 @@ class LLMEngine:
         return latency_budget(self.step_cost, self.itl_target_s,
                               self.scheduler.num_decodes_in_flight)
 
-    def execute_model(self, sched: SchedulerOutput) -> torch.Tensor:
-        """Pack the step and run its forward (on every rank, through the executor); returns
-        float32 logits of the rows to sample, in scheduling order."""
+    def plan_sampling(self, sched: SchedulerOutput) -> StepPlan:
+        """Ask the request of every sequence that computes its last token this step what its
+        logits row is for (``SequenceGroup.plan_sampling``), and lay the answers out: the
+        rows to sample, the rows to hand back raw, the decisions to apply after the forward.
+        A request that raises here fails alone (after the forward)."""
+        plan = StepPlan()
+        for seq, logit_row in _sampled_rows(sched):
+            request = seq.request
+            if any(r is request for r, _ in plan.failed):
+                continue
+            if seq.num_output_tokens == 0 and seq.sample_index == 0:
+                request.num_cached_tokens = seq.num_cached_tokens
+            try:
+                decision = request.plan_sampling(seq)
+            except Exception as exc:
+                plan.failed.append((request, exc))
+                continue
+            plan.decisions.append(decision)
+            for target in decision.to_sample:  # only ``seq`` has drafts
+                plan.sampling.add(request, target, logit_row)
+            if decision.needs_logits:
+                plan.sampling.keep_logits(seq, logit_row)
+        return plan
+
+    def execute_model(self, sched: SchedulerOutput, plan: SamplingPlan) -> SamplerOutput:
+        """Pack the step and run its forward (on every rank, through the executor) and its
+        sampling (rank 0)."""
         batch = [StepInput(item.seq.token_ids + item.seq.spec_token_ids,
                            item.seq.num_computed_tokens, item.num_new_tokens,
                            self.kv.block_ids(item.seq),
@@ -179,25 +205,26 @@ class LLMEngine:
                  for item in sched.scheduled]
         packed = pack_batch(batch, self.config.block_size,
                             bucketed=self.runner.model.prefers_bucketed_batches)
-        return self.executor.execute_model(packed, sched.block_copies)
+        return self.executor.execute_model(packed, sched.block_copies, plan)
 
-    def update_from_output(self, sched: SchedulerOutput,
-                           logits: torch.Tensor) -> list[RequestOutput]:
-        """Count the scheduled tokens as computed; let each request decide on its sampled
-        sequences' logits (``GroupDecision``s, applied here); sample the sequences handed
-        over, verifying any drafts; append, free the finished.
+    def update_from_output(self, sched: SchedulerOutput, plan: StepPlan,
+                           output: SamplerOutput) -> list[RequestOutput]:
+        """Count the scheduled tokens as computed; apply the planned decisions (forks of
+        ``n > 1`` samples); hand kept rows to their requests (beam steps) and apply those
+        decisions; append the sampled tokens, verifying any drafts; free the finished.
 
         Outputs come in this order: requests that failed deciding, requests that a decision
         ended (beam searches), requests that failed appending, then the other requests
         that got tokens."""
-        outputs: list[RequestOutput] = []
-        sampled = _sampled_rows(sched)
+        outputs = [self._fail_request(request, exc) for request, exc in plan.failed]
         self._count_computed(sched)
-        plan, ended = self._decide(sampled, logits, outputs)
+        for decision in plan.decisions:
+            self._apply(decision)
+        ended = self._hand_back_logits(plan.sampling, output.kept_logits, outputs)
         outputs += self._make_outputs(ended)
-        if plan.rows:
-            tokens, logprobs = self.sampler(plan.select(logits), plan.rows)
-            touched = self._accept_tokens(plan.targets, tokens, logprobs, outputs)
+        if plan.sampling.rows:
+            touched = self._accept_tokens(plan.sampling.targets, output.token_ids,
+                                          output.logprobs, outputs)
             outputs += self._make_outputs(touched)
         return outputs
 
@@ -209,35 +236,29 @@ class LLMEngine:
             if metrics.first_scheduled_time is None:
                 metrics.first_scheduled_time = now
 
-    def _decide(self, sampled: list[tuple[Sequence, int]], logits: torch.Tensor,
-                outputs: list[RequestOutput]
-                ) -> tuple[SamplingPlan, dict[str, SequenceGroup]]:
-        """Hand every sampled sequence its logits row (``take_logits``) and apply the decision;
-        returns the sampling plan of the sequences the decisions hand over and the requests
-        whose decision asks for an output now. A request that raises fails alone."""
-        plan = SamplingPlan()
+    def _hand_back_logits(self, plan: SamplingPlan, kept_logits: torch.Tensor | None,
+                          outputs: list[RequestOutput]) -> dict[str, SequenceGroup]:
+        """Each kept row to its request (``take_logits``); apply the decisions. Returns the
+        requests whose decision asks for an output now. A request that raises fails alone."""
         ended: dict[str, SequenceGroup] = {}
-        for seq, logit_row in sampled:
+        for index, seq in enumerate(plan.kept):
             request = seq.request
             if seq.is_finished:  # its request failed on an earlier sequence of this step
                 continue
-            if seq.num_output_tokens == 0 and seq.sample_index == 0:
-                request.num_cached_tokens = seq.num_cached_tokens
             try:
-                decision = request.take_logits(seq, logits[logit_row])
+                decision = request.take_logits(seq, kept_logits[index])
             except Exception as exc:
                 outputs.append(self._fail_request(request, exc))
                 continue
             self._apply(decision)
-            for target in decision.to_sample:  # only ``seq`` has drafts
-                plan.add(request, target, logit_row)
             if decision.output_ready:
                 ended[request.request_id] = request
-        return plan, ended
+        return ended
 
     def _apply(self, decision: GroupDecision) -> None:
-        """Forks first (children share their parents' blocks), then frees."""
+        """Forks first (children share their parents' blocks and computed tokens), then frees."""
         for parent, child in decision.forks:
+            child.num_computed_tokens = parent.num_computed_tokens
             self.kv.fork(parent, child)
             self.scheduler.add_running(child)
         for seq in decision.freed:
@@ -352,6 +373,16 @@ class LLMEngine:
             generated_tokens=self.generated_tokens,
             spec_decode=None if self.proposer is None else self.spec_stats.snapshot(),
         )
+
+
+@dataclass
+class StepPlan:
+    """What ``plan_sampling`` laid out for one step: the sampling plan the executor runs, the
+    decisions the engine applies after the forward, and the requests that failed deciding."""
+
+    sampling: SamplingPlan = field(default_factory=SamplingPlan)
+    decisions: list[GroupDecision] = field(default_factory=list)
+    failed: list[tuple[SequenceGroup, Exception]] = field(default_factory=list)
 
 
 def _sampled_rows(sched: SchedulerOutput) -> list[tuple[Sequence, int]]:

@@ -2,7 +2,7 @@
 
 A request starts with one sequence (the prompt). When that prompt is fully
 computed and the request wants ``n > 1`` samples, it forks into ``n`` sequences
-sharing the prompt's blocks (``take_logits`` decides, the engine applies the
+sharing the prompt's blocks (``plan_sampling`` decides, the engine applies the
 ``GroupDecision``). Each sample keeps its own
 detokenizer, seeded generator, log-probabilities and streaming cursor.
 Invariant: text already handed out is never taken back; while stop strings
@@ -81,9 +81,8 @@ class Request(SchedulingFields):
     def is_finished(self) -> bool:
         return all(s.seq.is_finished for s in self.samples)
 
-    def take_logits(self, seq: Sequence, logits: torch.Tensor) -> GroupDecision:
-        """``seq`` samples its next token from its row (``logits``: the sampler reads it
-        later, with every other row of the step); right after the prompt, the other
+    def plan_sampling(self, seq: Sequence) -> GroupDecision:
+        """``seq`` samples its next token from its row; right after the prompt, the other
         ``n - 1`` samples fork from it and sample from the same row."""
         if len(self.samples) == self.params.n:
             return GroupDecision(to_sample=[seq])
@@ -97,8 +96,6 @@ class Request(SchedulingFields):
         grammar = self.samples[0].grammar
         new = [self._new_sample(list(parent.token_ids), index, grammar and grammar.fork())
                for index in range(1, self.params.n)]
-        for sample in new:
-            sample.seq.num_computed_tokens = parent.num_computed_tokens
         self.samples.extend(new)  # all or nothing: a failure above leaves the request as it was
         return [sample.seq for sample in new]
 

@@ -10,9 +10,9 @@ Life of a request (``k = beam_width``)::
                                      │  partial block); parents nobody continues are freed
                                      └► EOS candidates among the k best -> hypotheses
 
-A step decides forks and frees (a ``GroupDecision``, returned by ``take_logits`` of the
-last beam whose logits came in); the engine applies them to the KV cache manager and the
-scheduler.
+Every beam asks for its raw logits row (``plan_sampling``); a step decides forks and frees
+(a ``GroupDecision``, returned by ``take_logits`` of the last beam whose logits came in); the
+engine applies them to the KV cache manager and the scheduler.
 
 A step is transformers' ``_beam_search`` iteration, token for token: candidates
 are the ``max(2, 1 + #eos) * k`` best (beam, token) pairs by cumulative
@@ -105,6 +105,10 @@ class BeamSearchRequest(SchedulingFields):
         """Never: a beam step ranks whole continuations, not one token after another."""
         return False
 
+    def plan_sampling(self, seq: Sequence) -> GroupDecision:
+        """Every beam's row comes back raw: a step ranks whole continuations itself."""
+        return GroupDecision(needs_logits=True)
+
     def take_logits(self, seq: Sequence, logits: torch.Tensor) -> GroupDecision:
         """Keep the logits of ``seq``'s next token; once every live beam has its own (and all
         its tokens computed), run one step: its decision forks the continued beams, frees
@@ -193,7 +197,6 @@ class BeamSearchRequest(SchedulingFields):
             else:
                 seq = Sequence(next(_seq_ids), self, parent.seq.token_ids + [c.token],
                                len(self.prompt_token_ids), 0)
-                seq.num_computed_tokens = parent.seq.num_computed_tokens
                 decision.forks.append((parent.seq, seq))
             beams.append(Beam(seq, c.cum_logprob, parent.records + [c.record]))
         for index, beam in enumerate(self.beams):

@@ -11,9 +11,11 @@ calls that ``LLMEngine.step`` makes and records, per step, how long each phase t
   inside it and is counted in ``forward``;
 - ``forward``: the rest of the model's forward: embedding, projections, MLP, norms, rotary;
 - ``logits``: the LM head on the sampled rows (``model.compute_logits``);
-- ``sample``: the sampler (penalties, masks, greedy or random draws, log-probabilities);
-- ``update``: ``update_from_output`` less sampling: appending tokens, detokenizing,
-  stop checks, freeing finished sequences, making outputs;
+- ``sample``: the sampler (penalties, masks, greedy or random draws, log-probabilities),
+  run by rank 0's worker inside ``execute_model``;
+- ``update``: ``plan_sampling`` (each request's decision, the sampling rows laid out) and
+  ``update_from_output`` (applying decisions, appending tokens, detokenizing, stop checks,
+  freeing finished sequences, making outputs);
 - ``other``: the rest of ``step`` (speculative proposals, the step-cost fit).
 
 Invariant: a step's phases add up to its wall time (``other`` is the remainder). On a
@@ -77,8 +79,9 @@ class PhaseTimer:
         self._patch(backend, "write_kv", self._phase("attention", sync=True))
         self._patch(backend, "attend", self._phase("attention", sync=True))
         self._patch(model, "compute_logits", self._phase("logits", sync=True))
+        self._patch(engine, "plan_sampling", self._phase("update"))
         self._patch(engine, "update_from_output", self._phase("update"))
-        self._patch(engine, "sampler", self._phase("sample"))
+        self._patch(engine.executor.worker, "sampler", self._phase("sample"))
         self._patch(engine, "step", self._timed_step)
         return self
 

@@ -110,7 +110,8 @@ def _timed(engine, prompts: list[list[int]], params: list[SamplingParams]) -> di
     (fill + apply), measured inside the same run, so machine load affects it as it does
     the total."""
     engine.reset_prefix_cache()
-    mask, mask_seconds = engine.sampler.grammar_bitmask, 0.0
+    sampler = engine.executor.worker.sampler  # rank 0's, inside execute_model
+    mask, mask_seconds = sampler.grammar_bitmask, 0.0
 
     def timed_mask(logits, grammars) -> None:
         nonlocal mask_seconds
@@ -118,7 +119,7 @@ def _timed(engine, prompts: list[list[int]], params: list[SamplingParams]) -> di
         mask(logits, grammars)
         mask_seconds += time.perf_counter() - t
 
-    engine.sampler.grammar_bitmask = timed_mask
+    sampler.grammar_bitmask = timed_mask
     start = time.perf_counter()
     try:
         for i, (prompt, p) in enumerate(zip(prompts, params)):
@@ -126,7 +127,7 @@ def _timed(engine, prompts: list[list[int]], params: list[SamplingParams]) -> di
                                                    {"prompt_token_ids": prompt}, p))
         outs = run_until_done(engine)
     finally:
-        engine.sampler.grammar_bitmask = mask
+        sampler.grammar_bitmask = mask
     seconds = time.perf_counter() - start
     comps = _in_order(outs, len(prompts))
     tokens = sum(len(c.token_ids) for c in comps)

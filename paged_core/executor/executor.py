@@ -1,7 +1,8 @@
 """Executors: how the engine runs a step's forward (vLLM's ``Executor`` seam).
 
-The engine schedules, packs the step into a ``PackedBatch``, calls
-``execute_model(packed, block_copies)`` and samples from the logits it returns.
+The engine schedules, packs the step into a ``PackedBatch``, lays out its sampling
+(``SamplingPlan``), calls ``execute_model(packed, block_copies, plan)`` and gets the sampled
+tokens back (``SamplerOutput``).
 Which processes do the forward is the executor's business:
 
 - ``UniProcExecutor`` (``tensor_parallel_size=1``): one ``Worker`` in this process.
@@ -16,7 +17,8 @@ Which processes do the forward is the executor's business:
 
 Per step the driver broadcasts the packed batch once (a pickled object: token
 ids, positions, slots, block tables, copies), every rank runs its shard, and
-the logits are gathered to rank 0, the only rank that samples.
+the logits are gathered to rank 0, the only rank that samples (its ``Worker`` runs the
+plan; the plan never travels: its rows hold generators and grammar matchers).
 
 Failure: ``check_health`` raises ``WorkerDiedError`` once a worker process has
 exited (a watchdog thread notices within a second, and logs it); a collective
@@ -35,6 +37,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
+from ..sample.sampling_plan import SamplerOutput, SamplingPlan
 from .packed_batch import PackedBatch
 from .group import SINGLE, free_port, init_process_group
 from .launch import start_worker
@@ -62,9 +65,9 @@ class UniProcExecutor:
     def num_blocks(self) -> int:
         return self.worker.num_blocks
 
-    def execute_model(self, packed: PackedBatch,
-                      block_copies: list[tuple[int, int]]) -> torch.Tensor:
-        return self.worker.execute_model(packed, block_copies)
+    def execute_model(self, packed: PackedBatch, block_copies: list[tuple[int, int]],
+                      plan: SamplingPlan) -> SamplerOutput:
+        return self.worker.execute_model(packed, block_copies, plan)
 
     def check_health(self) -> None:
         """Raises if the executor can no longer run steps."""
@@ -88,11 +91,11 @@ class _DriverExecutor(UniProcExecutor):
             _destroy_group()  # so that a later engine in this process can start
             raise
 
-    def execute_model(self, packed: PackedBatch,
-                      block_copies: list[tuple[int, int]]) -> torch.Tensor:
+    def execute_model(self, packed: PackedBatch, block_copies: list[tuple[int, int]],
+                      plan: SamplingPlan) -> SamplerOutput:
         self.check_health()
         broadcast_step(self.worker.tp, (packed, block_copies))
-        return self.worker.execute_model(packed, block_copies)
+        return self.worker.execute_model(packed, block_copies, plan)
 
     def shutdown(self) -> None:
         if self._closed:

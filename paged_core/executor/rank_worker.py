@@ -31,6 +31,8 @@ from ..attention.torch_backend import TorchAttentionBackend
 from ..config import EngineConfig
 from ..cpu.extension import cpu_extension_available, cpu_extension_error
 from ..models.model_loader import load_hf_config, load_model
+from ..sample.sampler import Sampler
+from ..sample.sampling_plan import SamplerOutput, SamplingPlan
 from .model_runner import ModelRunner, kv_cache_bytes_per_block
 from .packed_batch import PackedBatch
 from .group import TensorParallelGroup, init_process_group, rank_device
@@ -71,10 +73,14 @@ class Worker:
         self.runner = ModelRunner(model, backend, num_blocks, config.block_size, spec.device,
                                   spec.dtype)
         self.num_blocks = num_blocks
+        self.sampler = Sampler(torch.Generator().manual_seed(config.seed))  # draws on the CPU
 
-    def execute_model(self, packed: PackedBatch,
-                      block_copies: list[tuple[int, int]]) -> torch.Tensor | None:
-        return self.runner.execute(packed, block_copies)
+    def execute_model(self, packed: PackedBatch, block_copies: list[tuple[int, int]],
+                      plan: SamplingPlan | None = None) -> SamplerOutput | None:
+        """Run this rank's shard of the step; on the driver (rank 0, the only rank that gets
+        the ``plan``), sample it too."""
+        logits = self.runner.execute(packed, block_copies)
+        return None if plan is None else plan.run(self.sampler, logits)
 
 
 def _require_invariant_attention(backend, device: torch.device, dtype: torch.dtype) -> None:

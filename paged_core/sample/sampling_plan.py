@@ -1,14 +1,17 @@
-"""``SamplingPlan``: what the sampler does in one step, laid out once.
+"""``SamplingPlan``: what the sampler does in one step, laid out before the forward; and
+``SamplerOutput``, what the executor returns for it.
 
-The runner returns logits for the rows ``execute_model`` asked for
-(``StepInput.needs_logits``), in scheduling order: one per sampled sequence, plus
-one per draft token it carries. The plan names, for each sample the sampler
-draws (a sequence, and each sample a fork of it just made), its
-``SamplingRow``s (one per verified position) and the logits rows they read, so
-a forked sample reads its parent's row and the logits are selected at most once.
+The runner computes logits for the rows the step asked for (``StepInput.needs_logits``),
+in scheduling order: one per sampled sequence, plus one per draft token it carries. The
+plan names, for each sample the sampler draws (a sequence, and each sample its request
+forks from it right after the prompt), its ``SamplingRow``s (one per verified position)
+and the logits rows they read, so a forked sample reads its parent's row and the logits
+are selected at most once; and the sequences whose raw logits row goes back to their
+request instead (``keep_logits``: beam search ranks whole continuations itself).
 
-Invariant: ``len(rows) == len(logit_rows)``; the rows of ``targets[i]`` come
-after those of ``targets[i - 1]``, ``1 + len(targets[i].spec_token_ids)`` of them.
+Invariants: ``len(rows) == len(logit_rows)``; the rows of ``targets[i]`` come after those
+of ``targets[i - 1]``, ``1 + len(targets[i].spec_token_ids)`` of them;
+``len(kept) == len(kept_rows)``.
 """
 from __future__ import annotations
 
@@ -18,8 +21,18 @@ import torch
 
 from ..core.sequence import Sequence
 from ..request import Request
-from .sampler import SamplingRow
 from ..spec_decode.rejection_sampler import verify_rows
+from .sampler import Sampler, SamplingRow, TokenLogprobs
+
+
+@dataclass
+class SamplerOutput:
+    """The step's sampled tokens and log-probabilities (one per plan row, in plan order) and
+    the raw logits rows the plan kept (``[len(kept), vocab]`` float32, or None)."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+    kept_logits: torch.Tensor | None
 
 
 @dataclass
@@ -27,6 +40,8 @@ class SamplingPlan:
     rows: list[SamplingRow] = field(default_factory=list)
     targets: list[Sequence] = field(default_factory=list)
     logit_rows: list[int] = field(default_factory=list)
+    kept: list[Sequence] = field(default_factory=list)
+    kept_rows: list[int] = field(default_factory=list)
 
     def add(self, request: Request, target: Sequence, logit_row: int) -> None:
         """Sample ``target`` from the logits rows starting at ``logit_row``: one row, or one
@@ -37,8 +52,21 @@ class SamplingPlan:
         self.targets.append(target)
         self.logit_rows += range(logit_row, logit_row + len(target_rows))
 
-    def select(self, logits: torch.Tensor) -> torch.Tensor:
-        """The logits rows in plan order (``logits`` itself when nothing forked)."""
-        if len(self.logit_rows) == logits.shape[0]:
-            return logits
-        return logits[torch.tensor(self.logit_rows, device=logits.device)]
+    def keep_logits(self, seq: Sequence, logit_row: int) -> None:
+        """Hand ``seq``'s raw logits row back (``SamplerOutput.kept_logits``)."""
+        self.kept.append(seq)
+        self.kept_rows.append(logit_row)
+
+    def run(self, sampler: Sampler, logits: torch.Tensor) -> SamplerOutput:
+        """Sample every planned row of ``logits`` (the runner's float32 rows) in one call."""
+        tokens, logprobs = sampler(_rows(logits, self.logit_rows), self.rows) if self.rows \
+            else ([], [])
+        kept = _rows(logits, self.kept_rows) if self.kept else None
+        return SamplerOutput(tokens, logprobs, kept)
+
+
+def _rows(logits: torch.Tensor, index: list[int]) -> torch.Tensor:
+    """``logits[index]`` (``logits`` itself when that selects every row in order)."""
+    if index == list(range(logits.shape[0])):
+        return logits
+    return logits[torch.tensor(index, device=logits.device)]

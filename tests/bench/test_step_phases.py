@@ -25,7 +25,8 @@ def _generate(engine, tag: str) -> tuple[list[list[int]], list[float]]:
 
 def test_phases_add_up_to_each_step_and_the_engine_is_restored(llm_fp32):
     engine = llm_fp32.engine
-    sampler, model = engine.sampler, engine.runner.model
+    worker, model = engine.executor.worker, engine.runner.model
+    sampler = worker.sampler
     untimed, _ = _generate(engine, "plain")
     with PhaseTimer(engine) as timer:
         timed, walls = _generate(engine, "timed")
@@ -42,8 +43,9 @@ def test_phases_add_up_to_each_step_and_the_engine_is_restored(llm_fp32):
     prompt_tokens = sum(len(engine.tokenizer.encode(p)) for p in PROMPTS)
     assert first.kind == "mixed" and first.num_tokens == prompt_tokens
     assert all(r.kind == "decode" and r.num_tokens == 2 for r in rest)
-    assert engine.sampler is sampler and isinstance(engine.sampler, Sampler)
-    for owner, name in ((engine, "step"), (engine, "execute_model"), (engine, "update_from_output"),
+    assert worker.sampler is sampler and isinstance(worker.sampler, Sampler)
+    for owner, name in ((engine, "step"), (engine, "plan_sampling"), (engine, "execute_model"),
+                        (engine, "update_from_output"),
                         (engine.scheduler, "schedule"), (model, "forward"), (model, "compute_logits"),
                         (engine.runner.backend, "write_kv"), (engine.runner.backend, "attend")):
         assert name not in vars(owner), f"{name} is still wrapped"
