@@ -1,7 +1,8 @@
-"""``LLMEngine``: the synchronous core. ``step()`` = ``schedule`` -> ``plan_sampling`` ->
-``execute_model`` -> ``update_from_output`` (vLLM's names, plus the plan): schedule; let
-each request decide what its sampled rows are for (``core.group_decision``); run the forward
-and the sampling through the executor (in process or on every tensor-parallel rank; rank 0
+"""``LLMEngine``: the synchronous core. ``step()`` = ``schedule`` -> ``pack`` ->
+``plan_sampling`` -> ``execute_model`` -> ``update_from_output`` (vLLM's names, plus the
+input batch and the plan): schedule; pack the step (its rows and logits layout); let each
+request decide what its sampled rows are for (``core.group_decision``); run the forward and
+the sampling through the executor (in process or on every tensor-parallel rank; rank 0
 samples); then apply the decisions, append, free; with a ``speculative_config`` the
 proposer then drafts tokens for the next step (``spec_decode``).
 
@@ -39,7 +40,7 @@ from .models.model_loader import load_hf_config, load_tokenizer, resolve_model_f
 from .models.llama_spec import LlamaFamilySpec
 from .models.sharding import ShardPlan
 from .outputs import RequestOutput
-from .executor.packed_batch import StepInput, bucketed_num_tokens, pack_batch
+from .executor.packed_batch import PackedBatch, StepInput, bucketed_num_tokens, pack_batch
 from .frontend.prompts import PromptInput
 from .request import Request
 from .sampling_params import SamplingParams
@@ -149,8 +150,9 @@ class LLMEngine:
         if sched.is_empty:
             return []
         try:
-            plan = self.plan_sampling(sched)
-            output = self.execute_model(sched, plan.sampling)
+            packed = self.pack(sched)
+            plan = self.plan_sampling(sched, packed)
+            output = self.execute_model(packed, sched, plan.sampling)
             outputs = self.update_from_output(sched, plan, output)
             if self.proposer is not None:
                 self.proposer.propose([seq for seq in self.scheduler.running
@@ -170,14 +172,28 @@ class LLMEngine:
         return latency_budget(self.step_cost, self.itl_target_s,
                               self.scheduler.num_decodes_in_flight)
 
-    def plan_sampling(self, sched: SchedulerOutput) -> StepPlan:
+    def pack(self, sched: SchedulerOutput) -> PackedBatch:
+        """The step as the runner reads it (``pack_batch``): rows, positions, slots, block
+        tables and the logits layout."""
+        batch = [StepInput(item.seq.token_ids + item.seq.spec_token_ids,
+                           item.seq.num_computed_tokens, item.num_new_tokens,
+                           self.kv.block_ids(item.seq),
+                           needs_logits=_is_sampled(item),
+                           num_spec_tokens=len(item.seq.spec_token_ids))
+                 for item in sched.scheduled]
+        return pack_batch(batch, self.config.block_size,
+                          bucketed=self.runner.model.prefers_bucketed_batches)
+
+    def plan_sampling(self, sched: SchedulerOutput, packed: PackedBatch) -> StepPlan:
         """Ask the request of every sequence that computes its last token this step what its
         logits row is for (``SequenceGroup.plan_sampling``), and lay the answers out: the
         rows to sample, the rows to hand back raw, the decisions to apply after the forward.
         A request that raises here fails alone (after the forward)."""
         plan = StepPlan()
-        for seq, logit_row in _sampled_rows(sched):
-            request = seq.request
+        for item, logit_row in zip(sched.scheduled, packed.first_logits_row.tolist()):
+            if logit_row < 0:
+                continue
+            seq, request = item.seq, item.seq.request
             if any(r is request for r, _ in plan.failed):
                 continue
             if seq.num_output_tokens == 0 and seq.sample_index == 0:
@@ -194,17 +210,10 @@ class LLMEngine:
                 plan.sampling.keep_logits(seq, logit_row)
         return plan
 
-    def execute_model(self, sched: SchedulerOutput, plan: SamplingPlan) -> SamplerOutput:
-        """Pack the step and run its forward (on every rank, through the executor) and its
-        sampling (rank 0)."""
-        batch = [StepInput(item.seq.token_ids + item.seq.spec_token_ids,
-                           item.seq.num_computed_tokens, item.num_new_tokens,
-                           self.kv.block_ids(item.seq),
-                           needs_logits=_is_sampled(item),
-                           num_spec_tokens=len(item.seq.spec_token_ids))
-                 for item in sched.scheduled]
-        packed = pack_batch(batch, self.config.block_size,
-                            bucketed=self.runner.model.prefers_bucketed_batches)
+    def execute_model(self, packed: PackedBatch, sched: SchedulerOutput,
+                      plan: SamplingPlan) -> SamplerOutput:
+        """Run the step's forward (on every rank, through the executor) and its sampling
+        (rank 0)."""
         return self.executor.execute_model(packed, sched.block_copies, plan)
 
     def update_from_output(self, sched: SchedulerOutput, plan: StepPlan,
@@ -383,18 +392,6 @@ class StepPlan:
     sampling: SamplingPlan = field(default_factory=SamplingPlan)
     decisions: list[GroupDecision] = field(default_factory=list)
     failed: list[tuple[SequenceGroup, Exception]] = field(default_factory=list)
-
-
-def _sampled_rows(sched: SchedulerOutput) -> list[tuple[Sequence, int]]:
-    """``(sequence, its first logits row)`` for each sequence the step samples, in order (the
-    runner returns one row per such sequence, plus one per draft token it carries); read
-    before the step's tokens are counted as computed."""
-    rows, next_row = [], 0
-    for item in sched.scheduled:
-        if _is_sampled(item):
-            rows.append((item.seq, next_row))
-            next_row += 1 + len(item.seq.spec_token_ids)
-    return rows
 
 
 def _is_sampled(item) -> bool:

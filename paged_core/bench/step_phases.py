@@ -4,8 +4,9 @@ Installed on an engine instance (``with PhaseTimer(engine) as timer``), it wraps
 calls that ``LLMEngine.step`` makes and records, per step, how long each phase took:
 
 - ``schedule``: ``Scheduler.schedule``;
-- ``prepare``: ``execute_model`` less the model's calls: packing the batch, host to
-  device copies, copy-on-write block copies, the tensor-parallel broadcast;
+- ``prepare``: ``pack`` (packing the batch) and ``execute_model`` less the model's calls
+  and the sampler: host to device copies, copy-on-write block copies, the tensor-parallel
+  broadcast;
 - ``attention``: the attention backend's calls in every layer (``write_kv``, ``attend``);
   where the layers run as one C++ call (``models.cpu_decoder_stack``) attention happens
   inside it and is counted in ``forward``;
@@ -74,6 +75,7 @@ class PhaseTimer:
     def __enter__(self) -> "PhaseTimer":
         engine, model, backend = self.engine, self.engine.runner.model, self.engine.runner.backend
         self._patch(engine.scheduler, "schedule", self._timed_schedule)
+        self._patch(engine, "pack", self._phase("prepare"))
         self._patch(engine, "execute_model", self._phase("prepare"))
         self._patch(model, "forward", self._timed_forward)
         self._patch(backend, "write_kv", self._phase("attention", sync=True))

@@ -10,7 +10,10 @@ Layout (the same as :class:`~paged_core.attention.AttentionMetadata`):
 - ``block_tables`` is ``[num_seqs, max blocks of any sequence]``, rows padded with 0;
 - ``logits_indices`` are the rows whose logits are sampled (the last new token of
   each sequence whose known tokens are all computed after this step; with ``k``
-  draft tokens, its last ``k + 1`` new tokens, in order).
+  draft tokens, its last ``k + 1`` new tokens, in order); the runner returns logits
+  in that order, and ``first_logits_row[i]`` is where sequence ``i``'s start in them
+  (``-1``: it samples nothing this step). This is the one place the logits layout is
+  computed.
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ class PackedBatch:
     query_lens: np.ndarray  # [num_seqs] int64
     query_start_loc: np.ndarray  # [num_seqs + 1] int32
     logits_indices: np.ndarray  # [num sampled rows] int64
+    first_logits_row: np.ndarray  # [num_seqs] int64, -1 for a sequence that samples nothing
     num_tokens: int  # real (unpadded) tokens
 
     @property
@@ -102,4 +106,5 @@ def pack_batch(batch: list[StepInput], block_size: int, bucketed: bool = False) 
         block_tables=block_tables, seq_lens=seq_lens.astype(np.int32), query_lens=qlens,
         query_start_loc=query_start_loc.astype(np.int32),
         logits_indices=first_logit_row + within,
+        first_logits_row=np.where(num_logits > 0, np.cumsum(num_logits) - num_logits, -1),
         num_tokens=num_tokens)

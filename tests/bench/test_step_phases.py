@@ -44,7 +44,8 @@ def test_phases_add_up_to_each_step_and_the_engine_is_restored(llm_fp32):
     assert first.kind == "mixed" and first.num_tokens == prompt_tokens
     assert all(r.kind == "decode" and r.num_tokens == 2 for r in rest)
     assert worker.sampler is sampler and isinstance(worker.sampler, Sampler)
-    for owner, name in ((engine, "step"), (engine, "plan_sampling"), (engine, "execute_model"),
+    for owner, name in ((engine, "step"), (engine, "pack"), (engine, "plan_sampling"),
+                        (engine, "execute_model"),
                         (engine, "update_from_output"),
                         (engine.scheduler, "schedule"), (model, "forward"), (model, "compute_logits"),
                         (engine.runner.backend, "write_kv"), (engine.runner.backend, "attend")):

@@ -104,6 +104,8 @@ def test_pack_batch_returns_logits_for_every_verified_position():
              StepInput(list(range(7)), 6, 3, [4], needs_logits=True, num_spec_tokens=2)]
     packed = pack_batch(batch, block_size=16, bucketed=True)
     assert packed.logits_indices.tolist() == [0, 1, 2, 3, 4, 10, 11, 12]
+    # where each sequence's rows start among the logits (the prefill chunk samples nothing)
+    assert packed.first_logits_row.tolist() == [0, 1, -1, 5]
     assert packed.input_ids[1:5].tolist() == [8, 9, 10, 11]
     assert packed.positions[10:13].tolist() == [6, 7, 8]
 
