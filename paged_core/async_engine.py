@@ -47,6 +47,7 @@ from .frontend.chat_prompt import chat_prompt_token_ids
 from .serving.admission import AdmissionGate
 from .config import SERVING_ITL_TARGET_MS, EngineConfig
 from .core.engine_stats import EngineStats
+from .core.group_decision import SequenceGroup
 from .serving.deadlines import Deadlines, check_timeout
 from .engine import LLMEngine
 from .serving.engine_commands import AbortRequest, AddRequest, EngineCommand
@@ -135,17 +136,9 @@ class AsyncEngine:
         self._check_alive()
         timeout = check_timeout(self.config.request_timeout if timeout is None else timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
-        self._gate.admit()
+        request_id = request_id or uuid.uuid4().hex
+        request = await self._admit(request_id, prompt, sampling_params, priority, tenant)
         waiting = True  # holds an admission slot until its first output
-        try:
-            request_id = request_id or uuid.uuid4().hex
-            request = await asyncio.to_thread(self.engine.make_request, request_id, prompt,
-                                              sampling_params, priority=priority, tenant=tenant)
-            if request_id in self._streams:
-                raise ValueError(f"request_id {request_id!r} is already in use")
-        except BaseException:
-            self._gate.release()
-            raise
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), queue)
         finished = False
@@ -167,6 +160,23 @@ class AsyncEngine:
             self._streams.pop(request_id, None)
             if not finished:
                 self._submit(AbortRequest(request_id))
+
+    async def _admit(self, request_id: str, prompt: PromptInput,
+                     params: SamplingParams | BeamSearchParams | None, priority: int,
+                     tenant: str | None) -> SequenceGroup:
+        """Take an admission slot (``EngineOverloadedError`` if none is left), then validate
+        and tokenize off the event loop (``make_request``); the slot is given back if that
+        raises, and otherwise held until the request's first output."""
+        self._gate.admit()
+        try:
+            request = await asyncio.to_thread(self.engine.make_request, request_id, prompt,
+                                              params, priority=priority, tenant=tenant)
+            if request_id in self._streams:
+                raise ValueError(f"request_id {request_id!r} is already in use")
+            return request
+        except BaseException:
+            self._gate.release()
+            raise
 
     async def beam_search(self, prompt: PromptInput, request_id: str | None,
                           params: BeamSearchParams) -> AsyncIterator[RequestOutput]:
