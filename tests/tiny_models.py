@@ -11,7 +11,7 @@ COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_at
 
 
 def tiny_config(model_type: str, vocab_size: int):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
     if model_type == "llama":
         return LlamaConfig(vocab_size=vocab_size, tie_word_embeddings=False,
@@ -26,6 +26,8 @@ def tiny_config(model_type: str, vocab_size: int):
         return Qwen2Config(vocab_size=vocab_size, tie_word_embeddings=True, **COMMON)
     if model_type == "qwen3":
         return Qwen3Config(vocab_size=vocab_size, head_dim=32, **COMMON)
+    if model_type == "phi3":  # fused qkv_proj / gate_up_proj weights, a sliding window
+        return Phi3Config(vocab_size=vocab_size, sliding_window=24, pad_token_id=0, **COMMON)
     raise ValueError(model_type)
 
 

@@ -162,7 +162,7 @@ class LlamaForCausalLM(nn.Module):
         own = dict(self.named_parameters())
         fused: dict[str, list[torch.Tensor]] = {}
         loaded: set[str] = set()
-        for hf_name, tensor in tensors.items():
+        for hf_name, tensor in self._unfused(tensors):
             name = hf_name.removeprefix("model.")
             if "rotary_emb" in name:
                 continue
@@ -186,6 +186,27 @@ class LlamaForCausalLM(nn.Module):
         missing = set(own) - loaded
         if missing:
             raise ValueError(f"checkpoint lacks weights: {sorted(missing)[:5]}")
+
+
+    def _unfused(self, tensors: dict[str, torch.Tensor]):
+        """``(name, tensor)`` of the checkpoint, with fused ``qkv_proj`` / ``gate_up_proj``
+        weights (Phi-3's) split into the parts other checkpoints store (``q_proj``, ...), each
+        cut to this rank's slice (``shard.slice_of``), so one path loads both layouts."""
+        spec = self.spec
+        q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+        splits = {"qkv_proj": (("q_proj", q), ("k_proj", kv), ("v_proj", kv)),
+                  "gate_up_proj": (("gate_proj", spec.intermediate_size),
+                                   ("up_proj", spec.intermediate_size))}
+        for name, tensor in tensors.items():
+            fused = next((f for f in splits if f".{f}." in name), None)
+            if fused is None:
+                yield name, tensor
+                continue
+            parts = splits[fused]
+            for (part, _), piece in zip(parts, tensor.split([size for _, size in parts], dim=0)):
+                part_name = name.replace(fused, part)
+                index = self.shard.slice_of(part_name, tuple(piece.shape))
+                yield part_name, piece if index is None else piece[index]
 
 
 def _copy_padded(param: torch.Tensor, tensor: torch.Tensor) -> None:

@@ -1,5 +1,5 @@
 """``LlamaFamilySpec``: what differs between the Llama family's members (Llama, SmolLM,
-Mistral, Qwen2, Qwen3), read off a Hugging Face config. Plain data, no torch: the
+Mistral, Qwen2, Qwen3, Phi-3), read off a Hugging Face config. Plain data, no torch: the
 model (``llama.py``), the tensor-parallel split (``sharding.py``) and the engine's
 sizing all read it.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class LlamaFamilySpec:
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
                 f"model_type {model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}")
+        _refuse_unsupported_rope(cfg)
         attention_bias = bool(getattr(cfg, "attention_bias", False))
         heads = cfg.num_attention_heads
         return cls(
@@ -53,6 +54,18 @@ class LlamaFamilySpec:
             tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
             sliding_windows=_sliding_windows(cfg),
         )
+
+
+def _refuse_unsupported_rope(cfg) -> None:
+    """RoPE variants the static cos/sin tables (``layers.RotaryEmbedding``) cannot express yet:
+    rotary over part of each head, and LongRoPE (its factors switch with the sequence length)."""
+    params = getattr(cfg, "rope_parameters", None) or {}
+    partial = params.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 1.0))
+    if partial not in (None, 1, 1.0):
+        raise ValueError(f"{cfg.model_type} with partial_rotary_factor={partial} is not supported "
+                         f"yet (rotary over the whole head only)")
+    if params.get("rope_type") == "longrope":
+        raise ValueError(f"{cfg.model_type} with rope_type 'longrope' is not supported yet")
 
 
 def _sliding_windows(cfg) -> tuple[int | None, ...]:

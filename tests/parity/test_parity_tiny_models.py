@@ -1,6 +1,7 @@
 """Greedy parity with transformers for tiny random Llama, Mistral (sliding window), Qwen2
-(qkv bias, tied embeddings) and Qwen3 (q/k norm), mixing prefill and decode in one batch, on
-every CPU path this host can run (``cpu_isa`` fixture: each C++ kernel build)."""
+(qkv bias, tied embeddings), Qwen3 (q/k norm) and Phi-3 (fused qkv / gate-up checkpoint
+weights, sliding window), mixing prefill and decode in one batch, on every CPU path this
+host can run (``cpu_isa`` fixture: each C++ kernel build)."""
 import pytest
 import torch
 
@@ -9,7 +10,7 @@ from paged_core import LLM, SamplingParams
 from ..reference import hf_greedy, passage_token_ids
 from ..tiny_models import build_tiny_model
 
-ARCHITECTURES = ["llama", "llama3-rope", "mistral", "qwen2", "qwen3"]
+ARCHITECTURES = ["llama", "llama3-rope", "mistral", "qwen2", "qwen3", "phi3"]
 
 
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
@@ -36,6 +37,29 @@ def test_unsupported_architecture_is_refused(tmp_path, tokenizer):
     folder = tmp_path / "gpt2"
     GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=len(tokenizer))).save_pretrained(folder)
     with pytest.raises(ValueError, match="model_type 'gpt2' is not supported"):
+        LLM(model=str(folder), dtype="float32")
+
+
+@pytest.mark.parametrize("rope, message", [
+    ({"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+     "partial_rotary_factor=0.5 is not supported yet"),
+    ({"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 1.0,
+      "short_factor": [1.0] * 8,
+      "long_factor": [2.0] * 8, "original_max_position_embeddings": 64},
+     "rope_type 'longrope' is not supported yet")])
+def test_rope_the_tables_cannot_express_is_refused_by_name(rope, message, tmp_path, tokenizer):
+    """Rather than answer wrongly: a Phi-3 config whose RoPE rotates part of each head, or
+    switches LongRoPE factors with the sequence length, is refused at startup."""
+    from transformers import Phi3ForCausalLM
+
+    from ..tiny_models import tiny_config
+
+    config = tiny_config("phi3", len(tokenizer))
+    config.rope_parameters = rope
+    folder = tmp_path / "phi3-rope"
+    Phi3ForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    with pytest.raises(ValueError, match=message):
         LLM(model=str(folder), dtype="float32")
 
 
