@@ -26,6 +26,7 @@ engine's ``drain_timeout``, so open requests get the drain time a user set
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import os
@@ -144,7 +145,8 @@ class TritonServer:
 
     def stop(self, grace_s: float | None = None) -> int:
         """SIGINT the process group, then SIGKILL after ``grace_s`` (default: the exit timeout
-        plus 30 s for unloading); returns the exit code."""
+        plus 30 s for unloading); returns the exit code. Whatever is still in the group once
+        tritonserver is gone (a Python stub it left behind) is killed too."""
         if grace_s is None:
             grace_s = self.exit_timeout_s + 30.0
         if self.proc.poll() is None:
@@ -152,7 +154,9 @@ class TritonServer:
             try:
                 self.proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
         code = self.proc.wait()
         if self._tmp is not None:
             self._tmp.cleanup()

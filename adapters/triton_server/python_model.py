@@ -32,7 +32,10 @@ Invariants:
   the model logs an error naming that flag, stays loaded, and answers every
   request UNAVAILABLE;
 - custom metrics (``pb_utils.MetricFamily``) mirror ``engine.stats()``: the rows of the
-  engine metrics table that the OpenAI layer exports too (``metrics.py``).
+  engine metrics table that the OpenAI layer exports too (``metrics.py``);
+- the stub never outlives ``tritonserver``: if the server dies without unloading the
+  model (killed, crashed, or past its ``--exit-timeout-secs``), the stub's own clean-up
+  can hang holding the GIL, so a watcher process ends it (``stub_watch``).
 """
 from __future__ import annotations
 
@@ -52,6 +55,7 @@ from paged_core import (AsyncEngine, EngineConfig, EngineDeadError, EngineOverlo
 
 from .metrics import TritonMetrics
 from .request_parsing import parse_request
+from .stub_watch import end_stub_with_server
 
 CANCEL_POLL_S = 0.05
 WATCH_PERIOD_S = 0.25  # metrics refresh; how soon a dead engine unloads its model
@@ -101,6 +105,7 @@ class TritonPythonModel:
         if not pb_utils.using_decoupled_model_transaction_policy(model_config):
             raise pb_utils.TritonModelException(
                 "paged_llm needs `model_transaction_policy { decoupled: true }` in config.pbtxt")
+        self._stub_watch = end_stub_with_server()
         settings = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
         self.config = EngineConfig.from_strings(settings)
         self.engine = AsyncEngine(self.config)
