@@ -37,7 +37,7 @@ from .frontend.eos import eos_token_ids
 from .exceptions import RequestFailedError
 from .frontend.input_processor import InputProcessor
 from .models.model_loader import load_hf_config, load_tokenizer, resolve_model_folder
-from .models.llama_spec import LlamaFamilySpec
+from .models.registry import model_spec
 from .models.sharding import ShardPlan
 from .outputs import RequestOutput
 from .executor.packed_batch import PackedBatch, StepInput, bucketed_num_tokens, pack_batch
@@ -67,7 +67,7 @@ class LLMEngine:
                 f"max_model_len={config.max_model_len} exceeds the model's context of {context} "
                 f"tokens (max_position_embeddings); lower max_model_len")
         self.max_model_len = config.max_model_len or context
-        spec = LlamaFamilySpec.from_hf_config(hf_config)
+        spec = model_spec(hf_config)
         ShardPlan(spec, 0, config.tensor_parallel_size)  # refuse a bad size before any process starts
         self.vocab_size = spec.vocab_size
         self.executor = make_executor(

@@ -28,17 +28,71 @@ def tiny_config(model_type: str, vocab_size: int):
         return Qwen3Config(vocab_size=vocab_size, head_dim=32, **COMMON)
     if model_type == "phi3":  # fused qkv_proj / gate_up_proj weights, a sliding window
         return Phi3Config(vocab_size=vocab_size, sliding_window=24, pad_token_id=0, **COMMON)
+    if model_type in MOE:
+        return moe_config(model_type, vocab_size)
     raise ValueError(model_type)
 
 
+# Mixture-of-experts configs: 6 experts, 2 per token (random routers route unevenly), small
+# expert widths; Mixtral with a sliding window shorter than the longer prompts, Qwen3-MoE
+# with a dense layer (mlp_only_layers), Qwen2-MoE with its gated shared expert.
+MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+
+
+def moe_config(model_type: str, vocab_size: int):
+    from transformers import MixtralConfig, OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig
+
+    experts = dict(num_experts_per_tok=2, vocab_size=vocab_size, **COMMON)
+    if model_type == "mixtral":
+        return MixtralConfig(num_local_experts=6, sliding_window=24, **experts)
+    if model_type == "qwen2_moe":
+        return Qwen2MoeConfig(num_experts=6, moe_intermediate_size=48,
+                              shared_expert_intermediate_size=96, norm_topk_prob=False,
+                              tie_word_embeddings=True, **experts)
+    if model_type == "qwen3_moe":
+        return Qwen3MoeConfig(num_experts=6, moe_intermediate_size=48, norm_topk_prob=True,
+                              mlp_only_layers=[1], head_dim=32, **experts)
+    return OlmoeConfig(num_experts=6, norm_topk_prob=False, pad_token_id=0, eos_token_id=0,
+                       **experts)
+
+
 def build_tiny_model(model_type: str, folder: str, tokenizer) -> str:
-    """Random weights (seeded) saved with ``tokenizer`` into ``folder``; returns the folder."""
+    """Random weights (seeded) saved with ``tokenizer`` into ``folder``; returns the folder.
+    ``<moe type>-stacked``: the same model with its experts saved stacked, one
+    ``experts.gate_up_proj`` / ``experts.down_proj`` tensor per layer (transformers' own
+    in-memory layout) instead of one tensor per expert and projection."""
     from transformers import AutoModelForCausalLM
 
+    base_type = model_type.removesuffix("-stacked")
     torch.manual_seed(1234)
-    config = tiny_config(model_type, len(tokenizer))
+    config = tiny_config(base_type, len(tokenizer))
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     os.makedirs(folder, exist_ok=True)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    if model_type != base_type:
+        _stack_experts(folder)
     return folder
+
+
+def _stack_experts(folder: str) -> None:
+    """Rewrite ``folder``'s per-expert weights (``mlp.experts.<e>.gate_proj.weight`` ...)
+    as stacked ``mlp.experts.gate_up_proj`` ``[E, 2 * width, hidden]`` and
+    ``mlp.experts.down_proj`` ``[E, hidden, width]``."""
+    import glob
+    import re
+
+    from safetensors.torch import load_file, save_file
+
+    (path,) = glob.glob(os.path.join(folder, "*.safetensors"))
+    tensors = load_file(path)
+    experts: dict[str, dict[tuple[int, str], torch.Tensor]] = {}
+    for name in [n for n in tensors if ".mlp.experts." in n]:
+        prefix, index, part = re.match(r"(.*\.mlp\.experts)\.(\d+)\.(\w+)\.weight", name).groups()
+        experts.setdefault(prefix, {})[int(index), part] = tensors.pop(name)
+    for prefix, parts in experts.items():
+        count = 1 + max(e for e, _ in parts)
+        tensors[f"{prefix}.gate_up_proj"] = torch.stack(
+            [torch.cat([parts[e, "gate_proj"], parts[e, "up_proj"]]) for e in range(count)])
+        tensors[f"{prefix}.down_proj"] = torch.stack([parts[e, "down_proj"] for e in range(count)])
+    save_file(tensors, path, metadata={"format": "pt"})

@@ -37,7 +37,7 @@ import torch
 from ..cpu.isa import packed_linear_dtype
 from ..config import EngineConfig
 from ..engine import LLMEngine
-from ..models.llama import LlamaFamilySpec
+from ..models.registry import model_spec
 from ..models.model_loader import load_hf_config, resolve_model_folder
 from ..models.sharding import allowed_tensor_parallel_sizes
 from ..executor.rank_worker import threads_per_rank
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _run_model(folder: str | None, sizes: list[int], args: argparse.Namespace,
                s: dict[str, Any], prompts: list[list[int]]) -> dict[str, Any]:
-    spec = LlamaFamilySpec.from_hf_config(load_hf_config(resolve_model_folder(folder)))
+    spec = model_spec(load_hf_config(resolve_model_folder(folder)))
     entry = {"heads": spec.num_heads, "kv_heads": spec.num_kv_heads,
              "mlp_width": spec.intermediate_size, "layers": spec.num_layers,
              "allowed_sizes": allowed_tensor_parallel_sizes(spec, limit=16), "sizes": {}}

@@ -18,52 +18,23 @@ weight stays in cache between them).
 """
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
 from torch import nn
 
-TILE_ROWS = 16
-
-
-class RowTiledLinear(nn.Module):
-    """``inner`` (a row-wise product ``[rows, in] -> [rows, out]``) applied to fixed tiles of
-    ``tile_rows`` rows: the result for a row is the same bits whatever the other rows are."""
-
-    def __init__(self, inner: nn.Module, tile_rows: int = TILE_ROWS) -> None:
-        super().__init__()
-        self.inner = inner
-        self.tile_rows = tile_rows
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.shape[0]
-        padded = -(-rows // self.tile_rows) * self.tile_rows
-        if padded != rows:
-            x = torch.cat([x, x.new_zeros(padded - rows, *x.shape[1:])])
-        tiles = [self.inner(tile) for tile in x.split(self.tile_rows)]
-        out = tiles[0] if len(tiles) == 1 else torch.cat(tiles)  # a decode step: one tile
-        return out[:rows]
-
-
-class WeightProduct(nn.Module):
-    """``x @ weight.T`` of a weight owned elsewhere (a tied embedding, a row-parallel layer's
-    local shard, which adds its bias after the all-reduce), so ``RowTiledLinear`` can wrap it."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        super().__init__()
-        self.weight = weight
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+from .moe import SparseMoeBlock
+from .row_tiles import TILE_ROWS, RowTiledLinear, WeightProduct
 
 
 def make_batch_invariant(model: nn.Module, tile_rows: int = TILE_ROWS) -> None:
     """Wrap every projection of ``model`` (after ``pack_for_cpu``, if any) in a
     ``RowTiledLinear``, the LM head included; a row-parallel layer of a tensor-parallel group
-    tiles its local product and keeps its all-reduce."""
+    tiles its local product and keeps its all-reduce; mixture-of-experts blocks run their
+    expert GEMMs in the same row tiles."""
     from .cpu_linear import PACKED_LINEARS
     from .parallel_layers import RowParallelLinear
 
     for module in list(model.modules()):
+        if isinstance(module, SparseMoeBlock):
+            module.tile_rows = tile_rows
         for name, child in list(module.named_children()):
             if isinstance(child, RowParallelLinear) and child.tp.size > 1:
                 child.matmul = RowTiledLinear(child.matmul or WeightProduct(child.weight),

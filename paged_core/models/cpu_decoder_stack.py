@@ -8,7 +8,8 @@ the very kernels of the Python path in the same order, so both give the same bit
 
 It serves a model only where the Python path would run exactly those kernels
 (``CpuDecoderStack.for_model`` returns ``None`` otherwise, and the model keeps its
-Python layers): one rank, the fused C++ ops of a CPU level, every projection a
+Python layers): one rank, the fused C++ ops of a CPU level, dense MLPs (no experts) and
+per-head q/k norms at most, every projection a
 plain ``nn.Linear`` or one that ``cpu_linear.packed_linear`` built (batch-invariant
 tiling and tensor-parallel layers keep Python), and per step (``serves``) an attention
 backend that sends these caches to the C++ kernel of the same level.
@@ -22,6 +23,7 @@ from ..attention import AttentionBackend, AttentionMetadata
 from .bf16_dot_linear import Bf16DotLinear
 from .cpu_linear import PACKED_LINEARS
 from .elementwise import FusedCpuOps
+from .mlp import GatedMLP
 from .parallel_layers import RowParallelLinear
 
 
@@ -55,6 +57,9 @@ class CpuDecoderStack:
         """A stack for ``model`` (loaded, packed and given its ops) if it qualifies (see the
         module doc), else ``None``."""
         if not isinstance(model.ops, FusedCpuOps) or model.tp.size != 1:
+            return None
+        if any(type(layer.mlp) is not GatedMLP or layer.self_attn.qk_norm_over_heads
+               for layer in model.layers):  # experts, or q/k norms over all heads
             return None
         projections = [proj for layer in model.layers
                        for proj in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,

@@ -1,4 +1,7 @@
-"""The Llama family in one file: Llama, SmolLM, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm).
+"""The Llama family: Llama, SmolLM, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm), Phi-3
+(fused checkpoint weights); and the decoder the mixture-of-experts families (``mixtral.py``,
+``qwen_moe.py``, ``olmoe.py``) share, whose sparse layers hold a ``moe.SparseMoeBlock``
+where these hold a ``mlp.GatedMLP``.
 
 The model works on one packed batch: ``input_ids`` and ``positions`` are flat
 ``[num_tokens]`` tensors holding every scheduled sequence's new tokens back to
@@ -21,14 +24,17 @@ from ..attention import AttentionBackend, AttentionMetadata
 from ..executor.group import SINGLE, TensorParallelGroup
 from .cpu_decoder_stack import CpuDecoderStack
 from .elementwise import TORCH_OPS, FusedCpuOps, TorchOps
+from .family import ModelFamily
 from .layers import RMSNorm, RotaryEmbedding
-from .llama_spec import LlamaFamilySpec
+from .mlp import GatedMLP
+from .moe import SparseMoeBlock
 from .parallel_layers import RowParallelLinear, VocabParallelEmbedding
 from .sharding import ShardPlan
+from .spec import DecoderSpec, attention_shape, refuse_unsupported_rope
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, spec: LlamaFamilySpec, shard: ShardPlan, tp: TensorParallelGroup,
+    def __init__(self, spec: DecoderSpec, shard: ShardPlan, tp: TensorParallelGroup,
                  sliding_window: int | None) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = shard.num_heads, shard.num_kv_heads, spec.head_dim
@@ -36,8 +42,14 @@ class LlamaAttention(nn.Module):
         self.kv_size = shard.num_kv_heads * spec.head_dim
         self.qkv_proj = nn.Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)
         self.o_proj = RowParallelLinear(self.q_size, spec.hidden_size, spec.o_bias, tp)
-        self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
-        self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        # q/k norms: per head (Qwen3), or over every head at once before q and k are cut into
+        # heads (OLMoE; one rank holds every head then)
+        self.qk_norm_over_heads = spec.qk_norm_over_heads
+        q_width, k_width = ((self.q_size, self.kv_size) if spec.qk_norm_over_heads
+                            else (spec.head_dim, spec.head_dim))
+        has_norms = spec.qk_norm or spec.qk_norm_over_heads
+        self.q_norm = RMSNorm(q_width, spec.rms_norm_eps) if has_norms else None
+        self.k_norm = RMSNorm(k_width, spec.rms_norm_eps) if has_norms else None
         self.scale = spec.head_dim ** -0.5
         self.sliding_window = sliding_window
         self.ops = TORCH_OPS
@@ -47,10 +59,12 @@ class LlamaAttention(nn.Module):
                 backend: AttentionBackend) -> torch.Tensor:
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.qk_norm_over_heads:
+            q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.qk_norm_over_heads:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.ops.rotate(q, k, rope)
         k_cache, v_cache = kv_cache
@@ -59,24 +73,17 @@ class LlamaAttention(nn.Module):
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
-class LlamaMLP(nn.Module):
-    def __init__(self, spec: LlamaFamilySpec, shard: ShardPlan, tp: TensorParallelGroup) -> None:
-        super().__init__()
-        width = shard.intermediate_size
-        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * width, bias=spec.mlp_bias)
-        self.down_proj = RowParallelLinear(width, spec.hidden_size, spec.mlp_bias, tp)
-        self.ops = TORCH_OPS
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
-
-
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, spec: LlamaFamilySpec, shard: ShardPlan, tp: TensorParallelGroup,
+    def __init__(self, spec: DecoderSpec, shard: ShardPlan, tp: TensorParallelGroup,
                  layer_index: int) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(spec, shard, tp, spec.sliding_windows[layer_index])
-        self.mlp = LlamaMLP(spec, shard, tp)
+        if spec.is_sparse(layer_index):
+            channels = shard.expert_channels
+            self.mlp = SparseMoeBlock(spec, channels.stop - channels.start,
+                                      shard.shared_expert_size, tp)
+        else:
+            self.mlp = GatedMLP(spec.hidden_size, shard.intermediate_size, spec.mlp_bias, tp)
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
@@ -88,9 +95,9 @@ class LlamaForCausalLM(nn.Module):
     of them without tensor parallelism); the KV cache holds ``shard.num_kv_heads``.
     """
 
-    def __init__(self, hf_config, tp: TensorParallelGroup = SINGLE) -> None:
+    def __init__(self, spec: DecoderSpec, tp: TensorParallelGroup = SINGLE) -> None:
         super().__init__()
-        self.spec = spec = LlamaFamilySpec.from_hf_config(hf_config)
+        self.spec = spec
         self.shard = shard = ShardPlan(spec, tp.rank, tp.size)
         self.tp = tp
         self.embed_tokens = VocabParallelEmbedding(shard.vocab_size, spec.hidden_size,
@@ -158,13 +165,20 @@ class LlamaForCausalLM(nn.Module):
 
     def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
         """Copy Hugging Face weights in (this rank's slices, ``shard.slice_of``), fusing q/k/v
-        and gate/up projections; vocabulary slices shorter than the shard are zero-padded."""
+        and gate/up projections; vocabulary slices shorter than the shard are zero-padded;
+        experts go to their block (``SparseMoeBlock.load_expert_weight``)."""
         own = dict(self.named_parameters())
         fused: dict[str, list[torch.Tensor]] = {}
         loaded: set[str] = set()
         for hf_name, tensor in self._unfused(tensors):
-            name = hf_name.removeprefix("model.")
+            name = _canonical_name(hf_name)
             if "rotary_emb" in name:
+                continue
+            if ".mlp.experts." in name:
+                layer, expert_name = name.split(".mlp.experts.")
+                block = self.get_submodule(f"{layer}.mlp")
+                param = block.load_expert_weight(expert_name, tensor, self.shard.expert_channels)
+                loaded.add(f"{layer}.mlp.experts.{param}")
                 continue
             for part, target in _FUSED_PARTS.items():
                 if f".{part}." in name:
@@ -209,6 +223,12 @@ class LlamaForCausalLM(nn.Module):
                 yield part_name, piece if index is None else piece[index]
 
 
+def _canonical_name(hf_name: str) -> str:
+    """A checkpoint name as this model names it: no ``model.`` prefix, and Mixtral's older
+    ``block_sparse_moe`` for ``mlp``."""
+    return hf_name.removeprefix("model.").replace(".block_sparse_moe.", ".mlp.")
+
+
 def _copy_padded(param: torch.Tensor, tensor: torch.Tensor) -> None:
     """Copy ``tensor`` into the leading rows of ``param``; rows past it (vocabulary padding) are 0."""
     if tensor.shape[0] < param.shape[0]:
@@ -220,3 +240,22 @@ _VOCAB_ROWS = ("embed_tokens.weight", "lm_head.weight")
 _FUSED_PARTS = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
                 "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
 _PART_ORDER = {"q_proj": 0, "k_proj": 1, "v_proj": 2, "gate_proj": 0, "up_proj": 1}
+
+
+def read_spec(cfg) -> DecoderSpec:
+    """The Llama family's ``DecoderSpec`` (Qwen2's qkv bias, Qwen3's q/k norms)."""
+    refuse_unsupported_rope(cfg)
+    attention_bias = bool(getattr(cfg, "attention_bias", False))
+    return DecoderSpec(
+        **attention_shape(cfg), intermediate_size=cfg.intermediate_size,
+        qkv_bias=attention_bias or cfg.model_type == "qwen2",
+        o_bias=attention_bias and cfg.model_type == "llama",
+        mlp_bias=bool(getattr(cfg, "mlp_bias", False)), qk_norm=cfg.model_type == "qwen3")
+
+
+FAMILY = ModelFamily(
+    name="Llama", model_types=("llama", "mistral", "qwen2", "qwen3", "phi3"),
+    architectures=("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                   "Qwen3ForCausalLM", "Phi3ForCausalLM"),
+    read_spec=read_spec, model_class=LlamaForCausalLM, tensor_parallel="yes",
+    sliding_window="yes (Mistral, Qwen2/3 use_sliding_window, Phi-3)", gguf="yes")

@@ -17,6 +17,7 @@ from .batch_invariant import make_batch_invariant
 from .elementwise import select_ops
 from .layers import RotaryEmbedding
 from .llama import LlamaForCausalLM
+from .registry import family_for
 from .sharding import ShardPlan
 from ..executor.group import SINGLE, TensorParallelGroup
 
@@ -56,8 +57,10 @@ def load_model(folder: str, hf_config, max_positions: int, dtype: torch.dtype,
     files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     if not files:
         raise ValueError(f"no *.safetensors weights in {folder}")
+    family = family_for(hf_config)
+    spec = family.read_spec(hf_config)
     with torch.device("meta"):
-        model = LlamaForCausalLM(hf_config, tp)
+        model = family.model_class(spec, tp)
     model = model.to(dtype).to_empty(device=device)  # no fp32 copy: meta tensors are free to cast
     model.attach_rotary(RotaryEmbedding(hf_config, max_positions, dtype).to(device))
     tensors = _read_shard(files, model.shard)

@@ -29,7 +29,7 @@ from ..core.sequence import Sequence
 from ..executor.group import SINGLE
 from ..executor.rank_worker import RankSpec, Worker
 from ..models.model_loader import load_hf_config, resolve_model_folder
-from ..models.llama_spec import LlamaFamilySpec
+from ..models.registry import model_spec
 from ..executor.packed_batch import StepInput, pack_batch
 from .config import SpeculativeConfig
 from .proposer import TargetModel, draft_limit
@@ -39,7 +39,7 @@ class DraftModelProposer:
     def __init__(self, config: SpeculativeConfig, target: TargetModel) -> None:
         folder = resolve_model_folder(config.model)
         hf_config = load_hf_config(folder)
-        vocab_size = LlamaFamilySpec.from_hf_config(hf_config).vocab_size
+        vocab_size = model_spec(hf_config).vocab_size
         if vocab_size != target.vocab_size:
             raise ValueError(
                 f"speculative_config['model'] has vocab_size {vocab_size} but the target model "

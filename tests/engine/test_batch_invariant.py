@@ -7,7 +7,7 @@ import torch
 
 from paged_core import LLM, SamplingParams
 from paged_core.config import EngineConfig
-from paged_core.models.batch_invariant import RowTiledLinear, WeightProduct
+from paged_core.models.row_tiles import RowTiledLinear, WeightProduct
 from paged_core.models.cpu_linear import PackedLinear
 
 from ..tiny_models import build_tiny_model

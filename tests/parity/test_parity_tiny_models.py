@@ -31,15 +31,6 @@ def test_tiny_model_matches_transformers(model_type, tokenizer, tmp_path, cpu_is
     assert llm.stats()["kv_blocks_used"] == 0
 
 
-def test_unsupported_architecture_is_refused(tmp_path, tokenizer):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    folder = tmp_path / "gpt2"
-    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=len(tokenizer))).save_pretrained(folder)
-    with pytest.raises(ValueError, match="model_type 'gpt2' is not supported"):
-        LLM(model=str(folder), dtype="float32")
-
-
 @pytest.mark.parametrize("rope, message", [
     ({"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
      "partial_rotary_factor=0.5 is not supported yet"),

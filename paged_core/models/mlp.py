@@ -1,0 +1,25 @@
+"""``GatedMLP``: ``down(act(gate(x)) * up(x))``, the MLP of every family (and an MoE model's
+dense layers and shared expert). ``gate`` and ``up`` are one fused column-parallel
+projection (``gate_up_proj``, ``[gate | up]``); ``down_proj`` is row-parallel (one
+all-reduce under tensor parallelism)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..executor.group import TensorParallelGroup
+from .elementwise import TORCH_OPS
+from .parallel_layers import RowParallelLinear
+
+
+class GatedMLP(nn.Module):
+    """SiLU-gated MLP of this rank's ``width`` channels (``ops.silu_and_mul``)."""
+
+    def __init__(self, hidden_size: int, width: int, bias: bool, tp: TensorParallelGroup) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * width, bias=bias)
+        self.down_proj = RowParallelLinear(width, hidden_size, bias, tp)
+        self.ops = TORCH_OPS
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
