@@ -58,8 +58,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     query_start_loc: torch.Tensor, scale: float,
                     sliding_window: int | None = None, *, num_splits: int | None = None,
                     max_seq_len: int | None = None, max_query_len: int | None = None,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
-    """Attention of a packed step's queries over the paged cache.
+                    out: torch.Tensor | None = None,
+                    logits_soft_cap: float | None = None) -> torch.Tensor:
+    """Attention of a packed step's queries over the paged cache (scores soft-capped to
+    ``logits_soft_cap * tanh(s / logits_soft_cap)`` where given, as Gemma 2 does).
 
     ``q`` ``[num_tokens, num_heads, head_dim]`` in the cache dtype; returns a new
     tensor of the same shape and dtype, or fills ``out`` (same shape and dtype,
@@ -87,6 +89,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                          f"{list(block_tables.shape)}")
     if sliding_window is not None and sliding_window <= 0:
         raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window}")
+    if logits_soft_cap is not None and not logits_soft_cap > 0:
+        raise ValueError(f"logits_soft_cap must be positive or None, got {logits_soft_cap}")
     if q.stride(2) != 1:
         q = q.contiguous()
     if out is None:
@@ -122,11 +126,13 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     paged_attention_kernel[grid](
         q, k_cache, v_cache, target, lse, block_tables, seq_lens, query_start_loc,
         num_seqs, num_splits, scale * math.log2(math.e), sliding_window or 0,
+        scale / (logits_soft_cap or 1.0), (logits_soft_cap or 1.0) * math.log2(math.e),
         q.stride(0), q.stride(1), k_cache.stride(0), v_cache.stride(0), block_tables.stride(0),
         *target_strides, *lse_strides,
         NUM_KV_HEADS=kv_heads, GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
         DIM_PAD=dim_pad, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_SIZE=block_size, TILE_N=tile_n,
-        HAS_WINDOW=sliding_window is not None, SPLIT=split,
+        HAS_WINDOW=sliding_window is not None, HAS_SOFT_CAP=logits_soft_cap is not None,
+        SPLIT=split,
         # The interpreter's tl.dot is wrong on bfloat16 operands: upcast there only.
         UPCAST=interpreting() and q.dtype == torch.bfloat16,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",

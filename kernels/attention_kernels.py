@@ -46,13 +46,14 @@ def _find_seq(query_start_loc_ptr, num_seqs, pid, BLOCK_Q: tl.constexpr):
 def paged_attention_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, lse_ptr,
         block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-        num_seqs, num_splits, scale_log2, window,
+        num_seqs, num_splits, scale_log2, window, cap_scale, cap_log2,
         stride_qt, stride_qh, stride_kb, stride_vb, stride_bt,
         stride_ot, stride_oh, stride_os, stride_lt, stride_lh,
         NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
         HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
-        SPLIT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+        HAS_SOFT_CAP: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr,
+        DOT_PRECISION: tl.constexpr):
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -104,7 +105,12 @@ def paged_attention_kernel(
                     mask=kv_mask, other=0.0)  # [DIM_PAD, TILE_N]
         if UPCAST:
             k = k.to(tl.float32)
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
+        s = tl.dot(q, k, input_precision=DOT_PRECISION)
+        if HAS_SOFT_CAP:  # cap * tanh(s * scale / cap), in log2 units: tanh(x) = 1 - 2 / (e^2x + 1)
+            e2x = tl.math.exp2(s * (cap_scale * 2.8853900817779268))  # 2 / ln 2
+            s = (1.0 - 2.0 / (e2x + 1.0)) * cap_log2
+        else:
+            s = s * scale_log2
         visible = k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
         if HAS_WINDOW:
             visible = visible & (q_pos[:, None] - k_pos[None, :] < window)

@@ -30,12 +30,15 @@ def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, src: torch.Tensor,
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     query_start_loc: torch.Tensor, scale: float,
-                    sliding_window: int | None = None) -> torch.Tensor:
+                    sliding_window: int | None = None,
+                    logits_soft_cap: float | None = None) -> torch.Tensor:
     """Per-sequence gather of the context, then masked softmax attention.
 
     Sequence ``i``'s new token ``j`` sits at position ``seq_lens[i] - q_len + j``
     and sees keys ``k`` with ``k <= pos`` and, with a window ``w``, ``pos - k < w``.
-    Rows past ``query_start_loc[-1]`` are returned as zeros.
+    With ``logits_soft_cap`` ``c`` (Gemma 2) the scaled scores ``s`` become
+    ``c * tanh(s / c)`` before the softmax. Rows past ``query_start_loc[-1]`` are
+    returned as zeros.
     """
     block_size = k_cache.shape[1]
     group = q.shape[1] // k_cache.shape[2]
@@ -50,6 +53,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         k = k_cache[blocks].flatten(0, 1)[:seq_len].double().repeat_interleave(group, dim=1)
         v = v_cache[blocks].flatten(0, 1)[:seq_len].double().repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q_seq, k) * scale
+        if logits_soft_cap is not None:
+            scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
         q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
         k_pos = torch.arange(seq_len)[None, :]
         visible = k_pos <= q_pos

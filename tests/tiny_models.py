@@ -30,7 +30,29 @@ def tiny_config(model_type: str, vocab_size: int):
         return Phi3Config(vocab_size=vocab_size, sliding_window=24, pad_token_id=0, **COMMON)
     if model_type in MOE:
         return moe_config(model_type, vocab_size)
+    if model_type in GEMMA:
+        return gemma_config(model_type, vocab_size)
     raise ValueError(model_type)
+
+
+# Gemma configs: 4 layers alternating sliding (window 24, shorter than the longer prompts)
+# and global; Gemma 2 with soft caps small enough to bend the scores and logits of these
+# random weights; Gemma 3 with its own RoPE per layer type (a scaled global one).
+GEMMA = ("gemma2", "gemma3_text")
+
+
+def gemma_config(model_type: str, vocab_size: int):
+    from transformers import Gemma2Config, Gemma3TextConfig
+
+    shape = {**COMMON, "num_hidden_layers": 4, "head_dim": 32, "query_pre_attn_scalar": 24,
+             "sliding_window": 24, "vocab_size": vocab_size, "pad_token_id": 0,
+             "layer_types": ["sliding_attention", "full_attention"] * 2}
+    if model_type == "gemma2":
+        return Gemma2Config(attn_logit_softcapping=2.0, final_logit_softcapping=5.0, **shape)
+    return Gemma3TextConfig(rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0}},
+        **shape)
 
 
 # Mixture-of-experts configs: 6 experts, 2 per token (random routers route unevenly), small

@@ -27,9 +27,11 @@ class AttentionBackend(Protocol):
         """Store ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` at ``meta.slot_mapping``."""
 
     def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-               meta: AttentionMetadata, scale: float,
-               sliding_window: int | None = None) -> torch.Tensor:
-        """Return ``[num_tokens, num_heads, head_dim]`` for ``query`` of the same shape."""
+               meta: AttentionMetadata, scale: float, sliding_window: int | None = None,
+               logits_soft_cap: float | None = None) -> torch.Tensor:
+        """Return ``[num_tokens, num_heads, head_dim]`` for ``query`` of the same shape: softmax
+        of the scaled scores ``s`` (``logits_soft_cap * tanh(s / logits_soft_cap)`` where
+        given) over the keys each query sees (causal, ``sliding_window``)."""
 
     def copy_blocks(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
                     src: torch.Tensor, dst: torch.Tensor) -> None:

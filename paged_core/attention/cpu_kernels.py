@@ -23,13 +23,15 @@ def cpu_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                         block_tables: torch.Tensor, seq_lens: torch.Tensor,
                         query_start_loc: torch.Tensor, scale: float,
                         sliding_window: int | None = None,
-                        out: torch.Tensor | None = None, cpu_isa: str | None = None) -> torch.Tensor:
+                        out: torch.Tensor | None = None, cpu_isa: str | None = None,
+                        logits_soft_cap: float | None = None) -> torch.Tensor:
     """Attention of a packed step's queries over each sequence's paged context.
 
     ``query`` ``[num_tokens, Hq, D]`` (last dim contiguous): sequence ``s`` owns rows
     ``query_start_loc[s]:query_start_loc[s+1]``, its newest tokens, at positions
     ``seq_lens[s] - q_len .. seq_lens[s] - 1``; a query at position ``p`` sees keys
-    ``k <= p`` (and ``k > p - sliding_window``). Caches ``[Hk, num_blocks, block_size, D]``
+    ``k <= p`` (and ``k > p - sliding_window``); with ``logits_soft_cap`` ``c`` its scaled
+    scores ``s`` become ``c * tanh(s / c)``. Caches ``[Hk, num_blocks, block_size, D]``
     contiguous; ``block_tables`` ``[S, max_blocks]``, ``seq_lens`` ``[S]``,
     ``query_start_loc`` ``[S + 1]``, int32. ``Hq`` must be a multiple of ``Hk``.
     float32 or bfloat16 (accumulated in float32). Returns ``[num_tokens, Hq, D]`` in the
@@ -42,6 +44,8 @@ def cpu_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     ops = cpu_ops(cpu_isa)
     if sliding_window is not None and sliding_window <= 0:
         raise ValueError(f"sliding_window must be positive, got {sliding_window}")
+    if logits_soft_cap is not None and not logits_soft_cap > 0:
+        raise ValueError(f"logits_soft_cap must be positive or None, got {logits_soft_cap}")
     if query.stride(-1) != 1:
         query = query.contiguous()
     int32 = [t if t.dtype == torch.int32 and t.stride(-1) == 1 else t.to(torch.int32).contiguous()
@@ -49,5 +53,5 @@ def cpu_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     ops.paged_attention(query, k_cache, v_cache, *int32, float(scale), int(sliding_window or 0),
-                        out)
+                        float(logits_soft_cap or 0.0), out)
     return out

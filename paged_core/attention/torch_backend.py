@@ -87,21 +87,21 @@ class TorchAttentionBackend:
         v_cache.view(heads, blocks * block_size, dim).index_copy_(1, slots, value.transpose(0, 1))
 
     def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-               meta: AttentionMetadata, scale: float,
-               sliding_window: int | None = None) -> torch.Tensor:
+               meta: AttentionMetadata, scale: float, sliding_window: int | None = None,
+               logits_soft_cap: float | None = None) -> torch.Tensor:
         out = torch.empty_like(query)
         if meta.has_padding:
             out[meta.num_scheduled_tokens:] = 0
         if self.uses_cpu_kernel(k_cache.device, k_cache.dtype):
             return cpu_paged_attention(query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                        meta.query_start_loc, scale, sliding_window, out=out,
-                                       cpu_isa=self.cpu_isa)
+                                       cpu_isa=self.cpu_isa, logits_soft_cap=logits_soft_cap)
         key = (self.name, sliding_window)
         plan = meta.backend_plans.get(key)
         if plan is None:
             plan = meta.backend_plans[key] = _make_plan(meta, k_cache.shape[2], sliding_window)
         for group in plan:
-            _attend_group(query, k_cache, v_cache, group, scale, out)
+            _attend_group(query, k_cache, v_cache, group, scale, out, logits_soft_cap)
         return out
 
     def uses_cpu_kernel(self, device: torch.device, dtype: torch.dtype) -> bool:
@@ -115,7 +115,8 @@ class TorchAttentionBackend:
 
 
 def _attend_group(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  group: _Group, scale: float, out: torch.Tensor) -> None:
+                  group: _Group, scale: float, out: torch.Tensor,
+                  logits_soft_cap: float | None) -> None:
     num_seqs, num_queries = group.token_index.shape
     num_kv_heads, _, block_size, head_dim = k_cache.shape
     num_heads = query.shape[1]
@@ -127,18 +128,31 @@ def _attend_group(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     q = query[group.token_index].view(num_seqs, num_queries, num_kv_heads, group_size, head_dim)
     if num_queries == 1:
         q = q[:, 0].transpose(0, 1)  # [Hk, S, G, D]
-        scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
-        probs = torch.softmax(scores.masked_fill_(group.masked_out, float("-inf")), dim=-1)
-        o = torch.matmul(probs.to(v.dtype), v)  # [Hk, S, G, D]
+        o = _softmax_attention(q, k, v, group.masked_out, scale, logits_soft_cap)  # [Hk, S, G, D]
         out[group.token_index[:, 0]] = o.transpose(0, 1).reshape(num_seqs, num_heads, head_dim)
         return
     # Prefill: [Hk, S, Q * G, D] against [Hk, S, L, D]
     q = q.permute(2, 0, 1, 3, 4).reshape(num_kv_heads, num_seqs, num_queries * group_size, head_dim)
     mask = group.mask.repeat_interleave(group_size, dim=2) if group_size > 1 else group.mask
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    if logits_soft_cap is None:
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    else:  # SDPA has no soft cap
+        o = _softmax_attention(q, k, v, ~mask, scale, logits_soft_cap)
     o = o.view(num_kv_heads, num_seqs, num_queries, group_size, head_dim).permute(1, 2, 0, 3, 4)
     o = o.reshape(num_seqs, num_queries, num_heads, head_dim)
     out[group.token_index[group.valid]] = o[group.valid]
+
+
+def _softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       masked_out: torch.Tensor, scale: float,
+                       logits_soft_cap: float | None) -> torch.Tensor:
+    """``softmax(scores) @ v``: float32 scores ``q k^T * scale`` (soft-capped where given),
+    ``-inf`` where ``masked_out``."""
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+    if logits_soft_cap is not None:
+        scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
+    probs = torch.softmax(scores.masked_fill_(masked_out, float("-inf")), dim=-1)
+    return torch.matmul(probs.to(v.dtype), v)
 
 
 def _make_plan(meta: AttentionMetadata, block_size: int,

@@ -29,12 +29,13 @@ class TritonAttentionBackend:
 
     def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                meta: AttentionMetadata, scale: float,
-               sliding_window: int | None = None) -> torch.Tensor:
+               sliding_window: int | None = None,
+               logits_soft_cap: float | None = None) -> torch.Tensor:
         """Return ``[num_tokens, num_heads, head_dim]`` for ``query`` of the same shape."""
         return paged_attention(
             query, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
             scale, sliding_window, max_seq_len=meta.max_seq_len,
-            max_query_len=meta.max_query_len)
+            max_query_len=meta.max_query_len, logits_soft_cap=logits_soft_cap)
 
     def copy_blocks(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
                     src: torch.Tensor, dst: torch.Tensor) -> None:

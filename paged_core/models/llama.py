@@ -52,6 +52,7 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(k_width, spec.rms_norm_eps) if has_norms else None
         self.scale = spec.head_dim ** -0.5
         self.sliding_window = sliding_window
+        self.logits_soft_cap: float | None = None  # Gemma 2 caps its attention scores
         self.ops = TORCH_OPS
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...],
@@ -69,7 +70,8 @@ class LlamaAttention(nn.Module):
         q, k = self.ops.rotate(q, k, rope)
         k_cache, v_cache = kv_cache
         backend.write_kv(k, v, k_cache, v_cache, meta)
-        out = backend.attend(q, k_cache, v_cache, meta, self.scale, self.sliding_window)
+        out = backend.attend(q, k_cache, v_cache, meta, self.scale, self.sliding_window,
+                             self.logits_soft_cap)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
@@ -95,6 +97,9 @@ class LlamaForCausalLM(nn.Module):
     of them without tensor parallelism); the KV cache holds ``shard.num_kv_heads``.
     """
 
+    layer_class: type[nn.Module] = LlamaDecoderLayer  # (spec, shard, tp, index) -> one layer
+    norm_class: type[nn.Module] = RMSNorm  # (dim, eps) -> the final norm
+
     def __init__(self, spec: DecoderSpec, tp: TensorParallelGroup = SINGLE) -> None:
         super().__init__()
         self.spec = spec
@@ -102,12 +107,12 @@ class LlamaForCausalLM(nn.Module):
         self.tp = tp
         self.embed_tokens = VocabParallelEmbedding(shard.vocab_size, spec.hidden_size,
                                                    shard.vocab_start, tp)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(spec, shard, tp, i)
+        self.layers = nn.ModuleList(self.layer_class(spec, shard, tp, i)
                                     for i in range(spec.num_layers))
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.norm = self.norm_class(spec.hidden_size, spec.rms_norm_eps)
         self.lm_head = None if spec.tie_word_embeddings else nn.Linear(
             spec.hidden_size, shard.vocab_size, bias=False)
-        self.rotary: RotaryEmbedding | None = None  # set by attach_rotary once weights are real
+        self.rotary: RotaryEmbedding | None = None  # set by attach_rotary
         self.ops = TORCH_OPS
         # True once projections are prepacked oneDNN linears: oneDNN builds a kernel per
         # distinct row count, so the runner then rounds batches up to a few bucketed sizes.
@@ -115,9 +120,10 @@ class LlamaForCausalLM(nn.Module):
         # All layers in one C++ call on CPU where possible (set by use_ops; see cpu_decoder_stack).
         self.decoder_stack: CpuDecoderStack | None = None
 
-    def attach_rotary(self, rotary: RotaryEmbedding) -> None:
-        """Install the cos/sin tables (built outside any meta-device context)."""
-        self.rotary = rotary
+    def attach_rotary(self, hf_config, max_positions: int, dtype: torch.dtype,
+                      device: torch.device) -> None:
+        """Build the cos/sin tables (outside any meta-device context, once weights are real)."""
+        self.rotary = RotaryEmbedding(hf_config, max_positions, dtype).to(device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,

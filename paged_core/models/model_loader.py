@@ -15,7 +15,6 @@ from ..cpu.isa import packed_linear_dtype
 from .embedded_model import converted_folder_for, embedded_model_folder
 from .batch_invariant import make_batch_invariant
 from .elementwise import select_ops
-from .layers import RotaryEmbedding
 from .llama import LlamaForCausalLM
 from .registry import family_for
 from .sharding import ShardPlan
@@ -62,7 +61,7 @@ def load_model(folder: str, hf_config, max_positions: int, dtype: torch.dtype,
     with torch.device("meta"):
         model = family.model_class(spec, tp)
     model = model.to(dtype).to_empty(device=device)  # no fp32 copy: meta tensors are free to cast
-    model.attach_rotary(RotaryEmbedding(hf_config, max_positions, dtype).to(device))
+    model.attach_rotary(hf_config, max_positions, dtype, device)
     tensors = _read_shard(files, model.shard)
     with torch.no_grad():
         model.load_hf_state_dict(tensors)

@@ -1,7 +1,7 @@
 """The model families paged-core serves, keyed by the checkpoint's ``model_type``.
 
-Each family lives in its own file (``llama.py``, ``mixtral.py``, ``qwen_moe.py``,
-``olmoe.py``) and describes itself with a ``ModelFamily`` (``family.py``): the
+Each family lives in its own file (``llama.py``, ``gemma.py``, ``mixtral.py``,
+``qwen_moe.py``, ``olmoe.py``) and describes itself with a ``ModelFamily`` (``family.py``): the
 ``model_type`` values and ``architectures`` it covers, how to read its ``DecoderSpec`` off
 a config, the model class, and what it supports. Adding a family is adding a file and one entry to
 ``FAMILIES``. An unknown ``model_type`` is refused with the table of what is supported
@@ -9,11 +9,12 @@ a config, the model class, and what it supports. Adding a family is adding a fil
 """
 from __future__ import annotations
 
-from . import llama, mixtral, olmoe, qwen_moe
+from . import gemma, llama, mixtral, olmoe, qwen_moe
 from .family import ModelFamily
 from .spec import DecoderSpec
 
-FAMILIES: tuple[ModelFamily, ...] = (llama.FAMILY, mixtral.FAMILY, qwen_moe.FAMILY, olmoe.FAMILY)
+FAMILIES: tuple[ModelFamily, ...] = (llama.FAMILY, gemma.FAMILY, mixtral.FAMILY, qwen_moe.FAMILY,
+                                     olmoe.FAMILY)
 
 
 def family_for(hf_config) -> ModelFamily:

@@ -62,14 +62,17 @@ def sliding_windows(cfg) -> tuple[int | None, ...]:
 
 def refuse_unsupported_rope(cfg) -> None:
     """RoPE variants the static cos/sin tables (``layers.RotaryEmbedding``) cannot express yet:
-    rotary over part of each head, and LongRoPE (its factors switch with the sequence length)."""
+    rotary over part of each head, and LongRoPE (its factors switch with the sequence length).
+    Checks every layer type's parameters where the config has one set per type (Gemma 3)."""
     params = getattr(cfg, "rope_parameters", None) or {}
-    partial = params.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 1.0))
-    if partial not in (None, 1, 1.0):
-        raise ValueError(f"{cfg.model_type} with partial_rotary_factor={partial} is not supported "
-                         f"yet (rotary over the whole head only)")
-    if params.get("rope_type") == "longrope":
-        raise ValueError(f"{cfg.model_type} with rope_type 'longrope' is not supported yet")
+    per_type = [p for p in params.values() if isinstance(p, dict)]
+    for rope in per_type or [params]:
+        partial = rope.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 1.0))
+        if partial not in (None, 1, 1.0):
+            raise ValueError(f"{cfg.model_type} with partial_rotary_factor={partial} is not "
+                             f"supported yet (rotary over the whole head only)")
+        if rope.get("rope_type") == "longrope":
+            raise ValueError(f"{cfg.model_type} with rope_type 'longrope' is not supported yet")
 
 
 def attention_shape(cfg) -> dict:

@@ -36,11 +36,11 @@ def _step(seq_lens, query_lens, dtype, pad=0, seed=0):
     return query, k_cache, v_cache, meta
 
 
-def _expected(query, k_cache, v_cache, meta, window):
+def _expected(query, k_cache, v_cache, meta, window, soft_cap=None):
     """The kernels' float64 reference, on the token-major view of the head-major cache."""
     return reference.paged_attention(
         query, k_cache.permute(1, 2, 0, 3), v_cache.permute(1, 2, 0, 3), meta.block_tables,
-        meta.seq_lens, meta.query_start_loc, DIM ** -0.5, window)
+        meta.seq_lens, meta.query_start_loc, DIM ** -0.5, window, soft_cap)
 
 
 STEPS = {
@@ -50,19 +50,19 @@ STEPS = {
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("window", [None, 10])
+@pytest.mark.parametrize("window,soft_cap", [(None, None), (10, None), (None, 1.5)])
 @pytest.mark.parametrize("step", list(STEPS))
-def test_kernel_and_plain_torch_paths_match_the_reference(step, window, dtype, cpu_isa):
+def test_kernel_and_plain_torch_paths_match_the_reference(step, window, soft_cap, dtype, cpu_isa):
     query, k_cache, v_cache, meta = _step(*STEPS[step], dtype, pad=3)
     real = meta.num_scheduled_tokens
-    expected = _expected(query, k_cache, v_cache, meta, window).float()[:real]
+    expected = _expected(query, k_cache, v_cache, meta, window, soft_cap).float()[:real]
     tolerance = {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
     for cpu_kernel in (True, False):
         backend = TorchAttentionBackend(cpu_kernel=cpu_kernel)
         assert backend.uses_cpu_kernel(k_cache.device, k_cache.dtype) == cpu_kernel
         assert backend.cpu_isa == (cpu_isa if cpu_kernel else None)  # the user's setting
         step_meta = dataclasses.replace(meta, backend_plans={})
-        out = backend.attend(query, k_cache, v_cache, step_meta, DIM ** -0.5, window)
+        out = backend.attend(query, k_cache, v_cache, step_meta, DIM ** -0.5, window, soft_cap)
         assert bool(step_meta.backend_plans) != cpu_kernel  # the kernel needs no per-step plan
         torch.testing.assert_close(out[:real].float(), expected, atol=tolerance, rtol=tolerance)
         assert (out[real:] == 0).all()

@@ -30,11 +30,12 @@ def _step(seq_lens, query_lens, num_kv_heads, group, head_dim, block_size, dtype
     return query, k_cache, v_cache, block_tables, torch.tensor(seq_lens, dtype=torch.int32), starts
 
 
-def _reference(query, k_cache, v_cache, block_tables, seq_lens, starts, scale, window):
+def _reference(query, k_cache, v_cache, block_tables, seq_lens, starts, scale, window,
+               soft_cap=None):
     """The Triton kernels' float64 reference, on a token-major view of the head-major cache."""
     return reference.paged_attention(
         query.double(), k_cache.permute(1, 2, 0, 3).double(), v_cache.permute(1, 2, 0, 3).double(),
-        block_tables, seq_lens, starts, scale, window)
+        block_tables, seq_lens, starts, scale, window, soft_cap)
 
 
 # (context lengths, new tokens): decodes, fresh prefills, prefixes ending mid-block, long tiles.
@@ -65,6 +66,30 @@ def test_matches_reference(step, num_kv_heads, group, head_dim, block_size, wind
         torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
     else:  # values are O(1); bf16 output rounding alone is ~4e-3 relative
         torch.testing.assert_close(out.double(), expected, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 40])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("step", ["decodes", "mixed"])
+def test_logits_soft_cap_matches_reference(step, head_dim, window, dtype, cpu_isa):
+    """Gemma 2's soft cap (scores ``s`` -> ``c * tanh(s / c)``) on every path: float32, the
+    bfloat16 tiles' vector tanh and the other levels' scalar one. A cap below the scores'
+    spread changes the result, so ignoring it would fail."""
+    seq_lens, query_lens = STEPS[step]
+    query, k_cache, v_cache, tables, lens, starts = _step(seq_lens, query_lens, 2, 3, head_dim,
+                                                          16, dtype)
+    scale = 1 / math.sqrt(head_dim)
+    out = cpu_paged_attention(query, k_cache, v_cache, tables, lens, starts, scale, window,
+                              cpu_isa=cpu_isa, logits_soft_cap=1.5)
+    expected = _reference(query, k_cache, v_cache, tables, lens, starts, scale, window, 1.5)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
+    uncapped = _reference(query, k_cache, v_cache, tables, lens, starts, scale, window)
+    assert (uncapped - expected).abs().max() > 0.1
+    with pytest.raises(ValueError, match="logits_soft_cap must be positive"):
+        cpu_paged_attention(query, k_cache, v_cache, tables, lens, starts, scale,
+                            logits_soft_cap=0.0, cpu_isa=cpu_isa)
 
 
 # Few sequences with long contexts: the bf16 tiles split a tile's keys into parts across

@@ -77,16 +77,18 @@ def check_attention():
 
     Rows past ``query_start_loc[-1]`` are unspecified and not compared.
     """
-    def check(batch, sliding_window=None, **kwargs):
+    def check(batch, sliding_window=None, logits_soft_cap=None, **kwargs):
         out = paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.block_tables,
                               batch.seq_lens, batch.query_start_loc, batch.scale,
-                              sliding_window, **kwargs)
+                              sliding_window, logits_soft_cap=logits_soft_cap, **kwargs)
         expected = reference.paged_attention(
             batch.q.cpu(), batch.k_cache.cpu(), batch.v_cache.cpu(), batch.block_tables.cpu(),
-            batch.seq_lens.cpu(), batch.query_start_loc.cpu(), batch.scale, sliding_window)
+            batch.seq_lens.cpu(), batch.query_start_loc.cpu(), batch.scale, sliding_window,
+            logits_soft_cap)
         n = batch.num_real_tokens
         assert out.shape == batch.q.shape and out.dtype == batch.q.dtype
         atol, rtol = TOLERANCES[batch.q.dtype]
         torch.testing.assert_close(out[:n].cpu().float(), expected[:n].float(),
                                    atol=atol, rtol=rtol)
+        return out[:n]
     return check

@@ -48,6 +48,18 @@ def test_sliding_window(make_batch, check_attention, window):
     check_attention(make_batch([70, 33, 90], [40, 1, 1], block_size=8), sliding_window=window)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("window", [None, 20])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_logits_soft_cap(make_batch, check_attention, dtype, window, num_splits):
+    """Gemma 2's soft cap: scores ``s`` become ``c * tanh(s / c)`` before the softmax. A cap
+    below the scores' spread changes the result, so ignoring it would fail."""
+    batch = make_batch(*MIXED, dtype=dtype)
+    capped = check_attention(batch, window, logits_soft_cap=0.8, num_splits=num_splits)
+    plain = check_attention(batch, window, num_splits=num_splits)
+    assert (capped.float() - plain.float()).abs().max() > 0.05
+
+
 @pytest.mark.parametrize("num_splits", [2, 3, 16])
 @pytest.mark.parametrize("window", [None, 20])
 def test_split_kv_forced(make_batch, check_attention, num_splits, window):

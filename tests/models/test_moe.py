@@ -1,7 +1,7 @@
-"""Mixture-of-experts families (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): greedy parity with
-transformers in float32 through chunked prefill, the prefix cache and preemption; experts
-computed grouped (only the chosen ones, over their own tokens); stacked and per-expert
-checkpoints; batch-invariant mode."""
+"""Mixture-of-experts families (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE; their float32 parity:
+``test_family_parity``): experts computed grouped (only the chosen ones, over their own
+tokens), each family's routing, bfloat16, stacked and per-expert checkpoints,
+batch-invariant mode."""
 import pytest
 import torch
 
@@ -10,36 +10,11 @@ from paged_core.executor.group import SINGLE
 from paged_core.models.moe import SparseMoeBlock
 from paged_core.models.registry import model_spec
 
-from ..reference import (assert_greedy_close, engine_top_logprobs, hf_greedy,
-                         hf_greedy_top_logprobs, passage_token_ids)
-from ..tiny_models import MOE, build_tiny_model, tiny_config
+from ..reference import assert_greedy_close, engine_top_logprobs, hf_greedy_top_logprobs
+from ..tiny_models import build_tiny_model, tiny_config
+from .test_family_parity import shared_prefix_prompts
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
-
-
-def _prompts(tokenizer) -> list[list[int]]:
-    """Five prompts sharing a 48-token prefix (three cached blocks), 50 to 90 tokens long."""
-    shared = passage_token_ids(tokenizer, 48)
-    return [shared + passage_token_ids(tokenizer, n, offset=60 + 11 * i)
-            for i, n in enumerate([2, 17, 30, 42, 9])]
-
-
-@pytest.mark.parametrize("model_type", MOE)
-def test_greedy_matches_transformers_through_chunks_prefix_cache_and_preemption(
-        model_type, tokenizer, tmp_path):
-    from transformers import AutoModelForCausalLM
-
-    folder = build_tiny_model(model_type, str(tmp_path / model_type), tokenizer)
-    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    prompts = _prompts(tokenizer)
-    expected = [hf_greedy(reference, p, GREEDY.max_tokens) for p in prompts]
-    # 5 sequences of up to 122 tokens (8 blocks each) in 16 blocks: some are preempted.
-    llm = LLM(model=folder, dtype="float32", num_kv_blocks=16, max_num_batched_tokens=32)
-    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outputs] == expected
-    stats = llm.stats()
-    assert stats["num_preemptions"] > 0 and stats["prefix_cache_hits"] > 0
-    assert stats["kv_blocks_used"] == 0
 
 
 def test_bfloat16_is_close_to_transformers_bfloat16(tokenizer, tmp_path):
@@ -49,7 +24,7 @@ def test_bfloat16_is_close_to_transformers_bfloat16(tokenizer, tmp_path):
 
     folder = build_tiny_model("qwen2_moe", str(tmp_path / "qwen2_moe"), tokenizer)
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
-    prompts = _prompts(tokenizer)[:3]
+    prompts = shared_prefix_prompts(tokenizer)[:3]
     expected = [hf_greedy_top_logprobs(reference, p, 16, 5) for p in prompts]
     llm = LLM(model=folder, dtype="bfloat16", num_kv_blocks=32)
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=5)
@@ -61,7 +36,7 @@ def test_bfloat16_is_close_to_transformers_bfloat16(tokenizer, tmp_path):
 def test_stacked_expert_checkpoints_load_like_per_expert_ones(tokenizer, tmp_path):
     """transformers keeps experts stacked in memory (``experts.gate_up_proj``); a checkpoint
     saved that way gives the same model as the per-expert one."""
-    prompts = _prompts(tokenizer)[:2]
+    prompts = shared_prefix_prompts(tokenizer)[:2]
     tokens = {}
     for model_type in ("qwen3_moe", "qwen3_moe-stacked"):
         folder = build_tiny_model(model_type, str(tmp_path / model_type), tokenizer)
@@ -120,7 +95,7 @@ def test_batch_invariant_mode_gives_the_same_bits_alone_and_under_load(tokenizer
     folder = build_tiny_model("mixtral", str(tmp_path / "mixtral"), tokenizer)
     llm = LLM(model=folder, dtype="float32", batch_invariant=True, max_num_batched_tokens=24,
               num_kv_blocks=64)
-    prompts = _prompts(tokenizer)[:3]
+    prompts = shared_prefix_prompts(tokenizer)[:3]
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
     alone = [llm.generate([p], params, use_tqdm=False)[0].outputs[0] for p in prompts]
     noise = [SamplingParams(temperature=1.0, seed=i, max_tokens=9 + 4 * i) for i in range(3)]

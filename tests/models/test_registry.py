@@ -14,7 +14,8 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 @pytest.mark.parametrize("model_type,family", [
-    ("llama", "Llama"), ("qwen3", "Llama"), ("phi3", "Llama"), ("mixtral", "Mixtral"),
+    ("llama", "Llama"), ("qwen3", "Llama"), ("phi3", "Llama"), ("gemma2", "Gemma"),
+    ("gemma3_text", "Gemma"), ("mixtral", "Mixtral"),
     ("qwen2_moe", "Qwen MoE"), ("qwen3_moe", "Qwen MoE"), ("olmoe", "OLMoE")])
 def test_each_model_type_finds_its_family(model_type, family, tokenizer):
     config = tiny_config(model_type, len(tokenizer))

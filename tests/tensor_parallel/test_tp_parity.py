@@ -49,6 +49,7 @@ def _alive(pid: int) -> bool:
     ("llama", 2), ("llama", 4),  # 4 ranks, 2 KV heads: each KV head replicated on 2 ranks
     ("qwen3", 2),  # q/k norms on sharded heads (qwen2's qkv bias: see the prefix-cache test)
     ("phi3", 2),  # fused qkv / gate-up checkpoint weights, split before each rank's slice
+    ("gemma2", 2),  # soft caps, alternating windows, (1 + weight) norms on sharded heads
     ("qwen2_moe", 2),  # every expert's width and the shared expert's split in two
     ("qwen3_moe-stacked", 2)])  # stacked experts (both halves of gate_up cut), a dense layer
 def test_tiny_models_match_transformers(model_type, size, tokenizer, tmp_path):

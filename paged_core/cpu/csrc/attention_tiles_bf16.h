@@ -19,7 +19,8 @@
 //     one rescale folded into the load of the row's output, one 2^x per score), p . V.
 // The next segment's rows are prefetched while this one is transposed, and the blocks two
 // segments ahead are touched so their page walks start early.
-// Scores and the online softmax are float32, in log2 units (scores times scale * log2 e);
+// Scores and the online softmax are float32, in log2 units (scores times scale * log2 e, or
+// soft-capped first: ScoreMap);
 // probabilities are rounded to bfloat16 for p . V (like flash-attention kernels), and the
 // softmax denominator sums those rounded values, so numerator and denominator agree. Keys
 // a query may not see get probability 0 exactly, and the values of positions at or past
@@ -59,6 +60,34 @@ inline __m512 exp2_probs(__m512 x, __mmask16 keep) {
   y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(0.693282902f));
   y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.f));
   return _mm512_maskz_scalef_ps(keep, y, n);
+}
+
+// How raw scores (q . k) become the softmax's logits, in log2 units: times scale * log2(e),
+// or with a soft cap c (Gemma 2) c * log2(e) * tanh(scale * s / c).
+struct ScoreMap {
+  float scale_log2;  // scale * log2(e)
+  float cap_scale;   // scale / c; 0: no cap
+  float cap_log2;    // c * log2(e)
+};
+
+inline ScoreMap score_map(float scale, float soft_cap) {
+  const float log2e = 1.44269504088896341f;
+  return soft_cap > 0.f ? ScoreMap{scale * log2e, scale / soft_cap, soft_cap * log2e}
+                        : ScoreMap{scale * log2e, 0.f, 0.f};
+}
+
+// The logits of 16 raw scores. tanh(x) = sign(x) (1 - e) / (1 + e), e = 2^(-2|x| log2 e) from
+// exp2_probs (relative error < 1.1e-4: far below the bfloat16 rounding probabilities get).
+inline __m512 map_scores(__m512 s, const ScoreMap& m) {
+  if (m.cap_scale == 0.f) return _mm512_mul_ps(s, _mm512_set1_ps(m.scale_log2));
+  const __m512 x = _mm512_mul_ps(s, _mm512_set1_ps(m.cap_scale));
+  const __m512 one = _mm512_set1_ps(1.f);
+  const __m512 e = exp2_probs(_mm512_mul_ps(_mm512_abs_ps(x), _mm512_set1_ps(-2.8853900817779268f)),
+                              0xFFFF);
+  const __m512 t = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+  const __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN));
+  const __m512 signed_t = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), sign));
+  return _mm512_mul_ps(signed_t, _mm512_set1_ps(m.cap_log2));
 }
 
 // Transpose a 16 x 16 matrix of 32-bit words held as 16 rows (in place).
@@ -115,6 +144,7 @@ struct Bf16Problem {
   int G, D;
   float scale;
   int64_t window;  // 0: none
+  float soft_cap;  // > 0: logits soft-capped to soft_cap * tanh(s / soft_cap); 0: none
   uint16_t* out;   // [tokens][num_heads][D]
   int64_t num_heads;  // num_kv_heads * G
 };
@@ -223,17 +253,16 @@ inline void segment_scores(const uint32_t* const* q, const uint32_t* kt, int D, 
 // visible (bit 16n + lane): updates the row's max and denominator, writes the bf16
 // probability pairs (key pairs of the segment) to pp and returns the factor alpha that the
 // row's output must be scaled by before this segment's p . V is added. Scores are kept in
-// log2 units (scale_log2 = scale * log2(e)), so probabilities are powers of two.
+// log2 units (map: ScoreMap), so probabilities are powers of two.
 template <int N>
-inline float softmax_step(__m512 (&s)[N], uint64_t visible, float scale_log2, int r,
+inline float softmax_step(__m512 (&s)[N], uint64_t visible, const ScoreMap& map, int r,
                           Bf16TileBuffers& w, uint32_t* pp) {
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  const __m512 vscale = _mm512_set1_ps(scale_log2);
   __mmask16 vis[N];
   __m512 m = neg_inf;
   for (int n = 0; n < N; ++n) {
     vis[n] = static_cast<__mmask16>(visible >> (kChunk * n));
-    s[n] = _mm512_mask_mul_ps(neg_inf, vis[n], s[n], vscale);
+    s[n] = _mm512_mask_mov_ps(neg_inf, vis[n], map_scores(s[n], map));
     m = _mm512_max_ps(m, s[n]);
   }
   // Branch-free (the max grows unpredictably): every lane of mv = max(running, segment).
@@ -286,7 +315,8 @@ inline void values_block(const uint32_t (*pp)[kMaxSegChunks * kChunk / 2], const
 // The segment (N chunks, transposed in w.kt / w.vp) for R rows (ids rows[], visible keys
 // bits visible[]): scores, softmax, p . V.
 template <int R, int N>
-inline void rows_step(const int* rows, const uint64_t* visible, Bf16TileBuffers& w, float scale_log2) {
+inline void rows_step(const int* rows, const uint64_t* visible, Bf16TileBuffers& w,
+                      const ScoreMap& map) {
   const int D = w.D;
   const uint32_t* q[R];
   float* acc[R];
@@ -298,7 +328,7 @@ inline void rows_step(const int* rows, const uint64_t* visible, Bf16TileBuffers&
   segment_scores<R, N>(q, w.kt.data(), D, s);
   alignas(64) uint32_t pp[R][kMaxSegChunks * kChunk / 2];
   float alpha[R];
-  for (int r = 0; r < R; ++r) alpha[r] = softmax_step<N>(s[r], visible[r], scale_log2, rows[r], w, pp[r]);
+  for (int r = 0; r < R; ++r) alpha[r] = softmax_step<N>(s[r], visible[r], map, rows[r], w, pp[r]);
   const int pairs = N * kChunk / 2;
   int d0 = 0;
   for (; d0 + 64 <= D; d0 += 64) values_block<R, 4>(pp, w.vp.data(), pairs, D, d0, acc, alpha);
@@ -307,12 +337,12 @@ inline void rows_step(const int* rows, const uint64_t* visible, Bf16TileBuffers&
 
 template <int R>
 inline void rows_step_n(int n, const int* rows, const uint64_t* visible, Bf16TileBuffers& w,
-                        float scale_log2) {
+                        const ScoreMap& map) {
   switch (n) {
-    case 1: rows_step<R, 1>(rows, visible, w, scale_log2); break;
-    case 2: rows_step<R, 2>(rows, visible, w, scale_log2); break;
-    case 3: rows_step<R, 3>(rows, visible, w, scale_log2); break;
-    default: rows_step<R, 4>(rows, visible, w, scale_log2); break;
+    case 1: rows_step<R, 1>(rows, visible, w, map); break;
+    case 2: rows_step<R, 2>(rows, visible, w, map); break;
+    case 3: rows_step<R, 3>(rows, visible, w, map); break;
+    default: rows_step<R, 4>(rows, visible, w, map); break;
   }
 }
 
@@ -422,13 +452,13 @@ inline bool bf16_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Un
     int active = 0;  // rows that see a key of this segment, in blocks of kRowBlock
     int ids[kRowBlock];
     uint64_t visible[kRowBlock];
-    const float scale_log2 = pb.scale * 1.44269504088896341f;
+    const ScoreMap map = score_map(pb.scale, pb.soft_cap);
     auto flush = [&] {
       switch (active) {
-        case 1: rows_step_n<1>(n, ids, visible, w, scale_log2); break;
-        case 2: rows_step_n<2>(n, ids, visible, w, scale_log2); break;
-        case 3: rows_step_n<3>(n, ids, visible, w, scale_log2); break;
-        case 4: rows_step_n<4>(n, ids, visible, w, scale_log2); break;
+        case 1: rows_step_n<1>(n, ids, visible, w, map); break;
+        case 2: rows_step_n<2>(n, ids, visible, w, map); break;
+        case 3: rows_step_n<3>(n, ids, visible, w, map); break;
+        case 4: rows_step_n<4>(n, ids, visible, w, map); break;
         default: break;
       }
       active = 0;

@@ -200,9 +200,10 @@ class DecoderStack : public torch::CustomClassHolder {
         c10::Dispatcher::singleton()
             .findSchemaOrThrow(PAGED_CORE_STR(PAGED_CORE_OPS) "::paged_attention", "")
             .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                        const at::Tensor&, const at::Tensor&, double, int64_t, at::Tensor&)>();
+                        const at::Tensor&, const at::Tensor&, double, int64_t, double,
+                        at::Tensor&)>();
     paged_attention.call(q, k_cache, v_cache, step.block_tables, step.seq_lens, step.query_start_loc,
-                         scale_, layer.sliding_window, out);
+                         scale_, layer.sliding_window, /*logits_soft_cap=*/0.0, out);
     return layer.o(out.view({tokens, q_size}));
   }
 

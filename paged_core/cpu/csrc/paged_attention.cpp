@@ -10,8 +10,8 @@
 // Work is split into tasks of (sequence, kv head, tile of up to TILE queries),
 // longest first, handed out dynamically to OpenMP threads. A task walks the key
 // blocks its tile can see; inside a block every query row (TILE x G query heads
-// of the kv head) scores only its own visible key range (no masks), keeps an
-// online softmax in float32 and accumulates p * v in float32. bfloat16 inputs
+// of the kv head) scores only its own visible key range (no masks; with a soft cap c the
+// scaled scores s become c * tanh(s / c), Gemma 2's), keeps an online softmax in float32 and accumulates p * v in float32. bfloat16 inputs
 // are widened on load; the output has the input dtype. Rows past
 // query_start_loc[num_seqs] (padding) are not written.
 //
@@ -183,7 +183,8 @@ void attention_kernel(const T* __restrict q_ptr, int64_t q_t_stride, int64_t q_h
                       const int32_t* __restrict seq_lens, const int32_t* __restrict qsl,
                       T* __restrict out_ptr, const std::vector<Task>& tasks,
                       int64_t num_kv_heads, int64_t num_blocks, int64_t block_size, int64_t group,
-                      int64_t head_dim_rt, float scale, int64_t window, int* error_flag) {
+                      int64_t head_dim_rt, float scale, int64_t window, float soft_cap,
+                      int* error_flag) {
   const int D = KD > 0 ? KD : static_cast<int>(head_dim_rt);
   const int G = static_cast<int>(group);
   const int bs = static_cast<int>(block_size);
@@ -269,6 +270,8 @@ void attention_kernel(const T* __restrict q_ptr, int64_t q_t_stride, int64_t q_h
             const float* qr = qf.data() + static_cast<size_t>(r) * D;
             float* ar = acc.data() + static_cast<size_t>(r) * D;
             score_keys<T>(qr, kb + static_cast<int64_t>(lo) * D, cnt, D, scores.data(), rowbuf.data());
+            if (soft_cap > 0.f)
+              for (int j = 0; j < cnt; ++j) scores[j] = soft_cap * std::tanh(scores[j] / soft_cap);
             // Online softmax update.
             float bm = scores[0];
             for (int j = 1; j < cnt; ++j) bm = std::max(bm, scores[j]);
@@ -433,7 +436,7 @@ template <typename T>
 void dispatch_dim(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
                   const at::Tensor& block_tables, const at::Tensor& seq_lens,
                   const at::Tensor& query_start_loc, at::Tensor& out, const std::vector<Task>& tasks,
-                  int64_t group, double scale, int64_t window, int* error_flag) {
+                  int64_t group, double scale, int64_t window, float soft_cap, int* error_flag) {
   const T* q = reinterpret_cast<const T*>(query.const_data_ptr());
   const T* k = reinterpret_cast<const T*>(k_cache.const_data_ptr());
   const T* v = reinterpret_cast<const T*>(v_cache.const_data_ptr());
@@ -445,7 +448,7 @@ void dispatch_dim(const at::Tensor& query, const at::Tensor& k_cache, const at::
                           seq_lens.const_data_ptr<int32_t>(),                                  \
                           query_start_loc.const_data_ptr<int32_t>(), o, tasks, k_cache.size(0), \
                           k_cache.size(1), k_cache.size(2), group, D, static_cast<float>(scale), \
-                          window, error_flag)
+                          window, soft_cap, error_flag)
   switch (D) {
     case 64: PAGED_ATTENTION_CALL(64); break;
     case 128: PAGED_ATTENTION_CALL(128); break;
@@ -457,7 +460,7 @@ void dispatch_dim(const at::Tensor& query, const at::Tensor& k_cache, const at::
 void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_lens,
                      const at::Tensor& query_start_loc, double scale, int64_t sliding_window,
-                     at::Tensor& out) {
+                     double logits_soft_cap, at::Tensor& out) {
   TORCH_CHECK(query.dim() == 3, "query must be [num_tokens, num_heads, head_dim]");
   TORCH_CHECK(k_cache.dim() == 4 && v_cache.dim() == 4,
               "caches must be [num_kv_heads, num_blocks, block_size, head_dim]");
@@ -503,7 +506,8 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
   int error_flag = 0;
   if (dtype == at::kFloat) {
     dispatch_dim<float>(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, tasks,
-                        Hq / Hk, scale, sliding_window, &error_flag);
+                        Hq / Hk, scale, sliding_window, static_cast<float>(logits_soft_cap),
+                        &error_flag);
   } else if (PAGED_CORE_BF16_TILES && D % 32 == 0) {
 #if PAGED_CORE_BF16_TILES
     const Bf16Problem pb{reinterpret_cast<const uint16_t*>(query.const_data_ptr()),
@@ -513,12 +517,14 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
                          block_tables.const_data_ptr<int32_t>(), block_tables.stride(0),
                          k_cache.size(1), k_cache.size(2), static_cast<int>(Hq / Hk),
                          static_cast<int>(D), static_cast<float>(scale), sliding_window,
+                         static_cast<float>(logits_soft_cap),
                          reinterpret_cast<uint16_t*>(out.mutable_data_ptr()), Hq};
     bf16_tile_kernel(pb, tasks, sl, qsl, Hk, &error_flag);
 #endif
   } else {
     dispatch_dim<uint16_t>(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
-                           tasks, Hq / Hk, scale, sliding_window, &error_flag);
+                           tasks, Hq / Hk, scale, sliding_window,
+                           static_cast<float>(logits_soft_cap), &error_flag);
   }
   TORCH_CHECK(error_flag != 2, "paged_attention: a block table entry is outside [0, num_blocks)");
 }
@@ -529,6 +535,7 @@ PAGED_CORE_LIBRARY(m) {
   m.def(
       "paged_attention(Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
       "Tensor seq_lens, Tensor query_start_loc, float scale, int sliding_window, "
+      "float logits_soft_cap, "
       "Tensor(a!) out) -> ()");
   m.impl("paged_attention", c10::DispatchKey::CPU, TORCH_FN(paged_attention));
 }
