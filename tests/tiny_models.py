@@ -28,6 +28,10 @@ def tiny_config(model_type: str, vocab_size: int):
         return Qwen3Config(vocab_size=vocab_size, head_dim=32, **COMMON)
     if model_type == "phi3":  # fused qkv_proj / gate_up_proj weights, a sliding window
         return Phi3Config(vocab_size=vocab_size, sliding_window=24, pad_token_id=0, **COMMON)
+    if model_type == "phi3-partial-rotary":  # Phi-4-mini's kind: rotary over half of each head
+        return Phi3Config(vocab_size=vocab_size, pad_token_id=0, rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+            **COMMON)
     if model_type in MOE:
         return moe_config(model_type, vocab_size)
     if model_type in GEMMA:

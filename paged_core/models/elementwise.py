@@ -16,7 +16,8 @@ Both implement:
   ``residual`` (the model's own running hidden state) may be updated in place;
 - ``rope_tables(rotary, positions)``: what ``rotate`` needs for this step's positions
   (made once per step, shared by every layer);
-- ``rotate(q, k, tables)``: rotary embedding (rotate-half convention) of ``q``
+- ``rotate(q, k, tables)``: rotary embedding (rotate-half convention, over the tables'
+  width: the first ``rotary_dim`` dims of each head where rotary is partial) of ``q``
   ``[T, Hq, D]`` and ``k`` ``[T, Hk, D]``; may work in place;
 - ``silu_and_mul(gate_up)``: ``silu(gate) * up`` for ``gate_up = [gate | up]`` ``[T, 2 * I]``.
 """
@@ -45,11 +46,21 @@ class TorchOps:
     def rotate(self, q: torch.Tensor, k: torch.Tensor,
                tables: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = tables
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The first ``rotary_dim`` (the tables' width) dims of each head rotated, as transformers
+    does it (partial rotary passes the rest through)."""
+    rotary_dim = cos.shape[-1]
+    if rotary_dim == x.shape[-1]:
+        return x * cos + _rotate_half(x) * sin
+    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+    return torch.cat([rot * cos + _rotate_half(rot) * sin, rest], dim=-1)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

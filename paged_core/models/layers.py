@@ -41,6 +41,12 @@ class GemmaRMSNorm(nn.Module):
         return (y * (1.0 + self.weight.float())).type_as(x)
 
 
+def partial_rotary_factor(hf_config, params: dict) -> float:
+    """The fraction of each head that rotates (1: all of it; Phi-4-mini: 0.75)."""
+    return params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", None)
+                      or 1.0)
+
+
 def rope_inverse_frequencies(hf_config, layer_type: str | None = None) -> tuple[torch.Tensor, float]:
     """Inverse frequencies and attention scaling from ``config.rope_parameters``, or from its
     entry for ``layer_type`` where the config gives each kind of layer its own (Gemma 3:
@@ -56,8 +62,9 @@ def rope_inverse_frequencies(hf_config, layer_type: str | None = None) -> tuple[
     if rope_type == "default":
         head_dim = getattr(hf_config, "head_dim", None) or (
             hf_config.hidden_size // hf_config.num_attention_heads)
+        dim = int(head_dim * partial_rotary_factor(hf_config, params))
         base = params["rope_theta"]
-        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
         return inv_freq, 1.0
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     if rope_type not in ROPE_INIT_FUNCTIONS:
@@ -67,8 +74,9 @@ def rope_inverse_frequencies(hf_config, layer_type: str | None = None) -> tuple[
 
 
 class RotaryEmbedding(nn.Module):
-    """Precomputed cos/sin tables ``[max_positions, head_dim]`` by absolute position
-    (rotate-half convention); the model's ops apply them (see ``elementwise``)."""
+    """Precomputed cos/sin tables ``[max_positions, rotary_dim]`` by absolute position
+    (rotate-half convention; ``rotary_dim`` < head_dim where rotary is partial); the model's
+    ops apply them (see ``elementwise``)."""
 
     def __init__(self, hf_config, max_positions: int, dtype: torch.dtype,
                  layer_type: str | None = None) -> None:

@@ -61,16 +61,12 @@ def sliding_windows(cfg) -> tuple[int | None, ...]:
 
 
 def refuse_unsupported_rope(cfg) -> None:
-    """RoPE variants the static cos/sin tables (``layers.RotaryEmbedding``) cannot express yet:
-    rotary over part of each head, and LongRoPE (its factors switch with the sequence length).
-    Checks every layer type's parameters where the config has one set per type (Gemma 3)."""
+    """RoPE the static cos/sin tables (``layers.RotaryEmbedding``) cannot express yet: LongRoPE,
+    whose factors switch with each forward's sequence length. Checks every layer type's
+    parameters where the config has one set per type (Gemma 3)."""
     params = getattr(cfg, "rope_parameters", None) or {}
     per_type = [p for p in params.values() if isinstance(p, dict)]
     for rope in per_type or [params]:
-        partial = rope.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 1.0))
-        if partial not in (None, 1, 1.0):
-            raise ValueError(f"{cfg.model_type} with partial_rotary_factor={partial} is not "
-                             f"supported yet (rotary over the whole head only)")
         if rope.get("rope_type") == "longrope":
             raise ValueError(f"{cfg.model_type} with rope_type 'longrope' is not supported yet")
 

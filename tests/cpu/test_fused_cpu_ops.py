@@ -50,13 +50,14 @@ def test_rms_norm_of_a_strided_per_head_view(dtype, cpu_isa):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rotary_embedding_is_bit_identical_in_place(dtype, cpu_isa):
+@pytest.mark.parametrize("rotary_dim", [64, 48])  # 48: partial rotary, the rest passes through
+def test_rotary_embedding_is_bit_identical_in_place(dtype, rotary_dim, cpu_isa):
     gen = torch.Generator().manual_seed(0)
     tokens, q_heads, kv_heads, dim = 9, 6, 2, 64
 
     class Tables:
-        cos = torch.randn(100, dim, generator=gen).to(dtype)
-        sin = torch.randn(100, dim, generator=gen).to(dtype)
+        cos = torch.randn(100, rotary_dim, generator=gen).to(dtype)
+        sin = torch.randn(100, rotary_dim, generator=gen).to(dtype)
 
     positions = torch.tensor([0, 5, 99, 3, 3, 17, 40, 41, 42])
     qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * dim, generator=gen).to(dtype)
@@ -64,6 +65,7 @@ def test_rotary_embedding_is_bit_identical_in_place(dtype, cpu_isa):
     k = qkv[:, q_heads * dim:(q_heads + kv_heads) * dim].view(tokens, kv_heads, dim)
     v_before = qkv[:, (q_heads + kv_heads) * dim:].clone()
     expected_q, expected_k = TORCH_OPS.rotate(q, k, TORCH_OPS.rope_tables(Tables, positions))
+    assert torch.equal(expected_q[..., rotary_dim:], q[..., rotary_dim:])  # not rotated
     fused = FusedCpuOps(cpu_isa)
     out_q, out_k = fused.rotate(q, k, fused.rope_tables(Tables, positions))
     assert out_q.data_ptr() == q.data_ptr() and out_k.data_ptr() == k.data_ptr()

@@ -1,7 +1,8 @@
 """Greedy parity with transformers for tiny random Llama, Mistral (sliding window), Qwen2
 (qkv bias, tied embeddings), Qwen3 (q/k norm) and Phi-3 (fused qkv / gate-up checkpoint
-weights, sliding window), mixing prefill and decode in one batch, on every CPU path this
-host can run (``cpu_isa`` fixture: each C++ kernel build)."""
+weights, sliding window; and rotary over half of each head, as Phi-4-mini), mixing prefill
+and decode in one batch, on every CPU path this host can run (``cpu_isa`` fixture: each C++
+kernel build)."""
 import pytest
 import torch
 
@@ -10,7 +11,7 @@ from paged_core import LLM, SamplingParams
 from ..reference import hf_greedy, passage_token_ids
 from ..tiny_models import build_tiny_model
 
-ARCHITECTURES = ["llama", "llama3-rope", "mistral", "qwen2", "qwen3", "phi3"]
+ARCHITECTURES = ["llama", "llama3-rope", "mistral", "qwen2", "qwen3", "phi3", "phi3-partial-rotary"]
 
 
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
@@ -32,15 +33,13 @@ def test_tiny_model_matches_transformers(model_type, tokenizer, tmp_path, cpu_is
 
 
 @pytest.mark.parametrize("rope, message", [
-    ({"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
-     "partial_rotary_factor=0.5 is not supported yet"),
     ({"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 1.0,
       "short_factor": [1.0] * 8,
       "long_factor": [2.0] * 8, "original_max_position_embeddings": 64},
      "rope_type 'longrope' is not supported yet")])
 def test_rope_the_tables_cannot_express_is_refused_by_name(rope, message, tmp_path, tokenizer):
-    """Rather than answer wrongly: a Phi-3 config whose RoPE rotates part of each head, or
-    switches LongRoPE factors with the sequence length, is refused at startup."""
+    """Rather than answer wrongly: a Phi-3 config whose RoPE switches LongRoPE factors with the
+    sequence length is refused at startup."""
     from transformers import Phi3ForCausalLM
 
     from ..tiny_models import tiny_config

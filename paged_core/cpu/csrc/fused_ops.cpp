@@ -6,7 +6,8 @@
 // - rms_norm(x, weight, eps, out):            out = weight * T(x * rsqrt(mean(x^2) + eps))
 // - add_rms_norm(residual, x, weight, eps, out): residual = T(residual + x); out = rms_norm(residual)
 // - rotary_embedding(q, k, positions, cos, sin): in place, rotate-half convention,
-//   x = T(T(x * cos) + T(rotate_half(x) * sin)) with cos/sin rows picked by position.
+//   x = T(T(x * cos) + T(rotate_half(x) * sin)) with cos/sin rows picked by position, over
+//   the first rotary_dim (the tables' width) dims of each head, the rest left as they are.
 // - silu_and_mul(gate_up, out): out = T(T(silu(gate)) * up), gate_up = [gate | up] per row
 //   (silu's float32 value may differ from torch's in the last bit: another exp).
 //
@@ -125,17 +126,19 @@ inline void rotate_row(T* x, const T* c, const T* s, int64_t D, float* buf) {
   }
 }
 
+// The first R dims of every head of x (tables of R columns; R <= head_dim: partial rotary
+// leaves the rest as they are).
 template <typename T>
-void rotate_tensor(at::Tensor& x, const int64_t* pos, const T* cos, const T* sin, int64_t D) {
+void rotate_tensor(at::Tensor& x, const int64_t* pos, const T* cos, const T* sin, int64_t R) {
   const int64_t tokens = x.size(0), heads = x.size(1);
   const int64_t t_stride = x.stride(0), h_stride = x.stride(1);
   T* base = reinterpret_cast<T*>(x.mutable_data_ptr());
-  at::parallel_for(0, tokens, row_grain(heads * D), [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(D);
+  at::parallel_for(0, tokens, row_grain(heads * R), [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(R);
     for (int64_t t = begin; t < end; ++t) {
-      const T* c = cos + pos[t] * D;
-      const T* s = sin + pos[t] * D;
-      for (int64_t h = 0; h < heads; ++h) rotate_row<T>(base + t * t_stride + h * h_stride, c, s, D, buf.data());
+      const T* c = cos + pos[t] * R;
+      const T* s = sin + pos[t] * R;
+      for (int64_t h = 0; h < heads; ++h) rotate_row<T>(base + t * t_stride + h * h_stride, c, s, R, buf.data());
     }
   });
 }
@@ -184,11 +187,11 @@ void rotary_embedding(at::Tensor& q, at::Tensor& k, const at::Tensor& positions,
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && q.size(0) == k.size(0) && q.size(2) == k.size(2),
               "q and k must be [tokens, heads, head_dim] with the same tokens and head_dim");
   TORCH_CHECK(q.stride(2) == 1 && k.stride(2) == 1, "q and k need a contiguous last dim");
-  const int64_t D = q.size(2);
-  TORCH_CHECK(D % 2 == 0, "head_dim must be even");
-  TORCH_CHECK(cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.size(1) == D &&
+  const int64_t D = q.size(2), R = cos.size(-1);  // R < D: partial rotary
+  TORCH_CHECK(cos.dim() == 2 && cos.sizes() == sin.sizes() && R % 2 == 0 && R <= D &&
                   cos.is_contiguous() && sin.is_contiguous(),
-              "cos and sin must be contiguous [max_positions, head_dim] tables");
+              "cos and sin must be contiguous [max_positions, rotary_dim] tables, rotary_dim even "
+              "and at most head_dim");
   TORCH_CHECK(positions.dim() == 1 && positions.size(0) == q.size(0) &&
                   positions.scalar_type() == at::kLong && positions.is_contiguous(),
               "positions must be contiguous int64 [tokens]");
@@ -203,11 +206,11 @@ void rotary_embedding(at::Tensor& q, at::Tensor& k, const at::Tensor& positions,
                 cos.size(0), "-row rotary tables");
   if (dtype == at::kFloat) {
     for (at::Tensor* x : {&q, &k})
-      rotate_tensor<float>(*x, pos, cos.const_data_ptr<float>(), sin.const_data_ptr<float>(), D);
+      rotate_tensor<float>(*x, pos, cos.const_data_ptr<float>(), sin.const_data_ptr<float>(), R);
   } else {
     const auto* c = reinterpret_cast<const uint16_t*>(cos.const_data_ptr());
     const auto* s = reinterpret_cast<const uint16_t*>(sin.const_data_ptr());
-    for (at::Tensor* x : {&q, &k}) rotate_tensor<uint16_t>(*x, pos, c, s, D);
+    for (at::Tensor* x : {&q, &k}) rotate_tensor<uint16_t>(*x, pos, c, s, R);
   }
 }
 
