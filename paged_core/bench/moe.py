@@ -125,7 +125,9 @@ def print_summary(results: dict[str, Any]) -> None:
 
 
 def plot(results: dict[str, Any], out_dir, name: str) -> None:
-    fig, axes = new_figure(ncols=2, width=5.0)
+    """Step time against total experts and against top_k, per batch; and against the experts
+    that actually ran (every case): the one that predicts it."""
+    fig, axes = new_figure(ncols=3, width=4.6)
     rows = results["rows"]
     for batch in sorted({r["batch"] for r in rows}):
         by_experts = sorted((r["experts"], r["decode_step_ms"]) for r in rows
@@ -137,8 +139,13 @@ def plot(results: dict[str, Any], out_dir, name: str) -> None:
                       if r["batch"] == batch and r["experts"] == top_e)
         if by_k:
             axes[0][1].plot(*zip(*by_k), "s-", label=f"batch {batch}")
+        ran = sorted((r["experts_run_per_layer"], r["decode_step_ms"]) for r in rows
+                     if r["batch"] == batch)
+        axes[0][2].plot(*zip(*ran), "^", label=f"batch {batch}")
     axes[0][0].set(xscale="log", xlabel="total experts (top_k 2)", ylabel="decode step ms",
                    title="step time vs total experts")
+    axes[0][2].set(xlabel="experts run per layer and step", ylabel="decode step ms",
+                   title="step time vs experts that ran")
     axes[0][1].set(xlabel="top_k (experts per token)", ylabel="decode step ms",
                    title="step time vs active experts")
     for ax in axes[0]:
@@ -150,5 +157,5 @@ def plot(results: dict[str, Any], out_dir, name: str) -> None:
 
 def readme_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     return [(f"{r['experts']} experts, top_k {r['top_k']}, batch {r['batch']}",
-             f"{r['decode_step_ms']:.2f} ms per decode step, {r['experts_run_per_layer']:.0f} "
+             f"{r['decode_step_ms']:.2f} ms per decode step, {r['experts_run_per_layer']:.1f} "
              f"experts run per layer, {r['output_tok_s']:.1f} tok/s") for r in result["rows"]]
