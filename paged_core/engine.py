@@ -38,6 +38,7 @@ from .exceptions import RequestFailedError
 from .frontend.input_processor import InputProcessor
 from .models.model_loader import load_hf_config, load_tokenizer, resolve_model_folder
 from .models.registry import model_spec
+from .models.spec import check_rope_length
 from .models.sharding import ShardPlan
 from .outputs import RequestOutput
 from .executor.packed_batch import PackedBatch, StepInput, bucketed_num_tokens, pack_batch
@@ -67,6 +68,7 @@ class LLMEngine:
                 f"max_model_len={config.max_model_len} exceeds the model's context of {context} "
                 f"tokens (max_position_embeddings); lower max_model_len")
         self.max_model_len = config.max_model_len or context
+        check_rope_length(hf_config, self.max_model_len)
         spec = model_spec(hf_config)
         ShardPlan(spec, 0, config.tensor_parallel_size)  # refuse a bad size before any process starts
         self.vocab_size = spec.vocab_size

@@ -28,6 +28,11 @@ def tiny_config(model_type: str, vocab_size: int):
         return Qwen3Config(vocab_size=vocab_size, head_dim=32, **COMMON)
     if model_type == "phi3":  # fused qkv_proj / gate_up_proj weights, a sliding window
         return Phi3Config(vocab_size=vocab_size, sliding_window=24, pad_token_id=0, **COMMON)
+    if model_type == "phi3-longrope":  # Phi-3.5's kind: short / long factors past 64 positions
+        return Phi3Config(vocab_size=vocab_size, pad_token_id=0, rope_parameters={
+            "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.5] * 4,
+            "long_factor": [2.0, 4.0] * 4, "original_max_position_embeddings": 64},
+            original_max_position_embeddings=64, **COMMON)
     if model_type == "phi3-partial-rotary":  # Phi-4-mini's kind: rotary over half of each head
         return Phi3Config(vocab_size=vocab_size, pad_token_id=0, rope_parameters={
             "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},

@@ -26,7 +26,7 @@ from .layers import GemmaRMSNorm, RotaryEmbedding
 from .llama import LlamaAttention, LlamaForCausalLM
 from .mlp import GatedMLP
 from .sharding import ShardPlan
-from .spec import DecoderSpec, attention_shape, refuse_unsupported_rope
+from .spec import DecoderSpec, attention_shape
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,6 @@ class GemmaSpec(DecoderSpec):
 
 
 def read_spec(cfg) -> GemmaSpec:
-    refuse_unsupported_rope(cfg)
     if getattr(cfg, "hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
         raise ValueError(f"{cfg.model_type} with hidden_activation={cfg.hidden_activation!r} is "
                          f"not supported (gelu_pytorch_tanh only)")

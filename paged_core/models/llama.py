@@ -30,7 +30,7 @@ from .mlp import GatedMLP
 from .moe import SparseMoeBlock
 from .parallel_layers import RowParallelLinear, VocabParallelEmbedding
 from .sharding import ShardPlan
-from .spec import DecoderSpec, attention_shape, refuse_unsupported_rope
+from .spec import DecoderSpec, attention_shape
 
 
 class LlamaAttention(nn.Module):
@@ -250,7 +250,6 @@ _PART_ORDER = {"q_proj": 0, "k_proj": 1, "v_proj": 2, "gate_proj": 0, "up_proj":
 
 def read_spec(cfg) -> DecoderSpec:
     """The Llama family's ``DecoderSpec`` (Qwen2's qkv bias, Qwen3's q/k norms)."""
-    refuse_unsupported_rope(cfg)
     attention_bias = bool(getattr(cfg, "attention_bias", False))
     return DecoderSpec(
         **attention_shape(cfg), intermediate_size=cfg.intermediate_size,

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from .family import ModelFamily
 from .llama import LlamaForCausalLM
-from .spec import DecoderSpec, MoeSpec, attention_shape, refuse_unsupported_rope
+from .spec import DecoderSpec, MoeSpec, attention_shape
 
 
 def read_spec(cfg) -> DecoderSpec:
-    refuse_unsupported_rope(cfg)
     moe = MoeSpec(num_experts=cfg.num_local_experts, top_k=cfg.num_experts_per_tok,
                   intermediate_size=cfg.intermediate_size, norm_top_k=True, float32_weights=True,
                   sparse_layers=(True,) * cfg.num_hidden_layers)

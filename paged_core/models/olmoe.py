@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from .family import ModelFamily
 from .llama import LlamaForCausalLM
-from .spec import DecoderSpec, MoeSpec, attention_shape, refuse_unsupported_rope
+from .spec import DecoderSpec, MoeSpec, attention_shape
 
 
 def read_spec(cfg) -> DecoderSpec:
-    refuse_unsupported_rope(cfg)
     if getattr(cfg, "clip_qkv", None) is not None:
         raise ValueError(f"olmoe with clip_qkv={cfg.clip_qkv} is not supported (clip_qkv: null only)")
     moe = MoeSpec(num_experts=cfg.num_experts, top_k=cfg.num_experts_per_tok,

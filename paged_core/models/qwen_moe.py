@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .family import ModelFamily
 from .llama import LlamaForCausalLM
-from .spec import DecoderSpec, MoeSpec, attention_shape, refuse_unsupported_rope
+from .spec import DecoderSpec, MoeSpec, attention_shape
 
 
 def sparse_layers(cfg) -> tuple[bool, ...]:
@@ -19,7 +19,6 @@ def sparse_layers(cfg) -> tuple[bool, ...]:
 
 
 def read_spec(cfg) -> DecoderSpec:
-    refuse_unsupported_rope(cfg)
     qwen2 = cfg.model_type == "qwen2_moe"
     moe = MoeSpec(num_experts=cfg.num_experts, top_k=cfg.num_experts_per_tok,
                   intermediate_size=cfg.moe_intermediate_size, norm_top_k=cfg.norm_topk_prob,

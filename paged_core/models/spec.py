@@ -60,15 +60,24 @@ def sliding_windows(cfg) -> tuple[int | None, ...]:
     return (window,) * cfg.num_hidden_layers
 
 
-def refuse_unsupported_rope(cfg) -> None:
-    """RoPE the static cos/sin tables (``layers.RotaryEmbedding``) cannot express yet: LongRoPE,
-    whose factors switch with each forward's sequence length. Checks every layer type's
-    parameters where the config has one set per type (Gemma 3)."""
+def check_rope_length(cfg, max_model_len: int) -> None:
+    """LongRoPE (Phi-3.5) switches from its short to its long factors once a forward's sequence
+    passes ``original_max_position_embeddings``, re-rotating nothing already cached; the
+    static tables (``layers.RotaryEmbedding``) hold the short factors, exact up to that length.
+    Raises ``ValueError`` naming ``max_model_len`` when it reaches past it. Checks every layer
+    type's parameters where the config has one set per type (Gemma 3)."""
     params = getattr(cfg, "rope_parameters", None) or {}
     per_type = [p for p in params.values() if isinstance(p, dict)]
     for rope in per_type or [params]:
-        if rope.get("rope_type") == "longrope":
-            raise ValueError(f"{cfg.model_type} with rope_type 'longrope' is not supported yet")
+        if rope.get("rope_type") != "longrope":
+            continue
+        original = rope.get("original_max_position_embeddings",
+                            getattr(cfg, "original_max_position_embeddings", None))
+        if original is not None and max_model_len > original:
+            raise ValueError(
+                f"max_model_len={max_model_len}: {cfg.model_type} uses LongRoPE, which paged-core "
+                f"serves with its short factors only, up to original_max_position_embeddings="
+                f"{original} tokens; set max_model_len <= {original}")
 
 
 def attention_shape(cfg) -> dict:

@@ -32,25 +32,24 @@ def test_tiny_model_matches_transformers(model_type, tokenizer, tmp_path, cpu_is
     assert llm.stats()["kv_blocks_used"] == 0
 
 
-@pytest.mark.parametrize("rope, message", [
-    ({"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 1.0,
-      "short_factor": [1.0] * 8,
-      "long_factor": [2.0] * 8, "original_max_position_embeddings": 64},
-     "rope_type 'longrope' is not supported yet")])
-def test_rope_the_tables_cannot_express_is_refused_by_name(rope, message, tmp_path, tokenizer):
-    """Rather than answer wrongly: a Phi-3 config whose RoPE switches LongRoPE factors with the
-    sequence length is refused at startup."""
-    from transformers import Phi3ForCausalLM
+def test_longrope_is_served_up_to_its_original_length_and_refused_past_it(tmp_path, tokenizer):
+    """Phi-3.5's LongRoPE: transformers uses the short factors while a sequence stays within
+    ``original_max_position_embeddings`` (64 here), and paged-core matches it there; a
+    ``max_model_len`` past it (the long factors' range, the default here: 512) is refused,
+    naming the setting, rather than answered wrongly."""
+    from transformers import AutoModelForCausalLM
 
-    from ..tiny_models import tiny_config
-
-    config = tiny_config("phi3", len(tokenizer))
-    config.rope_parameters = rope
-    folder = tmp_path / "phi3-rope"
-    Phi3ForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    with pytest.raises(ValueError, match=message):
-        LLM(model=str(folder), dtype="float32")
+    folder = build_tiny_model("phi3-longrope", str(tmp_path / "phi3-longrope"), tokenizer)
+    with pytest.raises(ValueError, match="max_model_len=512: phi3 uses LongRoPE.*"
+                                         "set max_model_len <= 64"):
+        LLM(model=folder, dtype="float32")
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    prompts = [passage_token_ids(tokenizer, n, offset=9 * i) for i, n in enumerate([3, 20, 36])]
+    expected = [hf_greedy(reference, p, 24) for p in prompts]  # at most 60 tokens each
+    llm = LLM(model=folder, dtype="float32", max_model_len=64, num_kv_blocks=32)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+                           use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == expected
 
 
 def test_triton_backend_matches_torch_backend_in_interpreter(tokenizer, tmp_path):
