@@ -6,6 +6,8 @@ paths made absolute), and ``config_env`` is the same mapping as
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from dataclasses import fields
 
@@ -23,6 +25,9 @@ def config_strings(config: EngineConfig) -> dict[str, str]:
             continue
         if isinstance(value, bool):
             value = "true" if value else "false"
+        elif dataclasses.is_dataclass(value):  # speculative_config, kv_events_config: JSON
+            value = json.dumps({k: v for k, v in dataclasses.asdict(value).items()
+                                if v is not None})
         elif f.name in _PATH_FIELDS:
             value = os.path.abspath(value) if os.path.exists(value) else value
         out[f.name] = str(value)

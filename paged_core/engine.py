@@ -75,10 +75,13 @@ class LLMEngine:
         self.executor = make_executor(
             RankSpec(config, folder, self.max_model_len, self.device, self.dtype),
             config.tensor_parallel_size, config.distributed_executor_backend)
-        self._finalizer = weakref.finalize(self, self.executor.shutdown)
+        self.kv_events = _kv_event_publisher(config, self.device)  # None unless configured
+        self._finalizer = weakref.finalize(self, _shut_down, self.executor, self.kv_events)
         self.runner = self.executor.runner  # rank 0's
         num_blocks = self.executor.num_blocks
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        if self.kv_events is not None:
+            self.kv.record_events()
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    long_prefill_token_threshold=config.long_prefill_token_threshold,
                                    max_num_partial_prefills=config.max_num_partial_prefills,
@@ -156,6 +159,7 @@ class LLMEngine:
             plan = self.plan_sampling(sched, packed)
             output = self.execute_model(packed, sched, plan.sampling)
             outputs = self.update_from_output(sched, plan, output)
+            self._publish_kv_events()
             if self.proposer is not None:
                 self.proposer.propose([seq for seq in self.scheduler.running
                                        if seq.request.may_draft(seq)])
@@ -340,7 +344,8 @@ class LLMEngine:
         self.executor.check_health()
 
     def shutdown(self) -> None:
-        """Stop the executor's worker processes (idempotent; also run when the engine is collected)."""
+        """Stop the executor's worker processes and the KV-event publisher (idempotent; also
+        run when the engine is collected)."""
         self._finalizer()
 
     def _finish(self, request: Request, reason: str) -> None:
@@ -371,6 +376,14 @@ class LLMEngine:
     def reset_prefix_cache(self) -> None:
         """Forget every prefix-cached block that no request holds."""
         self.kv.reset_prefix_cache()
+        self._publish_kv_events()
+
+    def _publish_kv_events(self) -> None:
+        """Hand the prefix cache's events since the last call to the publisher, as one batch."""
+        if self.kv_events is not None:
+            events = self.kv.take_events()
+            if events:
+                self.kv_events.publish(events)
 
     def stats(self) -> EngineStats:
         """KV usage, prefix-cache counters (tokens), queue sizes, preemptions, generated tokens,
@@ -383,6 +396,7 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             generated_tokens=self.generated_tokens,
             spec_decode=None if self.proposer is None else self.spec_stats.snapshot(),
+            kv_events=None if self.kv_events is None else self.kv_events.stats(),
         )
 
 
@@ -400,3 +414,22 @@ def _is_sampled(item) -> bool:
     """Whether this step computes the last known token of the sequence (so it samples the next;
     with draft tokens, also one token after each draft)."""
     return item.seq.num_computed_tokens + item.num_new_tokens >= item.seq.num_tokens
+
+
+def _kv_event_publisher(config: EngineConfig, device: torch.device):
+    """The publisher ``kv_events_config`` asks for (``kv_events.publisher``), else ``None``."""
+    events = config.kv_events_config
+    if events is None or not events.publishes:
+        return None
+    try:
+        from .kv_events.publisher import ZmqEventPublisher
+        return ZmqEventPublisher(events, medium="GPU" if device.type == "cuda" else "CPU")
+    except ImportError as exc:
+        raise ValueError(f"kv_events_config with publisher 'zmq' needs pyzmq and msgspec "
+                         f"(pip install 'paged-core[kv-events]'): {exc}") from None
+
+
+def _shut_down(executor, kv_events) -> None:
+    executor.shutdown()
+    if kv_events is not None:
+        kv_events.shutdown()

@@ -15,6 +15,7 @@ import typing
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from ..kv_events.config import KVEventsConfig
 from ..spec_decode.config import SpeculativeConfig
 from .cache_config import CacheConfig
 from .model_config import ModelConfig
@@ -34,14 +35,18 @@ class EngineConfig(ServingConfig, ParallelConfig, SchedulerConfig, CacheConfig, 
     docstring) and ``speculative_config``, which turns on speculative decoding with vLLM's
     dict (``{"method": "ngram", "num_speculative_tokens": 4, ...}`` or ``{"model":
     draft_folder, "num_speculative_tokens": 4}``; also as JSON text), validated into a
-    ``SpeculativeConfig``."""
+    ``SpeculativeConfig``; and ``kv_events_config``, which publishes the prefix cache's
+    events for KV-aware routers with vLLM's dict and wire format (``{"enable_kv_cache_events":
+    true, "publisher": "zmq", "endpoint": "tcp://*:5557", ...}``; ``KVEventsConfig``)."""
 
     speculative_config: dict | None = None
+    kv_events_config: dict | None = None
 
     def __post_init__(self) -> None:
         for part in _PARTS:
             part.__post_init__(self)
         self.speculative_config = SpeculativeConfig.from_value(self.speculative_config)
+        self.kv_events_config = KVEventsConfig.from_value(self.kv_events_config)
         if self.speculative_config and self.speculative_config.method == "draft_model" \
                 and self.tensor_parallel_size > 1:
             raise ValueError("speculative_config with a draft model needs tensor_parallel_size=1; "

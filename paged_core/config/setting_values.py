@@ -92,3 +92,24 @@ def _parse_bool(raw: str) -> bool:
 
 _PARSERS = {bool: _parse_bool, int: int, float: float, str: str}
 _WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "text"}
+
+
+def dict_setting(name: str, value: Any, allowed: set[str]) -> dict[str, Any] | None:
+    """A setting given as a dict (or its JSON text): the dict, ``None`` for ``None`` or ``{}``;
+    ``ValueError`` naming ``name`` for text that is not a JSON object, another type, or keys
+    outside ``allowed``."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        import json
+
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{name} must be a JSON object, got {value!r} ({exc})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a dict, got {type(value).__name__}")
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise ValueError(f"{name} has unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+    return dict(value) or None

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from .kv_cache_events import AllBlocksCleared, BlockRemoved, KVCacheEvent
+
 
 class Block:
     """One physical block of ``block_size`` token slots in every layer's KV cache."""
@@ -81,6 +83,8 @@ class BlockPool:
         self.cached_blocks: dict[bytes, Block] = {}
         self.enable_prefix_caching = enable_prefix_caching
         self.num_cached_free = 0  # blocks with ref_cnt == 0 that hold a hash
+        # Where evictions and resets are reported (kv_cache_events), when someone listens.
+        self.events: list[KVCacheEvent] | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -134,24 +138,32 @@ class BlockPool:
                 if block.block_hash is not None:
                     self.num_cached_free += 1
 
-    def cache_full_block(self, block: Block, block_hash: bytes) -> None:
-        """Record a full, used block under its hash; the first block with a hash keeps it."""
+    def cache_full_block(self, block: Block, block_hash: bytes) -> bool:
+        """Record a full, used block under its hash; the first block with a hash keeps it.
+        True if the block is newly cached (a ``BlockStored`` for the caller to report)."""
         if not self.enable_prefix_caching or block.block_hash is not None:
-            return
+            return False
         if block_hash in self.cached_blocks:
-            return
+            return False
         block.block_hash = block_hash
         self.cached_blocks[block_hash] = block
+        return True
 
-    def _evict(self, block: Block) -> None:
+    def _evict(self, block: Block, report: bool = True) -> None:
         assert block.block_hash is not None
         if self.cached_blocks.get(block.block_hash) is block:
             del self.cached_blocks[block.block_hash]
+            if report and self.events is not None:
+                self.events.append(BlockRemoved([block.block_hash]))
         block.block_hash = None
         self.num_cached_free -= 1
 
     def reset_prefix_cache(self) -> None:
-        """Forget every cached-but-unused block (e.g. after weights change)."""
-        for block in list(self.cached_blocks.values()):
-            if block.ref_cnt == 0:
-                self._evict(block)
+        """Forget every cached-but-unused block (e.g. after weights change); reported as
+        ``AllBlocksCleared`` when that empties the cache, else as the blocks removed."""
+        unused = [block for block in self.cached_blocks.values() if block.ref_cnt == 0]
+        removed = [block.block_hash for block in unused]
+        for block in unused:
+            self._evict(block, report=False)
+        if self.events is not None and removed:
+            self.events.append(BlockRemoved(removed) if self.cached_blocks else AllBlocksCleared())

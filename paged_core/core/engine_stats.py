@@ -64,6 +64,14 @@ class SpecDecodeStats(FlatStats):
 
 
 @dataclass(frozen=True)
+class KvEventStats(FlatStats):
+    """The KV-event publisher's counters so far (``kv_events_config``)."""
+    kv_events_published: int  # events sent
+    kv_event_batches_published: int
+    kv_event_batches_dropped: int  # the publisher's queue was full
+
+
+@dataclass(frozen=True)
 class EngineStats(FlatStats):
     """One engine's gauges and counters at one moment."""
     kv: KvCacheStats
@@ -73,4 +81,5 @@ class EngineStats(FlatStats):
     num_preemptions: int
     generated_tokens: int
     spec_decode: SpecDecodeStats | None = None  # only with speculative decoding
+    kv_events: KvEventStats | None = None  # only with KV events published
     num_rejected: int | None = None  # requests refused by admission control (AsyncEngine)

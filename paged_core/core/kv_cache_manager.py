@@ -12,6 +12,7 @@ from __future__ import annotations
 from .block_hash import extend_block_hashes
 from .block_pool import Block, BlockPool
 from .engine_stats import KvCacheStats
+from .kv_cache_events import BlockStored, KVCacheEvent
 from .sequence import Sequence
 
 
@@ -140,9 +141,38 @@ class KVCacheManager:
         if num_full <= start:
             return
         extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_size)
-        for i in range(start, num_full):
-            self.pool.cache_full_block(table[i], seq.block_hashes[i])
+        stored = [i for i in range(start, num_full)
+                  if self.pool.cache_full_block(table[i], seq.block_hashes[i])]
         self._num_cached[seq.seq_id] = num_full
+        if stored and self.pool.events is not None:
+            self._report_stored(seq, stored)
+
+    def _report_stored(self, seq: Sequence, stored: list[int]) -> None:
+        """One ``BlockStored`` per run of consecutive newly cached blocks of ``seq``."""
+        runs: list[list[int]] = []
+        for i in stored:
+            if runs and runs[-1][-1] == i - 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        size = self.block_size
+        for run in runs:
+            first, last = run[0], run[-1]
+            self.pool.events.append(BlockStored(
+                block_hashes=[seq.block_hashes[i] for i in run],
+                parent_block_hash=seq.block_hashes[first - 1] if first > 0 else None,
+                token_ids=list(seq.token_ids[first * size:(last + 1) * size]), block_size=size))
+
+    def record_events(self) -> None:
+        """From now on, keep the prefix cache's events (``kv_cache_events``) for ``take_events``."""
+        self.pool.events = []
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The events since the last call (empty unless ``record_events`` was called)."""
+        events = self.pool.events or []
+        if self.pool.events is not None:
+            self.pool.events = []
+        return events
 
     def stats(self) -> KvCacheStats:
         pool = self.pool

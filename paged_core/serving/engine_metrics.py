@@ -65,6 +65,11 @@ ENGINE_METRICS: tuple[EngineMetric, ...] = (
     EngineMetric("paged_core_spec_decode_mean_acceptance_length", "gauge",
                  "Tokens per verify step with drafts (1 + accepted / drafts)",
                  "spec_decode_mean_acceptance_length"),
+    EngineMetric("paged_core_kv_events_published", "counter",
+                 "KV-cache events published for routers", "kv_events_published"),
+    EngineMetric("paged_core_kv_event_batches_dropped", "counter",
+                 "KV-event batches dropped because the publisher's queue was full",
+                 "kv_event_batches_dropped"),
 )
 
 

@@ -13,10 +13,11 @@ A JSON string (``PAGED_CORE_SPECULATIVE_CONFIG``, ``--speculative-config``) is r
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, fields
 from typing import Any
+
+from ..config.setting_values import dict_setting
 
 METHODS = ("ngram", "draft_model")
 _DEFAULT_LOOKUP = 5
@@ -36,22 +37,10 @@ class SpeculativeConfig:
         """Build from a dict (or its JSON text); ``None`` (or ``{}``) means no speculation."""
         if value is None or isinstance(value, SpeculativeConfig):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"speculative_config must be a JSON object, got {value!r} "
-                                 f"({exc})") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"speculative_config must be a dict, got {type(value).__name__}")
-        if not value:
+        value = dict_setting("speculative_config", value, {f.name for f in fields(cls)})
+        if value is None:
             return None
-        allowed = {f.name for f in fields(cls)}
-        unknown = sorted(set(value) - allowed)
-        if unknown:
-            raise ValueError(f"speculative_config has unknown key(s) {unknown}; "
-                             f"allowed: {sorted(allowed)}")
-        return cls._validated(dict(value))
+        return cls._validated(value)
 
     @classmethod
     def _validated(cls, v: dict[str, Any]) -> "SpeculativeConfig":

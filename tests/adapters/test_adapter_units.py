@@ -2,6 +2,7 @@
 and request parsing, launcher environment, LitServe's probe API."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import re
@@ -19,9 +20,13 @@ CONFIG = EngineConfig(dtype="float32", block_size=32, num_kv_blocks=64, max_mode
                       enable_prefix_caching=False, served_model_name="tiny")
 
 
-def test_config_survives_strings_and_env():
-    assert EngineConfig.from_strings(config_strings(CONFIG)) == CONFIG
-    assert EngineConfig.from_env(environ=config_env(CONFIG)) == CONFIG
+@pytest.mark.parametrize("config", [CONFIG, dataclasses.replace(
+    CONFIG, speculative_config={"method": "ngram", "num_speculative_tokens": 3},
+    kv_events_config={"enable_kv_cache_events": True, "endpoint": "tcp://*:5600", "topic": "t"})])
+def test_config_survives_strings_and_env(config):
+    """Dict settings travel as JSON (to a server's environment, Triton's config.pbtxt)."""
+    assert EngineConfig.from_strings(config_strings(config)) == config
+    assert EngineConfig.from_env(environ=config_env(config)) == config
 
 
 def test_write_repository_renders_name_and_engine_parameters(tmp_path):

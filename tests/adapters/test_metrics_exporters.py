@@ -71,12 +71,13 @@ def triton_exported(triton: TritonMetrics) -> dict[str, tuple[str, str, float]]:
 
 @pytest.fixture(scope="module")
 def engine_stats(tokenizer, tmp_path_factory):
-    """``stats()`` of an ``AsyncEngine`` with speculative decoding, before and after it
-    served a request (so the counters, drafts included, have grown)."""
-    folder = build_tiny_model("llama", str(tmp_path_factory.mktemp("metrics") / "llama"),
-                              tokenizer)
-    engine = AsyncEngine(EngineConfig(model=folder, dtype="float32", num_kv_blocks=64,
-                                      speculative_config=NGRAM))
+    """``stats()`` of an ``AsyncEngine`` with speculative decoding and KV events, before and
+    after it served a request (so the counters, drafts and events included, have grown)."""
+    scratch = tmp_path_factory.mktemp("metrics")
+    folder = build_tiny_model("llama", str(scratch / "llama"), tokenizer)
+    engine = AsyncEngine(EngineConfig(
+        model=folder, dtype="float32", num_kv_blocks=64, speculative_config=NGRAM,
+        kv_events_config={"enable_kv_cache_events": True, "endpoint": f"ipc://{scratch}/kv"}))
 
     async def serve() -> None:
         params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -115,10 +116,11 @@ def test_both_exporters_expose_every_metric_of_an_engine_alike(engine_stats):
 def test_both_exporters_leave_out_what_an_engine_does_not_report(engine_stats):
     _, after = engine_stats
     plain = {k: v for k, v in after.items()
-             if not k.startswith("spec_decode_") and k != "num_rejected"}
+             if not k.startswith(("spec_decode_", "kv_event")) and k != "num_rejected"}
     triton = TritonMetrics(FakeMetricFamily, "paged_llm", plain)
     triton.update(plain)
     openai = openai_exported(plain)
     assert triton_exported(triton) == openai
     assert set(openai) == {m.name for m in ENGINE_METRICS if m.stat in plain}
-    assert not any("spec_decode" in name or "rejected" in name for name in openai)
+    assert not any("spec_decode" in name or "rejected" in name or "kv_event" in name
+                   for name in openai)

@@ -20,7 +20,7 @@ def test_every_flat_setting_belongs_to_exactly_one_part():
             owners.setdefault(f.name, []).append(part.__name__)
     assert all(len(names) == 1 for names in owners.values()), owners
     flat = {f.name for f in dataclasses.fields(EngineConfig)}
-    assert flat == set(owners) | {"speculative_config"}
+    assert flat == set(owners) | {"speculative_config", "kv_events_config"}
     assert [f.name for f in dataclasses.fields(EngineConfig)][0] == "model"
 
 
