@@ -11,6 +11,7 @@ Every failure is a ``ValueError`` naming the setting and its variable.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import types
@@ -101,8 +102,6 @@ def dict_setting(name: str, value: Any, allowed: set[str]) -> dict[str, Any] | N
     if value is None:
         return None
     if isinstance(value, str):
-        import json
-
         try:
             value = json.loads(value)
         except json.JSONDecodeError as exc:

@@ -169,9 +169,9 @@ class KVCacheManager:
 
     def take_events(self) -> list[KVCacheEvent]:
         """The events since the last call (empty unless ``record_events`` was called)."""
-        events = self.pool.events or []
-        if self.pool.events is not None:
-            self.pool.events = []
+        if not self.pool.events:
+            return []
+        events, self.pool.events = self.pool.events, []
         return events
 
     def stats(self) -> KvCacheStats:

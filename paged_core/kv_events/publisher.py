@@ -6,9 +6,10 @@
   (8 bytes big-endian)]`` with every buffered batch from that number on, each as
   ``[sequence number, payload]``, then the end marker ``[-1 (8 bytes, signed), b""]``; the
   last ``buffer_steps`` batches are kept.
-- Sending happens on the publisher's own thread: the engine only puts a batch on a queue of
-  ``max_queue_size``; when that is full the batch is dropped and counted (the engine never
-  waits for a slow subscriber or network).
+- Converting, encoding and sending happen on the publisher's own thread: the engine only
+  puts the step's events (with their time) on a queue of ``max_queue_size``; when that is
+  full the batch is dropped and counted (the engine never waits for a slow subscriber or
+  network).
 
 Endpoints follow vLLM's rule: the PUB socket binds when the address has a wildcard host
 (``tcp://*:5557``, ``tcp://[::]:5557``) or is ``ipc://`` / ``inproc://``, else connects;
@@ -23,9 +24,13 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+import msgspec
+import zmq
+
 from ..core.engine_stats import KvEventStats
 from ..core.kv_cache_events import KVCacheEvent
 from .config import KVEventsConfig
+from .wire import KVEventBatch, to_wire
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +52,6 @@ class PublisherCounters:
 
 class ZmqEventPublisher:
     def __init__(self, config: KVEventsConfig, medium: str, data_parallel_rank: int = 0) -> None:
-        import msgspec
-        import zmq
-
         self.config, self.medium, self.data_parallel_rank = config, medium, data_parallel_rank
         self.counters = PublisherCounters()
         self._queue: queue.Queue = queue.Queue(maxsize=config.max_queue_size)
@@ -74,12 +76,8 @@ class ZmqEventPublisher:
 
     def publish(self, events: list[KVCacheEvent]) -> None:
         """Queue one step's events as one batch (dropped and counted if the queue is full)."""
-        from .wire import KVEventBatch, to_wire
-
-        batch = KVEventBatch(ts=time.time(), events=[to_wire(e, self.medium) for e in events],
-                             data_parallel_rank=self.data_parallel_rank)
         try:
-            self._queue.put_nowait(batch)
+            self._queue.put_nowait((time.time(), events))
         except queue.Full:
             self.counters.batches_dropped += 1
 
@@ -103,11 +101,11 @@ class ZmqEventPublisher:
             if self._replay is not None and self._replay.poll(0):
                 self._serve_replay()
             try:
-                batch = self._queue.get(timeout=0.05)
+                ts, events = self._queue.get(timeout=0.05)
             except queue.Empty:
                 continue
             try:
-                payload = self._encode(batch)
+                payload = self._encode(self._batch(ts, events))
                 self._pub.send_multipart((self.config.topic.encode(), seq.to_bytes(8, "big"),
                                           payload))
             except Exception:  # noqa: BLE001 - never take the engine down; say so once per batch
@@ -115,8 +113,12 @@ class ZmqEventPublisher:
                 continue
             self._buffer.append((seq, payload))
             self.counters.batches_published += 1
-            self.counters.events_published += len(batch.events)
+            self.counters.events_published += len(events)
             seq += 1
+
+    def _batch(self, ts: float, events: list[KVCacheEvent]) -> KVEventBatch:
+        return KVEventBatch(ts=ts, events=[to_wire(e, self.medium) for e in events],
+                            data_parallel_rank=self.data_parallel_rank)
 
     def _serve_replay(self) -> None:
         frames = self._replay.recv_multipart()

@@ -29,12 +29,12 @@ from torch import nn
 from ..executor.group import TensorParallelGroup
 from .elementwise import TORCH_OPS
 from .mlp import GatedMLP
-from .row_tiles import RowTiledLinear, WeightProduct
+from .row_tiles import row_tiled
 from .spec import DecoderSpec
 
 # Per-expert weight names of older checkpoints (Mixtral's w1 / w3 / w2) -> the part they are
-EXPERT_PARTS = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up",
-                 "down_proj": "down", "w2": "down"}
+_EXPERT_PARTS = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up",
+                  "down_proj": "down", "w2": "down"}
 
 
 class Experts(nn.Module):
@@ -102,7 +102,7 @@ class SparseMoeBlock(nn.Module):
     def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if not self.tile_rows:
             return F.linear(x, weight)
-        return RowTiledLinear(WeightProduct(weight), self.tile_rows)(x)
+        return row_tiled(lambda tile: F.linear(tile, weight), x, self.tile_rows)
 
     def load_expert_weight(self, name: str, tensor: torch.Tensor, channels: slice) -> str:
         """Copy checkpoint tensor ``name`` in (relative to this block's ``experts``: the stacked
@@ -119,7 +119,7 @@ class SparseMoeBlock(nn.Module):
             experts.down_proj.data.copy_(tensor)
             return name
         index, part = name.split(".")[:2]
-        e, width, kind = int(index), experts.width, EXPERT_PARTS[part]
+        e, width, kind = int(index), experts.width, _EXPERT_PARTS[part]
         if kind == "down":
             experts.down_proj.data[e].copy_(tensor)
             return "down_proj"

@@ -2,6 +2,8 @@
 (the building block of batch-invariant mode, ``batch_invariant.py``)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,13 +21,20 @@ class RowTiledLinear(nn.Module):
         self.tile_rows = tile_rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.shape[0]
-        padded = -(-rows // self.tile_rows) * self.tile_rows
-        if padded != rows:
-            x = torch.cat([x, x.new_zeros(padded - rows, *x.shape[1:])])
-        tiles = [self.inner(tile) for tile in x.split(self.tile_rows)]
-        out = tiles[0] if len(tiles) == 1 else torch.cat(tiles)  # a decode step: one tile
-        return out[:rows]
+        return row_tiled(self.inner, x, self.tile_rows)
+
+
+def row_tiled(product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+              tile_rows: int) -> torch.Tensor:
+    """``product`` (row-wise, ``[rows, in] -> [rows, out]``) over ``x`` in tiles of exactly
+    ``tile_rows`` rows, the last one zero-padded."""
+    rows = x.shape[0]
+    padded = -(-rows // tile_rows) * tile_rows
+    if padded != rows:
+        x = torch.cat([x, x.new_zeros(padded - rows, *x.shape[1:])])
+    tiles = [product(tile) for tile in x.split(tile_rows)]
+    out = tiles[0] if len(tiles) == 1 else torch.cat(tiles)  # a decode step: one tile
+    return out[:rows]
 
 
 class WeightProduct(nn.Module):

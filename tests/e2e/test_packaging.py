@@ -71,7 +71,7 @@ OPTIONAL_IMPORTS = {
         "triton_python_backend_utils": None,
     }),
     "paged_core.bench": ("bench", {"httpx": "httpx"}),
-    "paged_core.kv_events.wire": ("kv-events", {"msgspec": "msgspec"}),
+    "paged_core.kv_events": ("kv-events", {"msgspec": "msgspec", "zmq": "pyzmq"}),
 }
 
 # Run by the venv's python: walk and import the installed package, print one JSON line.
