@@ -3,8 +3,10 @@
 input batch and the plan): schedule; pack the step (its rows and logits layout); let each
 request decide what its sampled rows are for (``core.group_decision``); run the forward and
 the sampling through the executor (in process or on every tensor-parallel rank; rank 0
-samples); then apply the decisions, append, free; with a ``speculative_config`` the
-proposer then drafts tokens for the next step (``spec_decode``).
+samples); then apply the decisions, append (the core's stop conditions), detokenize and
+build the outputs (``frontend.output_processor``, whose stop strings end sequences too),
+free; with a ``speculative_config`` the proposer then drafts tokens for the next step
+(``spec_decode.speculation``).
 
 Not thread-safe: the offline ``LLM`` calls it directly; ``AsyncEngine`` owns
 one on its step-loop thread. Requests are validated (and tokenized) by
@@ -27,15 +29,16 @@ from .config import EngineConfig
 from .core.engine_stats import EngineStats
 from .core.group_decision import GroupDecision, SequenceGroup
 from .core.kv_cache_manager import KVCacheManager
-from .core.scheduler import Scheduler, SchedulerOutput, StepBudget
+from .core.scheduler import Scheduler, SchedulerOutput
 from .core.sequence import Sequence
-from .core.step_cost import StepCostModel, latency_budget
+from .core.step_pacer import StepPacer
 from .executor.devices import resolve_device, resolve_dtype
 from .executor.executor import make_executor
 from .executor.rank_worker import RankSpec
 from .frontend.eos import eos_token_ids
 from .exceptions import RequestFailedError
 from .frontend.input_processor import InputProcessor
+from .frontend.output_processor import OutputProcessor
 from .models.model_loader import load_hf_config, load_tokenizer, resolve_model_folder
 from .models.registry import model_spec
 from .models.spec import check_rope_length
@@ -46,10 +49,8 @@ from .frontend.prompts import PromptInput
 from .request import Request
 from .sampling_params import SamplingParams
 from .sample.sampling_plan import SamplerOutput, SamplingPlan
-from .spec_decode.factory import make_proposer
-from .spec_decode.metrics import SpecDecodingStats
 from .spec_decode.proposer import TargetModel
-from .spec_decode.rejection_sampler import num_accepted
+from .spec_decode.speculation import Speculation
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +78,6 @@ class LLMEngine:
             config.tensor_parallel_size, config.distributed_executor_backend)
         self.kv_events = _kv_event_publisher(config, self.device)  # None unless configured
         self._finalizer = weakref.finalize(self, _shut_down, self.executor, self.kv_events)
-        self.runner = self.executor.runner  # rank 0's
         num_blocks = self.executor.num_blocks
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         if self.kv_events is not None:
@@ -92,19 +92,18 @@ class LLMEngine:
         self.input_processor = InputProcessor(self.tokenizer, self.vocab_size, self.eos_token_ids,
                                               self.max_model_len, self.max_total_tokens,
                                               num_blocks, config.block_size)
+        self.output_processor = OutputProcessor(self.tokenizer)
         self.requests: dict[str, Request] = {}
         self.generated_tokens = 0
-        self.itl_target_s = (config.itl_target_ms or 0) / 1000
-        self.step_cost = StepCostModel(  # fed only when there is a latency target
-            rows_of=bucketed_num_tokens if self.runner.model.prefers_bucketed_batches else int)
+        self.pacer = StepPacer(config.itl_target_ms, rows_of=(
+            bucketed_num_tokens if self.executor.prefers_bucketed_batches else int))
         spec = config.speculative_config
-        self.proposer = None if spec is None else make_proposer(spec, TargetModel(
+        self.speculation = None if spec is None else Speculation(spec, TargetModel(
             config, self.vocab_size, self.max_total_tokens, num_blocks, self.device, self.dtype))
-        self.spec_stats = SpecDecodingStats(spec.num_speculative_tokens if spec else 0)
 
     @property
     def attention_backend(self) -> str:
-        return self.runner.backend.name
+        return self.executor.attention_backend
 
     def make_request(self, request_id: str, prompt: PromptInput,
                      params: SamplingParams | BeamSearchParams | None = None, *,
@@ -122,6 +121,7 @@ class LLMEngine:
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
         self.requests[request.request_id] = request
+        self.output_processor.add_request(request)
         self.scheduler.add(request.sequences[0])
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
@@ -131,7 +131,7 @@ class LLMEngine:
             return None
         self._finish(request, "abort")
         try:
-            out = request.make_output()
+            out = self.output_processor.make_output(request)
         except Exception as exc:
             return self._fail_request(request, exc)
         out.finished = True
@@ -151,7 +151,7 @@ class LLMEngine:
         the step (sizes and request ids, never text) and raised.
         """
         start = time.perf_counter()
-        sched = self.scheduler.schedule(self._step_budget())
+        sched = self.scheduler.schedule(self.pacer.budget(self.scheduler.num_decodes_in_flight))
         if sched.is_empty:
             return []
         try:
@@ -160,23 +160,13 @@ class LLMEngine:
             output = self.execute_model(packed, sched, plan.sampling)
             outputs = self.update_from_output(sched, plan, output)
             self._publish_kv_events()
-            if self.proposer is not None:
-                self.proposer.propose([seq for seq in self.scheduler.running
-                                       if seq.request.may_draft(seq)])
+            if self.speculation is not None:
+                self.speculation.propose(self.scheduler.running)
         except Exception:
             logger.error("engine step failed: %s", sched.describe())
             raise
-        if self.itl_target_s:
-            self.step_cost.observe(len(sched.scheduled), sched.num_tokens,
-                                   time.perf_counter() - start)
+        self.pacer.observe(len(sched.scheduled), sched.num_tokens, time.perf_counter() - start)
         return outputs
-
-    def _step_budget(self) -> StepBudget | None:
-        """What keeps a step with decodes within ``itl_target_ms`` (None: no target)."""
-        if not self.itl_target_s:
-            return None
-        return latency_budget(self.step_cost, self.itl_target_s,
-                              self.scheduler.num_decodes_in_flight)
 
     def pack(self, sched: SchedulerOutput) -> PackedBatch:
         """The step as the runner reads it (``pack_batch``): rows, positions, slots, block
@@ -188,7 +178,7 @@ class LLMEngine:
                            num_spec_tokens=len(item.seq.spec_token_ids))
                  for item in sched.scheduled]
         return pack_batch(batch, self.config.block_size,
-                          bucketed=self.runner.model.prefers_bucketed_batches)
+                          bucketed=self.executor.prefers_bucketed_batches)
 
     def plan_sampling(self, sched: SchedulerOutput, packed: PackedBatch) -> StepPlan:
         """Ask the request of every sequence that computes its last token this step what its
@@ -283,7 +273,7 @@ class LLMEngine:
     def _accept_tokens(self, targets: list[Sequence], tokens: list[int], logprobs: list,
                        outputs: list[RequestOutput]) -> dict[str, Request]:
         """Append each target's tokens: its one sampled token, or, if it carried drafts, those
-        ``_verify_drafts`` keeps; free the finished. Returns the requests that got tokens."""
+        speculative decoding verifies; free the finished. Returns the requests that got tokens."""
         touched: dict[str, Request] = {}
         end = 0
         for seq in targets:
@@ -291,7 +281,7 @@ class LLMEngine:
             start, end = end, end + 1 + num_drafts
             if seq.is_finished:  # its request failed on an earlier sample of this step
                 continue
-            keep = self._verify_drafts(seq, tokens[start:end]) if num_drafts else 1
+            keep = self.speculation.verify(seq, tokens[start:end]) if num_drafts else 1
             try:
                 finished = self._append_tokens(seq, tokens[start:start + keep],
                                                logprobs[start:start + keep])
@@ -307,21 +297,12 @@ class LLMEngine:
             touched[request.request_id] = request
         return touched
 
-    def _verify_drafts(self, seq: Sequence, sampled: list[int]) -> int:
-        """Speculative decoding's verification (``rejection_sampler``): how many of ``sampled``
-        (one token per verified position) ``seq`` keeps, the accepted drafts and one more.
-        Consumes and counts the drafts."""
-        accepted = num_accepted(seq.spec_token_ids, sampled)
-        self.spec_stats.observe(len(seq.spec_token_ids), accepted)
-        seq.spec_token_ids = []
-        return accepted + 1
-
     def _make_outputs(self, touched: dict[str, SequenceGroup]) -> list[RequestOutput]:
         """Each request's output delta; a finished request is forgotten."""
         outputs = []
         for request in touched.values():
             try:
-                out = request.make_output()
+                out = self.output_processor.make_output(request)
             except Exception as exc:
                 outputs.append(self._fail_request(request, exc))
                 continue
@@ -330,14 +311,22 @@ class LLMEngine:
             outputs.append(out)
         return outputs
 
-    def _append_tokens(self, seq, tokens: list[int], logprobs: list) -> bool:
-        """Append verified tokens one by one, as plain decoding would; True once one of them
-        finished ``seq`` (the rest are dropped)."""
-        for token, lp in zip(tokens, logprobs):
-            self.generated_tokens += 1
-            if seq.request.append_token(seq, token, lp):
-                return True
-        return False
+    def _append_tokens(self, seq: Sequence, tokens: list[int], logprobs: list) -> bool:
+        """Append verified tokens one by one until one finishes ``seq`` (the core's stop
+        conditions; the rest are dropped), then let the output processor detokenize them;
+        a stop string it finds ends ``seq`` there. True once ``seq`` is finished."""
+        request, appended, finished = seq.request, 0, False
+        while appended < len(tokens) and not finished:
+            finished = request.append_token(seq, tokens[appended])
+            appended += 1
+        stop = self.output_processor.absorb(seq, tokens[:appended], logprobs[:appended])
+        if stop is not None:
+            num_output_tokens, stop_string = stop
+            appended -= seq.num_output_tokens - num_output_tokens
+            request.stop_at_string(seq, num_output_tokens, stop_string)
+            finished = True
+        self.generated_tokens += appended
+        return finished
 
     def check_health(self) -> None:
         """Raises if the engine can no longer run steps (e.g. a tensor-parallel worker died)."""
@@ -366,6 +355,7 @@ class LLMEngine:
         logger.error("request %s failed; the engine goes on with the other requests",
                      request.request_id, exc_info=exc)
         self._finish(request, "error")
+        self.output_processor.forget(request.request_id)
         error = RequestFailedError(
             request.request_id, f"request {request.request_id} failed inside the engine "
                                 f"({type(exc).__name__}: {exc}); the engine goes on serving other requests")
@@ -395,7 +385,7 @@ class LLMEngine:
             num_requests=len(self.requests),
             num_preemptions=self.scheduler.num_preemptions,
             generated_tokens=self.generated_tokens,
-            spec_decode=None if self.proposer is None else self.spec_stats.snapshot(),
+            spec_decode=None if self.speculation is None else self.speculation.stats(),
             kv_events=None if self.kv_events is None else self.kv_events.stats(),
         )
 

@@ -39,7 +39,7 @@ from .results import beam_score
 from .params import BeamSearchParams
 from ..core.group_decision import GroupDecision
 from ..core.sequence import Sequence
-from ..outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from ..outputs import RequestMetrics
 from ..request import _seq_ids  # one id space for every sequence: block tables are keyed by it
 from ..scheduling_fields import SchedulingFields
 
@@ -63,6 +63,16 @@ class Hypothesis:
 
 
 @dataclass
+class RankedBeam:
+    """One completion of the search's result."""
+
+    token_ids: list[int]  # prompt + generated
+    cum_logprob: float
+    records: list[TokenRecord]
+    finish_reason: str
+
+
+@dataclass
 class _Candidate:
     beam: int  # index into the live beams
     token: int
@@ -72,8 +82,7 @@ class _Candidate:
 
 class BeamSearchRequest(SchedulingFields):
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                 params: BeamSearchParams, eos_token_ids: frozenset[int], tokenizer: object,
-                 **scheduling: Any) -> None:
+                 params: BeamSearchParams, eos_token_ids: frozenset[int], **scheduling: Any) -> None:
         """``scheduling``: the ``SchedulingFields`` keywords (``priority``, ``tenant``); every
         beam is scheduled with them, as the sequences of one ``Request`` are."""
         super().__init__(**scheduling)
@@ -81,7 +90,6 @@ class BeamSearchRequest(SchedulingFields):
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
         self.params = params
-        self.tokenizer = tokenizer
         self.metrics = RequestMetrics(time.monotonic())
         self.num_cached_tokens = 0
         self._eos = sorted(eos_token_ids)
@@ -212,29 +220,12 @@ class BeamSearchRequest(SchedulingFields):
         (the engine frees their blocks)."""
         self._abort_reason = reason
 
-    def make_output(self) -> RequestOutput:
-        """The final output: ``beam_width`` completions, best first (``index`` = rank)."""
-        ranked = [(h.token_ids, h.cum_logprob, h.records, h.finish_reason) for h in self.hypotheses]
+    def ranked_beams(self) -> list[RankedBeam]:
+        """The search's result now, best first, at most ``beam_width``: the hypotheses, then
+        (after an abort) the live beams with the abort's reason."""
+        ranked = [RankedBeam(h.token_ids, h.cum_logprob, h.records, h.finish_reason)
+                  for h in self.hypotheses]
         if self._abort_reason is not None:
-            ranked += [(b.seq.token_ids, b.cum_logprob, b.records, self._abort_reason)
+            ranked += [RankedBeam(b.seq.token_ids, b.cum_logprob, b.records, self._abort_reason)
                        for b in self.beams]
-        completions = [self._completion(i, *entry)
-                       for i, entry in enumerate(ranked[:self.params.beam_width])]
-        if self.is_finished and self.metrics.finished_time is None:
-            self.metrics.finished_time = time.monotonic()
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, completions,
-                             self.is_finished, self.metrics, self.num_cached_tokens)
-
-    def _completion(self, index: int, token_ids: list[int], cum_logprob: float,
-                    records: list[TokenRecord], finish_reason: str) -> CompletionOutput:
-        generated = token_ids[len(self.prompt_token_ids):]
-        decode = self.tokenizer.decode
-        ends_with_eos = finish_reason == "stop"
-        text = decode(generated[:-1] if ends_with_eos else generated, skip_special_tokens=True)
-        if ends_with_eos and self.params.include_stop_str_in_output:
-            text += decode(generated[-1:])
-        logprobs = [{t: Logprob(lp, rank, decode([t]))} for t, lp, rank in records]
-        return CompletionOutput(
-            index=index, text=text, token_ids=generated, cumulative_logprob=cum_logprob,
-            logprobs=logprobs, finish_reason=finish_reason, delta_text=text,
-            delta_token_ids=list(generated), delta_logprobs=logprobs)
+        return ranked[:self.params.beam_width]

@@ -73,7 +73,7 @@ class PhaseTimer:
         self._patched: list[tuple[Any, str, Any]] = []  # (owner, name, its own attribute)
 
     def __enter__(self) -> "PhaseTimer":
-        engine, model, backend = self.engine, self.engine.runner.model, self.engine.runner.backend
+        engine, model, backend = self.engine, self.engine.executor.runner.model, self.engine.executor.runner.backend
         self._patch(engine.scheduler, "schedule", self._timed_schedule)
         self._patch(engine, "pack", self._phase("prepare"))
         self._patch(engine, "execute_model", self._phase("prepare"))

@@ -143,8 +143,8 @@ def _run_size(folder: str | None, size: int, args: argparse.Namespace, s: dict[s
         with timer.installed():
             decode = _decode_steps(engine, timer, s, prompts[:s["batch"]])
             prefill = _prefill_steps(engine, timer, s, prompts[s["batch"]:])
-        rank0 = {"weight_bytes": model_bytes(engine.runner.model),
-                 "kv_cache_bytes": kv_cache_bytes(engine.runner.kv_caches)}
+        rank0 = {"weight_bytes": model_bytes(engine.executor.runner.model),
+                 "kv_cache_bytes": kv_cache_bytes(engine.executor.runner.kv_caches)}
     finally:
         engine.shutdown()
         torch.set_num_threads(args.threads)  # the driver executor lowered it to its share

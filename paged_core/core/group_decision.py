@@ -59,6 +59,3 @@ class SequenceGroup(Protocol):
 
     def abort(self, reason: str = "abort") -> None:
         """End the group with ``reason``; the engine then frees its live sequences."""
-
-    def make_output(self) -> Any:
-        """The group's ``RequestOutput`` now (deltas since the previous one, where it streams)."""

@@ -65,6 +65,16 @@ class UniProcExecutor:
     def num_blocks(self) -> int:
         return self.worker.num_blocks
 
+    @property
+    def attention_backend(self) -> str:
+        """The attention backend's name (``cpu``, ``torch``, ``triton``)."""
+        return self.worker.runner.backend.name
+
+    @property
+    def prefers_bucketed_batches(self) -> bool:
+        """Whether the model pads a step's token rows to buckets (``pack_batch``)."""
+        return self.worker.runner.model.prefers_bucketed_batches
+
     def execute_model(self, packed: PackedBatch, block_copies: list[tuple[int, int]],
                       plan: SamplingPlan) -> SamplerOutput:
         return self.worker.execute_model(packed, block_copies, plan)

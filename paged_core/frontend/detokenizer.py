@@ -19,19 +19,21 @@ class IncrementalDetokenizer:
         self.read_offset = len(prompt_token_ids)
         self.prefix_offset = max(self.read_offset - _CONTEXT_TOKENS, 0)
 
-    def step(self, token_ids: list[int], final: bool = False) -> str:
-        """Text added by the tokens appended to ``token_ids`` since the last call.
+    def step(self, token_ids: list[int], end: int, final: bool = False) -> str:
+        """Text added by ``token_ids[:end]`` since the last call.
 
-        ``token_ids`` is the sequence's whole token list (prompt included). With
-        ``final`` the pending tail is flushed even if it is an incomplete character.
+        ``token_ids`` is the sequence's whole token list (prompt included); ``end`` grows
+        from call to call. With ``final`` the pending tail is flushed even if it is an
+        incomplete character.
         """
         decode = self.tokenizer.decode
         prefix = decode(token_ids[self.prefix_offset:self.read_offset],
                         skip_special_tokens=self.skip_special_tokens)
-        full = decode(token_ids[self.prefix_offset:], skip_special_tokens=self.skip_special_tokens)
+        full = decode(token_ids[self.prefix_offset:end],
+                      skip_special_tokens=self.skip_special_tokens)
         if len(full) <= len(prefix) or (full.endswith(_REPLACEMENT) and not final):
             return ""
         delta = full[len(prefix):]
         self.prefix_offset = self.read_offset
-        self.read_offset = len(token_ids)
+        self.read_offset = end
         return delta

@@ -47,11 +47,11 @@ class InputProcessor:
         if isinstance(params, BeamSearchParams):
             params.verify_kv_capacity(len(token_ids), self.num_kv_blocks, self.block_size)
             return BeamSearchRequest(request_id, text, token_ids, params, self.eos_token_ids,
-                                     self.tokenizer, priority=priority, tenant=tenant)
+                                     priority=priority, tenant=tenant)
         so = params.structured_outputs
         compiled = self.grammar_compiler.compile(so) if so is not None else None
         return Request(request_id, text, token_ids, params, self.eos_token_ids,
-                       self.max_total_tokens, self.tokenizer, compiled,
+                       self.max_total_tokens, compiled,
                        priority=priority, tenant=tenant)
 
     def _check_room(self, prompt_len: int) -> None:

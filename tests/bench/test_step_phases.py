@@ -25,7 +25,7 @@ def _generate(engine, tag: str) -> tuple[list[list[int]], list[float]]:
 
 def test_phases_add_up_to_each_step_and_the_engine_is_restored(llm_fp32):
     engine = llm_fp32.engine
-    worker, model = engine.executor.worker, engine.runner.model
+    worker, model = engine.executor.worker, engine.executor.runner.model
     sampler = worker.sampler
     untimed, _ = _generate(engine, "plain")
     with PhaseTimer(engine) as timer:
@@ -48,7 +48,7 @@ def test_phases_add_up_to_each_step_and_the_engine_is_restored(llm_fp32):
                         (engine, "execute_model"),
                         (engine, "update_from_output"),
                         (engine.scheduler, "schedule"), (model, "forward"), (model, "compute_logits"),
-                        (engine.runner.backend, "write_kv"), (engine.runner.backend, "attend")):
+                        (engine.executor.runner.backend, "write_kv"), (engine.executor.runner.backend, "attend")):
         assert name not in vars(owner), f"{name} is still wrapped"
 
 

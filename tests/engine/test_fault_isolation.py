@@ -37,15 +37,15 @@ def fail_from_call(function, number: int, exc: Exception):
 
 
 def break_request(monkeypatch, engine, request_id: str, where) -> None:
-    """Patch the one request ``request_id`` as the engine makes it: ``where(request)``."""
-    make_request = engine.engine.make_request
+    """Patch the one request ``request_id`` as the engine adds it: ``where(request, text)``,
+    ``text`` its state in the output processor."""
+    add_request = engine.engine.add_request
 
-    def patched(rid, prompt, params=None, **scheduling):
-        request = make_request(rid, prompt, params, **scheduling)
-        if rid == request_id:
-            where(request)
-        return request
-    monkeypatch.setattr(engine.engine, "make_request", patched)
+    def patched(request):
+        add_request(request)
+        if request.request_id == request_id:
+            where(request, engine.engine.output_processor.texts[request_id])
+    monkeypatch.setattr(engine.engine, "add_request", patched)
 
 
 async def collect(engine, prompt, params, request_id):
@@ -57,8 +57,8 @@ async def test_a_failing_detokenizer_fails_only_its_request(engine, monkeypatch,
     expected = [(await collect(engine, p, GREEDY, f"alone-{i}")).outputs[0].token_ids
                 for i, p in enumerate(PROMPTS)]
     error = RuntimeError("detokenizer exploded")
-    def break_detokenizer(request):
-        detokenizer = request.samples[0].detokenizer
+    def break_detokenizer(request, text):
+        detokenizer = text.samples[0].detokenizer
         monkeypatch.setattr(detokenizer, "step", fail_from_call(detokenizer.step, 3, error))
 
     break_request(monkeypatch, engine, "bad", break_detokenizer)
@@ -78,13 +78,13 @@ async def test_a_failing_detokenizer_fails_only_its_request(engine, monkeypatch,
 
 async def test_a_failing_second_sample_fails_the_whole_request_and_frees_its_blocks(
         engine, monkeypatch):
-    def break_sample_1_append(request):
+    def break_sample_1_append(request, text):
         append_token = request.append_token
 
-        def patched(seq, token, logprobs):
+        def patched(seq, token):
             if seq.sample_index == 1 and seq.num_output_tokens >= 2:
                 raise ValueError("bad stop-string state")
-            return append_token(seq, token, logprobs)
+            return append_token(seq, token)
         monkeypatch.setattr(request, "append_token", patched)
 
     break_request(monkeypatch, engine, "n3", break_sample_1_append)
@@ -114,7 +114,7 @@ async def errors_within_one_second(streams) -> list[BaseException]:
 
 def break_forward(monkeypatch, engine) -> Exception:
     cause = RuntimeError("CUDA error: an illegal memory access was encountered")
-    runner = engine.engine.runner
+    runner = engine.engine.executor.runner
     monkeypatch.setattr(runner, "execute", fail_from_call(runner.execute, 1, cause))
     return cause
 
@@ -158,15 +158,15 @@ async def test_streams_get_their_error_even_when_clean_up_fails(monkeypatch, cap
 
 def test_offline_llm_returns_the_failed_request_with_its_error(llm_fp32, monkeypatch):
     engine = llm_fp32.engine
-    make_request = engine.make_request
+    add_request = engine.add_request
 
-    def patched(request_id, prompt, params=None):
-        request = make_request(request_id, prompt, params)
-        if prompt == "break me":
-            monkeypatch.setattr(request, "make_output",
-                                fail_from_call(request.make_output, 2, KeyError("cursor")))
-        return request
-    monkeypatch.setattr(engine, "make_request", patched)
+    def patched(request):
+        add_request(request)
+        if request.prompt == "break me":
+            text = engine.output_processor.texts[request.request_id]
+            monkeypatch.setattr(text, "make_output",
+                                fail_from_call(text.make_output, 2, KeyError("cursor")))
+    monkeypatch.setattr(engine, "add_request", patched)
     outs = llm_fp32.generate(["break me", PROMPTS[0]], GREEDY, use_tqdm=False)
     assert isinstance(outs[0].error, RequestFailedError) and outs[0].outputs == []
     assert outs[0].finished and isinstance(outs[0].error.__cause__, KeyError)

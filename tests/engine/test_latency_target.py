@@ -28,9 +28,9 @@ def test_latency_target_keeps_greedy_outputs(tokenizer, tmp_path, monkeypatch):
     bounded = LLM(model=folder, dtype="float32", num_kv_blocks=64, max_num_batched_tokens=64,
                   itl_target_ms=1)
     engine = bounded.engine
-    engine.step_cost.observe(1, 1, 0.0005)
-    engine.step_cost.observe(1, 101, 0.0105)  # "1 token takes 0.1 ms": room for ~5 tokens
-    monkeypatch.setattr(engine.step_cost, "observe", lambda *step: None)  # keep that cost
+    engine.pacer.cost.observe(1, 1, 0.0005)
+    engine.pacer.cost.observe(1, 101, 0.0105)  # "1 token takes 0.1 ms": room for ~5 tokens
+    monkeypatch.setattr(engine.pacer.cost, "observe", lambda *step: None)  # keep that cost
     sizes = []
     schedule = engine.scheduler.schedule
 

@@ -126,12 +126,12 @@ async def test_tokenization_runs_off_the_event_loop(client, engine, monkeypatch)
 
 def break_detokenizer_of(monkeypatch, engine, prompt: str, on_call: int) -> None:
     """Requests for ``prompt`` get a detokenizer that raises from its ``on_call``-th call."""
-    make_request = engine.engine.make_request
+    add_request = engine.engine.add_request
 
-    def patched(request_id, p, params=None, **scheduling):
-        request = make_request(request_id, p, params, **scheduling)
-        if p == prompt:
-            detokenizer = request.samples[0].detokenizer
+    def patched(request):
+        add_request(request)
+        if request.prompt == prompt:
+            detokenizer = engine.engine.output_processor.texts[request.request_id].samples[0].detokenizer
             step, calls = detokenizer.step, []
 
             def broken(*args, **kwargs):
@@ -140,8 +140,7 @@ def break_detokenizer_of(monkeypatch, engine, prompt: str, on_call: int) -> None
                     raise RuntimeError("detokenizer exploded")
                 return step(*args, **kwargs)
             monkeypatch.setattr(detokenizer, "step", broken)
-        return request
-    monkeypatch.setattr(engine.engine, "make_request", patched)
+    monkeypatch.setattr(engine.engine, "add_request", patched)
 
 
 async def test_a_request_failing_in_the_engine_is_a_500_and_the_server_keeps_serving(
