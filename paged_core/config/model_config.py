@@ -8,6 +8,7 @@ from .setting_values import check_choice, check_positive, env_flag
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _ATTENTION_BACKENDS = ("auto", "torch", "triton")
+_QUANTIZATIONS = ("gguf",)
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
@@ -22,6 +23,10 @@ class ModelConfig:
     ``PAGED_CORE_BATCH_INVARIANT``, else off) makes a request's greedy tokens bit-identical
     whatever else shares its steps, at a speed cost (``models.batch_invariant``); CPU only,
     float32 or bfloat16.
+
+    ``quantization`` (vLLM's name) serves stored quantized weights as they are: ``"gguf"``
+    keeps a GGUF file's Q4_0 / Q4_1 projections 4-bit (``quantization.int4_linear``; the
+    embedded model's are Q4_1); ``None`` (default) widens every weight to ``dtype``.
     """
 
     model: str | None = None
@@ -33,6 +38,7 @@ class ModelConfig:
     attention_backend: str = "auto"
     seed: int = 0
     batch_invariant: bool = field(default_factory=lambda: env_flag("batch_invariant"))
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         check_choice("dtype", self.dtype, _DTYPES)
@@ -45,6 +51,14 @@ class ModelConfig:
             raise ValueError(
                 f"model {self.model!r} does not exist: give a Hugging Face model folder, "
                 f"a .gguf file, or leave it unset for the embedded SmolLM2-135M-Instruct")
+        if self.quantization is not None:
+            check_choice("quantization", self.quantization, _QUANTIZATIONS)
+            if self.model is not None and not self.model.endswith(".gguf"):
+                raise ValueError(f"quantization='gguf' needs a .gguf model file (or the embedded "
+                                 f"model), got {self.model!r}")
+            if self.batch_invariant:
+                raise ValueError("quantization='gguf' cannot run with batch_invariant: its 4-bit "
+                                 "kernel's sums depend on the batch; leave one of them unset")
 
     @property
     def model_name(self) -> str:

@@ -30,6 +30,7 @@ from ..attention import select_backend
 from ..attention.torch_backend import TorchAttentionBackend
 from ..config import EngineConfig
 from ..cpu.extension import cpu_extension_available, cpu_extension_error
+from ..models.embedded_model import embedded_gguf_path
 from ..models.model_loader import load_hf_config, load_model
 from ..sample.sampler import Sampler
 from ..sample.sampling_plan import SamplerOutput, SamplingPlan
@@ -54,6 +55,13 @@ class RankSpec:
     dtype: torch.dtype
 
 
+def _int4_gguf(config) -> str | None:
+    """The GGUF file whose 4-bit projections stay 4-bit (``quantization='gguf'``), else None."""
+    if config.quantization != "gguf":
+        return None
+    return config.model or embedded_gguf_path()
+
+
 def for_rank(spec: RankSpec, rank: int) -> RankSpec:
     """``spec`` with rank ``rank``'s device (its own GPU; the CPU is shared)."""
     return replace(spec, device=rank_device(spec.device, rank))
@@ -68,7 +76,7 @@ class Worker:
             _require_invariant_attention(backend, spec.device, spec.dtype)
         hf_config = load_hf_config(spec.folder)
         model = load_model(spec.folder, hf_config, spec.max_model_len, spec.dtype, spec.device, tp,
-                           batch_invariant=config.batch_invariant)
+                           batch_invariant=config.batch_invariant, int4_gguf=_int4_gguf(config))
         num_blocks = _agree_on_min(tp, kv_cache_num_blocks(config, model, spec.device, spec.dtype))
         self.runner = ModelRunner(model, backend, num_blocks, config.block_size, spec.device,
                                   spec.dtype)

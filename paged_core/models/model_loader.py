@@ -44,11 +44,13 @@ def load_tokenizer(folder: str):
 
 def load_model(folder: str, hf_config, max_positions: int, dtype: torch.dtype,
                device: torch.device, tp: TensorParallelGroup = SINGLE,
-               batch_invariant: bool = False) -> LlamaForCausalLM:
+               batch_invariant: bool = False, int4_gguf: str | None = None) -> LlamaForCausalLM:
     """Build the model without random init, then copy the checkpoint's weights in.
 
     ``batch_invariant`` tiles every projection so that a token's output does not depend on
-    the rest of the batch (``models.batch_invariant``).
+    the rest of the batch (``models.batch_invariant``). ``int4_gguf`` (a GGUF file, the one
+    ``folder`` was converted from) keeps its 4-bit projections 4-bit
+    (``quantization.int4_projections``; CPU only).
 
     Under tensor parallelism each rank reads only its slices from the safetensors
     files (``ShardPlan.slice_of``): no rank ever holds the whole model.
@@ -66,6 +68,8 @@ def load_model(folder: str, hf_config, max_positions: int, dtype: torch.dtype,
     with torch.no_grad():
         model.load_hf_state_dict(tensors)
     model = model.eval().requires_grad_(False)
+    if int4_gguf is not None:
+        _use_gguf_int4(model, int4_gguf, hf_config, dtype, device)
     compute_dtype = packed_linear_dtype(device, dtype)
     if compute_dtype is not None:
         model.pack_for_cpu(compute_dtype)
@@ -73,6 +77,20 @@ def load_model(folder: str, hf_config, max_positions: int, dtype: torch.dtype,
         make_batch_invariant(model)
     model.use_ops(select_ops(device, dtype))
     return model
+
+
+def _use_gguf_int4(model: LlamaForCausalLM, path: str, hf_config, dtype: torch.dtype,
+                   device: torch.device) -> None:
+    from ..quantization.gguf_int4 import gguf_int4_weights
+    from ..quantization.int4_projections import use_int4_projections
+
+    if device.type != "cpu":
+        raise ValueError(f"quantization='gguf' runs on the CPU only, not on {device.type}")
+    spec = model.spec
+    weights = gguf_int4_weights(path, spec.num_heads, spec.num_kv_heads)
+    if not use_int4_projections(model, weights, dtype):
+        raise ValueError(f"quantization='gguf': {os.path.basename(path)} has no Q4_0 / Q4_1 "
+                         f"projections to serve 4-bit")
 
 
 def _read_shard(files: list[str], shard: ShardPlan) -> dict[str, torch.Tensor]:
