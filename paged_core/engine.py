@@ -134,6 +134,7 @@ class LLMEngine:
             out = self.output_processor.make_output(request)
         except Exception as exc:
             return self._fail_request(request, exc)
+        self.output_processor.forget(request_id)  # final even before all n samples forked
         out.finished = True
         return out
 

@@ -54,15 +54,6 @@ class Beam:
 
 
 @dataclass
-class Hypothesis:
-    token_ids: list[int]  # prompt + generated
-    cum_logprob: float
-    score: float
-    records: list[TokenRecord]
-    finish_reason: str
-
-
-@dataclass
 class RankedBeam:
     """One completion of the search's result."""
 
@@ -70,6 +61,13 @@ class RankedBeam:
     cum_logprob: float
     records: list[TokenRecord]
     finish_reason: str
+
+
+@dataclass
+class Hypothesis(RankedBeam):
+    """A finished completion, ranked by its length-penalised ``score``."""
+
+    score: float = 0.0
 
 
 @dataclass
@@ -175,8 +173,8 @@ class BeamSearchRequest(SchedulingFields):
     def _add_hypothesis(self, c: _Candidate, num_generated: int, reason: str) -> None:
         parent = self.beams[c.beam]
         score = beam_score(c.cum_logprob, num_generated, self.params.length_penalty)
-        self.hypotheses.append(Hypothesis(parent.seq.token_ids + [c.token], c.cum_logprob, score,
-                                          parent.records + [c.record], reason))
+        self.hypotheses.append(Hypothesis(parent.seq.token_ids + [c.token], c.cum_logprob,
+                                          parent.records + [c.record], reason, score))
         self.hypotheses.sort(key=lambda h: h.score, reverse=True)
         del self.hypotheses[self.params.beam_width:]
 
@@ -223,8 +221,7 @@ class BeamSearchRequest(SchedulingFields):
     def ranked_beams(self) -> list[RankedBeam]:
         """The search's result now, best first, at most ``beam_width``: the hypotheses, then
         (after an abort) the live beams with the abort's reason."""
-        ranked = [RankedBeam(h.token_ids, h.cum_logprob, h.records, h.finish_reason)
-                  for h in self.hypotheses]
+        ranked: list[RankedBeam] = list(self.hypotheses)
         if self._abort_reason is not None:
             ranked += [RankedBeam(b.seq.token_ids, b.cum_logprob, b.records, self._abort_reason)
                        for b in self.beams]

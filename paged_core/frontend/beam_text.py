@@ -1,4 +1,5 @@
-"""The final output of a beam search (``BeamSearchRequest``): its ranked beams, decoded.
+"""``BeamText``: the text side of a beam search (``BeamSearchRequest``): its ranked beams,
+decoded.
 
 A beam search streams nothing: its one output comes when the search ends (or is aborted)
 and holds ``beam_width`` completions, best first (``index`` = rank). A completion that
@@ -12,14 +13,21 @@ from ..beam_search.request import BeamSearchRequest, RankedBeam
 from ..outputs import CompletionOutput, Logprob, RequestOutput
 
 
-def beam_search_output(request: BeamSearchRequest, tokenizer) -> RequestOutput:
-    completions = [_completion(request, index, beam, tokenizer)
-                   for index, beam in enumerate(request.ranked_beams())]
-    if request.is_finished and request.metrics.finished_time is None:
-        request.metrics.finished_time = time.monotonic()
-    return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
-                         completions, request.is_finished, request.metrics,
-                         request.num_cached_tokens)
+class BeamText:
+    def __init__(self, request: BeamSearchRequest, tokenizer) -> None:
+        self.request = request
+        self.tokenizer = tokenizer
+
+    def make_output(self) -> RequestOutput:
+        """The search's output now: its ranked beams so far, decoded."""
+        request = self.request
+        completions = [_completion(request, index, beam, self.tokenizer)
+                       for index, beam in enumerate(request.ranked_beams())]
+        if request.is_finished and request.metrics.finished_time is None:
+            request.metrics.finished_time = time.monotonic()
+        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
+                             completions, request.is_finished, request.metrics,
+                             request.num_cached_tokens)
 
 
 def _completion(request: BeamSearchRequest, index: int, beam: RankedBeam,

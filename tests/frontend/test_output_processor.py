@@ -1,6 +1,7 @@
 """The output processor: text, stop strings and deltas for what the core appended."""
 from paged_core.frontend.output_processor import OutputProcessor
 from paged_core.request import Request
+from paged_core.beam_search.params import BeamSearchParams
 from paged_core.sampling_params import SamplingParams
 
 
@@ -64,3 +65,11 @@ def test_a_token_that_ends_the_sequence_is_not_searched_for_stop_strings(tokeniz
     assert processor.absorb(seq, [eos], [None]) is None
     completion = processor.make_output(request).outputs[0]
     assert (completion.finish_reason, completion.stop_reason) == ("stop", None)
+
+
+def test_an_aborted_request_leaves_no_text_state(llm_fp32):
+    engine = llm_fp32.engine
+    for params in (SamplingParams(n=2, max_tokens=5), BeamSearchParams(beam_width=2, max_tokens=5)):
+        engine.add_request(engine.make_request("aborted", "Hello there", params))
+        out = engine.abort_request("aborted")  # before the prompt ran: no sample forked yet
+        assert out.finished and len(engine.output_processor) == 0
