@@ -19,7 +19,7 @@ from .beam_search.results import BeamSearchOutput, BeamSearchSequence
 from .beam_search.params import BeamSearchParams
 from .config import EngineConfig
 from .core.engine_stats import EngineStats
-from .engine import LLMEngine
+from .engine.llm_engine import LLMEngine
 from .serving.engine_client import EngineClient
 from .exceptions import (EngineDeadError, EngineOverloadedError, ParamValidationError,
                          RequestFailedError, RequestTimeoutError)

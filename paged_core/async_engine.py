@@ -47,9 +47,9 @@ from .frontend.chat_prompt import chat_prompt_token_ids
 from .serving.admission import AdmissionGate
 from .config import SERVING_ITL_TARGET_MS, EngineConfig
 from .core.engine_stats import EngineStats
-from .core.group_decision import SequenceGroup
+from .requests.engine_io import EngineRequest
 from .serving.deadlines import Deadlines, check_timeout
-from .engine import LLMEngine
+from .engine.llm_engine import LLMEngine
 from .serving.engine_commands import AbortRequest, AddRequest, EngineCommand
 from .exceptions import EngineDeadError, RequestTimeoutError
 from .outputs import RequestOutput
@@ -137,14 +137,15 @@ class AsyncEngine:
         timeout = check_timeout(self.config.request_timeout if timeout is None else timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         request_id = request_id or uuid.uuid4().hex
-        request = await self._admit(request_id, prompt, sampling_params, priority, tenant)
+        request = await self._admit(request_id, prompt, sampling_params, priority, tenant,
+                                    deadline)
         waiting = True  # holds an admission slot until its first output
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), queue)
         finished = False
         try:
             self._check_alive()  # a loop that stops from now on ends this stream itself
-            self._submit(AddRequest(request, deadline, timeout))
+            self._submit(AddRequest(request, timeout))
             while not finished:
                 item = await queue.get()
                 if waiting:
@@ -163,14 +164,15 @@ class AsyncEngine:
 
     async def _admit(self, request_id: str, prompt: PromptInput,
                      params: SamplingParams | BeamSearchParams | None, priority: int,
-                     tenant: str | None) -> SequenceGroup:
+                     tenant: str | None, deadline: float | None) -> EngineRequest:
         """Take an admission slot (``EngineOverloadedError`` if none is left), then validate
         and tokenize off the event loop (``make_request``); the slot is given back if that
         raises, and otherwise held until the request's first output."""
         self._gate.admit()
         try:
             request = await asyncio.to_thread(self.engine.make_request, request_id, prompt,
-                                              params, priority=priority, tenant=tenant)
+                                              params, priority=priority, tenant=tenant,
+                                              deadline=deadline)
             if request_id in self._streams:
                 raise ValueError(f"request_id {request_id!r} is already in use")
             return request
@@ -276,7 +278,7 @@ class AsyncEngine:
     def _free_all_requests(self) -> None:
         """Abort what the engine still holds; after a failure its state may be broken."""
         try:
-            for request_id in list(self.engine.requests):
+            for request_id in self.engine.request_ids:
                 self.engine.abort_request(request_id)
         except Exception:
             logger.exception("could not free the requests of the stopped engine")
@@ -299,8 +301,8 @@ class AsyncEngine:
         except ValueError as exc:  # e.g. a request id still in use
             self._deliver(request.request_id, exc)
             return
-        if command.deadline is not None:
-            self._deadlines.add(request, command.deadline, command.timeout)
+        if request.deadline is not None:
+            self._deadlines.add(request, request.deadline, command.timeout)
 
     def _abort(self, request_id: str) -> None:
         out = self.engine.abort_request(request_id)
@@ -311,7 +313,7 @@ class AsyncEngine:
         """Abort every request past its deadline; its stream ends with ``RequestTimeoutError``."""
         for request, timeout in self._deadlines.expired():
             request_id = request.request_id
-            if self.engine.requests.get(request_id) is not request:
+            if not self.engine.holds(request):
                 continue  # it finished in time
             out = self.engine.abort_request(request_id)
             error = out.error or RequestTimeoutError(

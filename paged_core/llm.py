@@ -10,7 +10,7 @@ from .beam_search.params import BeamSearchParams
 from .frontend.chat_prompt import chat_prompt_token_ids
 from .config import EngineConfig
 from .core.engine_stats import EngineStats
-from .engine import LLMEngine
+from .engine.llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .frontend.prompts import PromptInput, is_single_prompt
 from .sampling_params import SamplingParams

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     if not launched_by_torchrun():
         return cli.main(argv)
     if int(os.environ["RANK"]) != 0:
-        from .engine import LLMEngine
+        from .engine.llm_engine import LLMEngine
 
         LLMEngine(cli.engine_config(cli.build_parser().parse_args(argv)))  # never returns
     exit_torchrun_rank(cli.main(argv))

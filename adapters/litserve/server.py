@@ -15,8 +15,9 @@ into broken 200 streams. So, invariants:
   down on exit: one engine whose continuous batching interleaves every
   request, streaming or not, from that process's event loop;
 - SIGTERM / SIGINT drain the engine (``drain_on_signals``): readiness false,
-  new requests 503, open ones finish within ``drain_timeout`` (keep it under
-  LitServe's 30 s grace) or end with an error event; then uvicorn exits;
+  new requests 503, open ones finish within ``drain_timeout`` (LitServe's
+  grace period, 30 s by default, is raised to outlast it) or end with an error
+  event; then uvicorn exits;
 - LitServe still owns the processes, the uvicorn server, ``/health`` (ready only
   when its worker is up *and* the engine is loaded, via ``LitAPI.health``) and
   ``/info``; the LitAPI itself only answers the ``/litserve/ping`` probe, so its
@@ -95,6 +96,9 @@ def _engine_lifespan(app: FastAPI, holder: EngineHolder, config: EngineConfig) -
     app.router.lifespan_context = lifespan
 
 
+_SHUTDOWN_MARGIN_S = 10  # the engine's shutdown after the drain, and uvicorn's own
+
+
 def build_server(config: EngineConfig) -> ls.LitServer:
     """A ``LitServer`` serving ``config``'s engine through the OpenAI routes."""
     holder = EngineHolder()
@@ -102,6 +106,10 @@ def build_server(config: EngineConfig) -> ls.LitServer:
                           timeout=False)
     install_openai_routes(server.app, holder, health_path=None)
     _engine_lifespan(server.app, holder, config)
+    # LitServe kills its API server after this many seconds of shutdown (30 by default):
+    # never before a drain of ``drain_timeout`` could end
+    server.uvicorn_graceful_timeout = max(server.uvicorn_graceful_timeout,
+                                          config.drain_timeout + _SHUTDOWN_MARGIN_S)
     return server
 
 

@@ -13,6 +13,18 @@ import torch
 
 from ..outputs import Logprob, RequestOutput
 
+TokenRecord = tuple[int, float, int]  # (token id, log-probability, rank: 1 = most likely)
+
+
+@dataclass
+class RankedBeam:
+    """One completion of a search's result, as the core reports it."""
+
+    token_ids: list[int]  # prompt + generated
+    cum_logprob: float
+    records: list[TokenRecord]
+    finish_reason: str
+
 
 @dataclass
 class BeamSearchSequence:

@@ -46,4 +46,4 @@ def run_until_done(engine: LLMEngine,
 
 def live_sequences(engine: LLMEngine) -> list:
     """Sequences holding K/V in the cache now (running ones)."""
-    return list(engine.scheduler.running)
+    return list(engine.core.scheduler.running)

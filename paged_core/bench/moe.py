@@ -86,7 +86,7 @@ def _decode(engine, prompts: list[list[int]], output_len: int) -> dict[str, Any]
     the first step; the others are decode steps (all sequences end together)."""
     from paged_core.models.moe import SparseMoeBlock
 
-    blocks = [m for m in engine.executor.runner.model.modules() if isinstance(m, SparseMoeBlock)]
+    blocks = [m for m in engine.core.executor.runner.model.modules() if isinstance(m, SparseMoeBlock)]
     ran: list[int] = []  # the experts run, over every layer, in this step
     for block in blocks:
         block._expert = _counting(block._expert, ran)

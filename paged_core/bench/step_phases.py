@@ -68,22 +68,24 @@ class PhaseTimer:
         self.engine = engine
         self.steps: list[StepRecord] = []
         self._current = StepRecord()
-        self._sync: Callable[[], None] = (torch.cuda.synchronize if engine.device.type == "cuda"
-                                          else lambda: None)
+        self._sync: Callable[[], None] = (
+            torch.cuda.synchronize if engine.core.model.device.type == "cuda" else lambda: None)
         self._patched: list[tuple[Any, str, Any]] = []  # (owner, name, its own attribute)
 
     def __enter__(self) -> "PhaseTimer":
-        engine, model, backend = self.engine, self.engine.executor.runner.model, self.engine.executor.runner.backend
-        self._patch(engine.scheduler, "schedule", self._timed_schedule)
-        self._patch(engine, "pack", self._phase("prepare"))
-        self._patch(engine, "execute_model", self._phase("prepare"))
+        engine, core = self.engine, self.engine.core
+        model, backend = core.executor.runner.model, core.executor.runner.backend
+        self._patch(core.scheduler, "schedule", self._timed_schedule)
+        self._patch(core, "pack", self._phase("prepare"))
+        self._patch(core, "execute_model", self._phase("prepare"))
         self._patch(model, "forward", self._timed_forward)
         self._patch(backend, "write_kv", self._phase("attention", sync=True))
         self._patch(backend, "attend", self._phase("attention", sync=True))
         self._patch(model, "compute_logits", self._phase("logits", sync=True))
-        self._patch(engine, "plan_sampling", self._phase("update"))
-        self._patch(engine, "update_from_output", self._phase("update"))
-        self._patch(engine.executor.worker, "sampler", self._phase("sample"))
+        self._patch(core, "plan_sampling", self._phase("update"))
+        self._patch(core, "update_from_output", self._phase("update"))
+        self._patch(engine.output_processor, "process_outputs", self._phase("update"))
+        self._patch(core.executor.worker, "sampler", self._phase("sample"))
         self._patch(engine, "step", self._timed_step)
         return self
 

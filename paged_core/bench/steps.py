@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     requests = sharegpt_like(workload_spec(args), embedded_tokenizer())
     engine = make_engine(args.dtype, kv_cache_memory=KV_CACHE_MEMORY)
     layers = ("one C++ call (attention counted in forward)"
-              if engine.executor.runner.model.decoder_stack is not None else "Python")
+              if engine.core.executor.runner.model.decoder_stack is not None else "Python")
     try:
         _submit_all(engine, requests, "warmup")
         run_until_done(engine)

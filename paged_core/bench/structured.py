@@ -110,7 +110,7 @@ def _timed(engine, prompts: list[list[int]], params: list[SamplingParams]) -> di
     (fill + apply), measured inside the same run, so machine load affects it as it does
     the total."""
     engine.reset_prefix_cache()
-    sampler = engine.executor.worker.sampler  # rank 0's, inside execute_model
+    sampler = engine.core.executor.worker.sampler  # rank 0's, inside execute_model
     mask, mask_seconds = sampler.grammar_bitmask, 0.0
 
     def timed_mask(logits, grammars) -> None:
@@ -144,7 +144,7 @@ def _in_order(outs: dict, count: int) -> list:
 
 def _compile_times(engine) -> dict[str, float]:
     start = time.perf_counter()
-    cache = GrammarCompilerCache(engine.tokenizer, engine.vocab_size, engine.eos_token_ids)
+    cache = GrammarCompilerCache(engine.tokenizer, engine.input_processor.vocab_size, engine.input_processor.eos_token_ids)
     first = cache.compile(StructuredOutputsParams(json_object=True))  # builds the vocabulary
     vocabulary_s = time.perf_counter() - start
     del first

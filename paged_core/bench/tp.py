@@ -36,7 +36,7 @@ import torch
 
 from ..cpu.isa import packed_linear_dtype
 from ..config import EngineConfig
-from ..engine import LLMEngine
+from ..engine.llm_engine import LLMEngine
 from ..models.registry import model_spec
 from ..models.model_loader import load_hf_config, resolve_model_folder
 from ..models.sharding import allowed_tensor_parallel_sizes
@@ -143,12 +143,12 @@ def _run_size(folder: str | None, size: int, args: argparse.Namespace, s: dict[s
         with timer.installed():
             decode = _decode_steps(engine, timer, s, prompts[:s["batch"]])
             prefill = _prefill_steps(engine, timer, s, prompts[s["batch"]:])
-        rank0 = {"weight_bytes": model_bytes(engine.executor.runner.model),
-                 "kv_cache_bytes": kv_cache_bytes(engine.executor.runner.kv_caches)}
+        rank0 = {"weight_bytes": model_bytes(engine.core.executor.runner.model),
+                 "kv_cache_bytes": kv_cache_bytes(engine.core.executor.runner.kv_caches)}
     finally:
         engine.shutdown()
         torch.set_num_threads(args.threads)  # the driver executor lowered it to its share
-    ranks = rank_memory(resolve_model_folder(folder), engine.dtype, size, config.block_size,
+    ranks = rank_memory(resolve_model_folder(folder), engine.core.model.dtype, size, config.block_size,
                         s["kv_blocks"], engine.max_model_len)
     return {"ranks": size, "threads_per_rank": args.threads if size == 1 else threads_per_rank(size),
             "rank0_engine": rank0, "per_rank": ranks, "decode": decode, "prefill": prefill}
@@ -160,7 +160,7 @@ def _decode_steps(engine: LLMEngine, timer: CollectiveTimer, s: dict[str, Any],
     out_len = 1 + s["warmup"] + s["steps"]
     for i, prompt in enumerate(prompts):
         submit(engine, f"decode-{i}", BenchRequest(prompt, out_len))
-    while any(engine.requests[r].sequences[0].num_output_tokens == 0 for r in engine.requests):
+    while any(engine.core.requests[r].sequences[0].num_output_tokens == 0 for r in engine.core.requests):
         engine.step()
     samples = []
     for i in range(s["warmup"] + s["steps"]):

@@ -2,7 +2,9 @@
 
 ``hash(block i) = H(hash(block i-1) || token ids of block i)`` with a stable
 cryptographic hash (blake2b), never Python's salted ``hash()``: two processes,
-or two requests, with the same prefix get the same chain.
+or two requests, with the same prefix get the same chain. The chain starts from
+``ROOT_HASH``, or from a hash of it and the request's cache salt (vLLM's
+``cache_salt``): requests share cached blocks only when their salts are equal.
 """
 from __future__ import annotations
 
@@ -19,9 +21,17 @@ def hash_block(parent_hash: bytes | None, token_ids: Sequence[int]) -> bytes:
     return digest.digest()
 
 
-def extend_block_hashes(hashes: list[bytes], token_ids: Sequence[int], block_size: int) -> None:
+def salted_root(salt: str | None) -> bytes | None:
+    """The parent hash of a chain's first block: ``None`` (``ROOT_HASH``) without a salt."""
+    if salt is None:
+        return None
+    return hashlib.blake2b(ROOT_HASH + b"/salt/" + salt.encode("utf-8"), digest_size=16).digest()
+
+
+def extend_block_hashes(hashes: list[bytes], token_ids: Sequence[int], block_size: int,
+                        salt: str | None = None) -> None:
     """Append the hashes of every full block of ``token_ids`` not hashed yet (in place)."""
     num_full = len(token_ids) // block_size
     for i in range(len(hashes), num_full):
-        parent = hashes[i - 1] if i > 0 else None
+        parent = hashes[i - 1] if i > 0 else salted_root(salt)
         hashes.append(hash_block(parent, token_ids[i * block_size:(i + 1) * block_size]))

@@ -59,3 +59,7 @@ class SequenceGroup(Protocol):
 
     def abort(self, reason: str = "abort") -> None:
         """End the group with ``reason``; the engine then frees its live sequences."""
+
+    def final_outputs(self) -> list[Any]:
+        """The ``EngineCoreOutput``s that report the group ended (a search's ranked beams,
+        every sample's finish reason)."""

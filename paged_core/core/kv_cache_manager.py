@@ -42,7 +42,7 @@ class KVCacheManager:
         """Longest run of cached full blocks that prefixes ``seq``, leaving >= 1 token to compute."""
         if not self.enable_prefix_caching or seq.seq_id in self.block_tables:
             return []
-        extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_size)
+        extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_size, seq.cache_salt)
         max_blocks = (seq.num_tokens - 1) // self.block_size
         hits: list[Block] = []
         for block_hash in seq.block_hashes[:max_blocks]:
@@ -140,7 +140,7 @@ class KVCacheManager:
         start = self._num_cached.get(seq.seq_id, 0)
         if num_full <= start:
             return
-        extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_size)
+        extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_size, seq.cache_salt)
         stored = [i for i in range(start, num_full)
                   if self.pool.cache_full_block(table[i], seq.block_hashes[i])]
         self._num_cached[seq.seq_id] = num_full

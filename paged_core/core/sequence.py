@@ -14,7 +14,7 @@ from typing import Protocol
 class SequenceOwner(Protocol):
     """What the core reads of the request that owns a sequence (``Request`` and
     ``BeamSearchRequest`` both qualify): its id, and the fields the waiting queue
-    and the preemption victim choice are keyed by (``SchedulingFields``)."""
+    and the preemption victim choice are keyed by (``engine.core_request.CoreRequest``)."""
 
     request_id: str
     priority: int
@@ -31,7 +31,7 @@ class Sequence:
     """One stream of tokens: the prompt followed by what was generated for it."""
 
     def __init__(self, seq_id: int, request: SequenceOwner, token_ids: list[int],
-                 num_prompt_tokens: int, sample_index: int) -> None:
+                 num_prompt_tokens: int, sample_index: int, cache_salt: str | None = None) -> None:
         self.seq_id = seq_id
         self.request = request
         self.token_ids = token_ids
@@ -42,7 +42,8 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
-        # Hashes of this sequence's full blocks (chained); extended as it grows.
+        # Hashes of this sequence's full blocks (chained from ``cache_salt``); extended as it grows.
+        self.cache_salt = cache_salt
         self.block_hashes: list[bytes] = []
         # Draft tokens proposed for the next step (speculative decoding); never in token_ids.
         self.spec_token_ids: list[int] = []

@@ -16,7 +16,7 @@ at once, so ``peek``/``popleft`` are O(number of levels).
 
 ``__iter__`` yields the sequences in admission order (the order ``popleft``
 would give if nothing changed). ``priority`` and ``tenant`` are the request's
-``SchedulingFields``: every request kind has them (sampling and beam search alike).
+``EngineRequest``'s: every request kind has them (sampling and beam search alike).
 """
 from __future__ import annotations
 

@@ -4,15 +4,15 @@
 ``InputProcessor.process`` checks the params' type and their fit to the model, tokenizes
 the prompt, refuses one that leaves no room to generate, and compiles a structured-output
 grammar (cached), so the engine core only ever sees requests it can run. It raises
-``ValueError`` saying what to change and touches no engine state: ``AsyncEngine`` runs it
+``ValueError`` saying what to change and touches no engine state; what it returns is a
+frozen ``EngineRequest``: ``AsyncEngine`` runs it
 in a worker thread and admits a request only once its grammar is ready.
 """
 from __future__ import annotations
 
-from ..beam_search.request import BeamSearchRequest
 from ..beam_search.params import BeamSearchParams
-from .prompts import PromptInput, tokenize_prompt
-from ..request import Request
+from ..requests.engine_io import EngineRequest
+from .prompts import PromptInput, prompt_cache_salt, tokenize_prompt
 from ..sampling_params import SamplingParams
 from ..structured_outputs import GrammarCompilerCache
 
@@ -33,10 +33,12 @@ class InputProcessor:
 
     def process(self, request_id: str, prompt: PromptInput,
                 params: SamplingParams | BeamSearchParams | None = None, *,
-                priority: int = 0, tenant: str | None = None) -> Request | BeamSearchRequest:
-        """A ``Request`` (``SamplingParams``, the default) or a ``BeamSearchRequest``
-        (``BeamSearchParams``); ``priority`` (vLLM's) and ``tenant`` are its
-        ``SchedulingFields``, whatever its kind."""
+                priority: int = 0, tenant: str | None = None,
+                deadline: float | None = None) -> EngineRequest:
+        """The ``EngineRequest`` of a sampling request (``SamplingParams``, the default) or a
+        beam search (``BeamSearchParams``); ``priority`` (vLLM's), ``tenant`` and
+        ``deadline`` (``time.monotonic()``'s clock) whatever its kind. A prompt dict may
+        carry ``cache_salt`` (vLLM's)."""
         params = params or SamplingParams()
         if not isinstance(params, (SamplingParams, BeamSearchParams)):
             raise ValueError(f"sampling_params must be a SamplingParams or BeamSearchParams, "
@@ -44,15 +46,14 @@ class InputProcessor:
         text, token_ids = tokenize_prompt(prompt, self.tokenizer, self.vocab_size)
         self._check_room(len(token_ids))
         params.verify_for_model(self.vocab_size, self.max_model_len, len(token_ids))
+        compiled = None
         if isinstance(params, BeamSearchParams):
             params.verify_kv_capacity(len(token_ids), self.num_kv_blocks, self.block_size)
-            return BeamSearchRequest(request_id, text, token_ids, params, self.eos_token_ids,
-                                     priority=priority, tenant=tenant)
-        so = params.structured_outputs
-        compiled = self.grammar_compiler.compile(so) if so is not None else None
-        return Request(request_id, text, token_ids, params, self.eos_token_ids,
-                       self.max_total_tokens, compiled,
-                       priority=priority, tenant=tenant)
+        elif params.structured_outputs is not None:
+            compiled = self.grammar_compiler.compile(params.structured_outputs)
+        return EngineRequest(request_id, tuple(token_ids), params, self.eos_token_ids,
+                             compiled, priority=priority, tenant=tenant, deadline=deadline,
+                             cache_salt=prompt_cache_salt(prompt), prompt=text)
 
     def _check_room(self, prompt_len: int) -> None:
         """A prompt must leave room for at least one generated token."""

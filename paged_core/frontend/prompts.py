@@ -1,4 +1,6 @@
-"""Prompt inputs as vLLM accepts them: a string, a list of token ids, or ``{"prompt_token_ids": [...]}``."""
+"""Prompt inputs as vLLM accepts them: a string, a list of token ids, or a dict
+(``{"prompt_token_ids": [...]}`` or ``{"prompt": "..."}``, either with an optional
+``cache_salt``)."""
 from __future__ import annotations
 
 from typing import Any, Union
@@ -52,6 +54,12 @@ def tokenize_prompt(prompt: PromptInput, tokenizer, vocab_size: int) -> tuple[st
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
             raise ValueError(f"prompt_token_ids must be integers in [0, {vocab_size}), got {t!r}")
     return text, token_ids
+
+
+def prompt_cache_salt(prompt: PromptInput) -> str | None:
+    """A prompt dict's ``cache_salt`` (vLLM's: prefix-cache hits only between requests with
+    the same salt), else ``None``; checked by ``EngineRequest``."""
+    return prompt.get("cache_salt") if isinstance(prompt, dict) else None
 
 
 def is_single_prompt(prompts: Any) -> bool:

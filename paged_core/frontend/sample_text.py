@@ -1,10 +1,11 @@
 """``SampleText``: the text side of one sample of a sampling request, kept by the output
-processor while the core keeps its tokens.
+processor from the ``EngineCoreOutput``s the core reports for it.
 
-It holds the sample's incremental detokenizer, its text so far, its log-probabilities
-(decoded) and the streaming cursors. Invariant: ``text`` is the detokenized output up to
-the last token absorbed, cut at a stop string when one matched; what was handed out
-(``emitted_*``) is never taken back.
+It holds the sample's tokens (prompt + output, as reported), its incremental detokenizer,
+its text so far, its log-probabilities (decoded), its finish reason and the streaming
+cursors. Invariant: ``text`` is the detokenized output up to the last token absorbed, cut
+at a stop string when one matched (``token_ids`` cut after that token); what was handed
+out (``emitted_*``) is never taken back.
 """
 from __future__ import annotations
 
@@ -17,8 +18,12 @@ from .detokenizer import IncrementalDetokenizer
 
 @dataclass
 class SampleText:
+    token_ids: list[int]  # the prompt's, then the output's
+    num_prompt_tokens: int
     detokenizer: IncrementalDetokenizer
     logprobs: list[dict[int, Logprob]] | None  # None unless the request asked for logprobs
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
     text: str = ""
     cumulative_logprob: float | None = None
     emitted_chars: int = 0
@@ -50,12 +55,16 @@ class SampleText:
         self.text = self.text[:pos + len(stop) if include_stop else pos]
         return stop
 
-    def completion(self, index: int, out_ids: list[int], finish_reason: str | None,
-                   stop_reason: int | str | None, holdback: int) -> CompletionOutput:
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    def completion(self, index: int, holdback: int) -> CompletionOutput:
         """The sample's output now, with deltas since the previous call; advances the
         cursors. While the sample runs, the last ``holdback`` characters (a stop string
         may still start there) are not handed out."""
-        finished = finish_reason is not None
+        out_ids = self.output_token_ids
+        finished = self.finish_reason is not None
         visible = len(self.text) if finished else max(len(self.text) - holdback, 0)
         visible = max(visible, self.emitted_chars)
         delta_lp = None
@@ -65,7 +74,7 @@ class SampleText:
         out = CompletionOutput(
             index=index, text=self.text[:visible], token_ids=list(out_ids),
             cumulative_logprob=self.cumulative_logprob, logprobs=self.logprobs,
-            finish_reason=finish_reason, stop_reason=stop_reason,
+            finish_reason=self.finish_reason, stop_reason=self.stop_reason,
             delta_text=self.text[self.emitted_chars:visible],
             delta_token_ids=out_ids[self.emitted_tokens:], delta_logprobs=delta_lp)
         self.emitted_chars = visible

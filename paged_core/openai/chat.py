@@ -16,7 +16,7 @@ from paged_core.outputs import CompletionOutput
 from .errors import OpenAIError
 from .logprobs import chat_logprobs
 from .metrics import ServingMetrics
-from .params import chat_params, engine_refusal, generate_options
+from .params import chat_params, engine_refusal, generate_options, salted_prompts
 from .protocol import ChatCompletionRequest
 from .serving import Formatter, Job
 from .tool_calls import ToolCallMode, ToolCallStream, tool_call_mode, tool_choice_mode
@@ -77,6 +77,6 @@ async def chat_job(engine: EngineClient, metrics: ServingMetrics,
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return Job(engine=engine, metrics=metrics,
                formatter=ChatFormatter(req.logprobs, req.top_logprobs, tools),
-               prompts=[{"prompt_token_ids": prompt_ids}], params=params,
+               prompts=salted_prompts([{"prompt_token_ids": prompt_ids}], req), params=params,
                refusal=partial(engine_refusal, req=req, prompt_param="messages"),
                include_usage=include_usage, options=generate_options(req))

@@ -10,7 +10,7 @@ from paged_core.outputs import CompletionOutput
 from .errors import OpenAIError
 from .logprobs import completion_logprobs
 from .metrics import ServingMetrics
-from .params import completion_params, engine_refusal, generate_options
+from .params import completion_params, engine_refusal, generate_options, salted_prompts
 from .protocol import CompletionRequest
 from .serving import Formatter, Job
 
@@ -52,6 +52,6 @@ def completion_job(engine: EngineClient, metrics: ServingMetrics, req: Completio
     params = completion_params(req)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return Job(engine=engine, metrics=metrics, formatter=CompletionFormatter(req.logprobs),
-               prompts=_prompts(req.prompt), params=params,
+               prompts=salted_prompts(_prompts(req.prompt), req), params=params,
                refusal=partial(engine_refusal, req=req, prompt_param="prompt"),
                include_usage=include_usage, options=generate_options(req))

@@ -49,6 +49,15 @@ def generate_options(req: SamplingFields) -> dict[str, Any]:
     return {"priority": req.priority, "timeout": req.timeout, "tenant": req.user}
 
 
+def salted_prompts(prompts: list[Any], req: SamplingFields) -> list[Any]:
+    """The engine prompts, each carrying the request's ``cache_salt`` if it has one
+    (checked by the engine: a 400 naming ``cache_salt``)."""
+    if req.cache_salt is None:
+        return prompts
+    return [{**(p if isinstance(p, dict) else {"prompt": p}), "cache_salt": req.cache_salt}
+            for p in prompts]
+
+
 def _common(req: SamplingFields) -> dict[str, Any]:
     if req.logit_bias:
         raise OpenAIError(400, "logit_bias is not supported", param="logit_bias")

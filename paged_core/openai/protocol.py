@@ -73,6 +73,7 @@ class SamplingFields(OpenAIBaseModel):
     use_beam_search: bool = False  # n = beam width (openai/beam_params.py)
     length_penalty: float | None = None
     priority: int = 0  # vLLM's: lower runs first under scheduling_policy "priority"
+    cache_salt: str | None = None  # vLLM's: prefix-cache hits only between equal salts
     timeout: float | None = None  # seconds; the server's request_timeout by default
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core.sequence import Sequence
-from ..request import Request
+from ..requests.sampling_request import Request
 from ..spec_decode.rejection_sampler import verify_rows
 from .sampler import Sampler, SamplingRow, TokenLogprobs
 

@@ -8,18 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..beam_search.request import BeamSearchRequest
-from ..request import Request
+from ..requests.engine_io import EngineRequest
 
 
 @dataclass(frozen=True)
 class AddRequest:
     """Admit ``request`` (already validated and tokenized, its grammar compiled).
-    ``deadline`` is on ``time.monotonic()``'s clock, ``None`` for none; ``timeout``
-    is the number of seconds it came from (for the ``RequestTimeoutError``)."""
+    ``timeout`` is the number of seconds its ``deadline`` came from (for the
+    ``RequestTimeoutError``)."""
 
-    request: Request | BeamSearchRequest
-    deadline: float | None
+    request: EngineRequest
     timeout: float | None
 
 

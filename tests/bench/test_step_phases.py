@@ -25,7 +25,7 @@ def _generate(engine, tag: str) -> tuple[list[list[int]], list[float]]:
 
 def test_phases_add_up_to_each_step_and_the_engine_is_restored(llm_fp32):
     engine = llm_fp32.engine
-    worker, model = engine.executor.worker, engine.executor.runner.model
+    worker, model = engine.core.executor.worker, engine.core.executor.runner.model
     sampler = worker.sampler
     untimed, _ = _generate(engine, "plain")
     with PhaseTimer(engine) as timer:
@@ -44,11 +44,12 @@ def test_phases_add_up_to_each_step_and_the_engine_is_restored(llm_fp32):
     assert first.kind == "mixed" and first.num_tokens == prompt_tokens
     assert all(r.kind == "decode" and r.num_tokens == 2 for r in rest)
     assert worker.sampler is sampler and isinstance(worker.sampler, Sampler)
-    for owner, name in ((engine, "step"), (engine, "pack"), (engine, "plan_sampling"),
-                        (engine, "execute_model"),
-                        (engine, "update_from_output"),
-                        (engine.scheduler, "schedule"), (model, "forward"), (model, "compute_logits"),
-                        (engine.executor.runner.backend, "write_kv"), (engine.executor.runner.backend, "attend")):
+    core, backend = engine.core, engine.core.executor.runner.backend
+    for owner, name in ((engine, "step"), (core, "pack"), (core, "plan_sampling"),
+                        (core, "execute_model"), (core, "update_from_output"),
+                        (engine.output_processor, "process_outputs"),
+                        (core.scheduler, "schedule"), (model, "forward"), (model, "compute_logits"),
+                        (backend, "write_kv"), (backend, "attend")):
         assert name not in vars(owner), f"{name} is still wrapped"
 
 

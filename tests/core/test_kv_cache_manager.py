@@ -10,9 +10,9 @@ from paged_core.core.sequence import Sequence
 BLOCK = 4
 
 
-def make_seq(seq_id, tokens):
+def make_seq(seq_id, tokens, cache_salt=None):
     return Sequence(seq_id, request=None, token_ids=list(tokens), num_prompt_tokens=len(tokens),
-                    sample_index=0)
+                    sample_index=0, cache_salt=cache_salt)
 
 
 def check_invariants(kv: KVCacheManager):
@@ -115,6 +115,22 @@ def test_prefix_hit_reuses_blocks_and_leaves_last_token_to_compute():
     assert hits == first_blocks
     assert kv.allocate_slots(longer, 1, hits)
     assert kv.block_tables[2][:2] == hits and all(b.ref_cnt == 1 for b in hits)
+
+
+def test_a_cache_salt_shares_blocks_only_with_the_same_salt():
+    kv = KVCacheManager(10, BLOCK, enable_prefix_caching=True)
+    cached = {}
+    for seq_id, salt in enumerate((None, "tenant-a")):
+        seq = make_seq(seq_id, range(9), salt)
+        assert kv.find_cached_prefix(seq) == []  # nothing under this salt is cached yet
+        assert kv.allocate_slots(seq, 9)
+        seq.num_computed_tokens = 9
+        cached[salt] = list(kv.block_tables[seq_id][:2])
+        kv.free(seq)
+    assert kv.stats()["kv_blocks_cached"] == 4  # each salt's two full blocks, apart
+    for seq_id, salt in ((2, None), (3, "tenant-a")):
+        assert kv.find_cached_prefix(make_seq(seq_id, range(9), salt)) == cached[salt]
+    assert kv.find_cached_prefix(make_seq(4, range(9), "tenant-b")) == []
 
 
 def test_eviction_is_lru_tail_first():

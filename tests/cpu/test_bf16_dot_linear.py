@@ -82,7 +82,7 @@ def test_a_bf16_engine_runs_the_chosen_kernel_and_buckets_only_for_onednn(kernel
     monkeypatch.setenv("PAGED_CORE_CPU_ISA", "avx512_bf16")
     monkeypatch.setenv("PAGED_CORE_CPU_LINEAR", kernel)
     llm = LLM(dtype="bfloat16", num_kv_blocks=32)
-    model = llm.engine.executor.runner.model
+    model = llm.engine.core.executor.runner.model
     expected = Bf16DotLinear if kernel == "bf16_dot" else PackedLinear
     assert type(model.layers[0].mlp.down_proj) is expected and type(model.lm_head) is expected
     assert model.prefers_bucketed_batches == (kernel == "onednn")  # oneDNN: a kernel per row count

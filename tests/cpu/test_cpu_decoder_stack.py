@@ -55,7 +55,7 @@ def test_stack_matches_the_python_layers_bit_for_bit(model_type, dtype, tokenize
 
     folder = build_tiny_model(model_type, str(tmp_path / model_type), tokenizer)
     llm = LLM(model=folder, dtype=dtype, num_kv_blocks=64, max_num_batched_tokens=48)
-    model = llm.engine.executor.runner.model
+    model = llm.engine.core.executor.runner.model
     assert model.decoder_stack is not None and model.decoder_stack.cpu_isa == cpu_isa
     compared = _record_both_paths(model)
     shared = list(range(5, 45))  # a cached prefix for the later prompts (16-token blocks)
@@ -75,9 +75,9 @@ def test_models_the_stack_cannot_serve_keep_the_python_layers(tmp_path, tokenize
     from paged_core.models.elementwise import TORCH_OPS
 
     folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
-    assert LLM(model=folder, dtype="float16", num_kv_blocks=8).engine.executor.runner.model.decoder_stack is None
+    assert LLM(model=folder, dtype="float16", num_kv_blocks=8).engine.core.executor.runner.model.decoder_stack is None
     invariant = LLM(model=folder, dtype="float32", num_kv_blocks=8, batch_invariant=True)
-    assert invariant.engine.executor.runner.model.decoder_stack is None  # its linears are row-tiled
-    model = LLM(model=folder, dtype="float32", num_kv_blocks=8).engine.executor.runner.model
+    assert invariant.engine.core.executor.runner.model.decoder_stack is None  # its linears are row-tiled
+    model = LLM(model=folder, dtype="float32", num_kv_blocks=8).engine.core.executor.runner.model
     model.use_ops(TORCH_OPS)
     assert model.decoder_stack is None

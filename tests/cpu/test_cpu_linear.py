@@ -70,7 +70,7 @@ def test_the_setting_picks_the_path_and_refuses_what_the_cpu_lacks(monkeypatch):
 def test_bf16_engine_takes_the_selected_linears_and_fp32_engine_keeps_f_linear(cpu_isa):
     from paged_core import LLM, SamplingParams
     bf16 = LLM(dtype="bfloat16", num_kv_blocks=32)
-    model = bf16.engine.executor.runner.model
+    model = bf16.engine.core.executor.runner.model
     compute_dtype = packed_linear_dtype(CPU, torch.bfloat16, cpu_isa)
     if compute_dtype is None:  # plain F.linear (the tied LM head stays the embedding)
         qkv = model.layers[0].self_attn.qkv_proj
@@ -84,7 +84,7 @@ def test_bf16_engine_takes_the_selected_linears_and_fp32_engine_keeps_f_linear(c
                         use_tqdm=False)[0].outputs[0]
     assert "Paris" in out.text
     fp32 = LLM(dtype="float32", num_kv_blocks=32)
-    assert isinstance(fp32.engine.executor.runner.model.layers[0].mlp.down_proj, torch.nn.Linear)
+    assert isinstance(fp32.engine.core.executor.runner.model.layers[0].mlp.down_proj, torch.nn.Linear)
 
 
 def test_an_unknown_bf16_linear_kernel_is_refused_naming_the_setting(monkeypatch):

@@ -51,6 +51,6 @@ def test_the_memory_is_advised_onto_huge_pages():
 def test_engines_keep_their_kv_cache_on_huge_pages_on_cpu():
     from paged_core import LLM
 
-    runner = LLM(dtype="bfloat16", kv_cache_memory="256MiB").engine.executor.runner
+    runner = LLM(dtype="bfloat16", kv_cache_memory="256MiB").engine.core.executor.runner
     k_cache = runner.kv_caches[0][0]
     assert k_cache.data_ptr() % HUGE_PAGE == 0 and not k_cache.any()

@@ -2,7 +2,7 @@
 from ``launcher.server_command`` the way the README's "your own tritonserver" recipe does).
 
 The repository's ``1/model.py`` wraps ``TritonPythonModel``: a prompt containing ``MARKER``
-breaks the engine's forward pass for good (``engine.engine.executor.runner.execute`` raises), as in
+breaks the engine's forward pass for good (``engine.engine.core.executor.runner.execute`` raises), as in
 ``tests/engine/test_fault_isolation.py``. That request gets an error response at once. In explicit model
 control (the launcher's mode) the model then unloads itself: ``/v2/models/paged_llm/ready``
 stays non-200, new requests get an error at once, and ``POST /v2/repository/models/paged_llm/load``
@@ -37,7 +37,7 @@ def _broken_execute(*args, **kwargs):
 class TritonPythonModel(Served):
     async def _serve(self, sender, prompt, stream, params):
         if {MARKER!r} in prompt:
-            self.engine.engine.executor.runner.execute = _broken_execute
+            self.engine.engine.core.executor.runner.execute = _broken_execute
         await super()._serve(sender, prompt, stream, params)
 '''
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from paged_core import AsyncEngine, BeamSearchParams, EngineConfig, LLM, SamplingParams
-from paged_core.beam_search.request import BeamSearchRequest
+from paged_core.requests.beam_search_request import BeamSearchRequest
 
 from ..reference import passage_token_ids
 from ..tiny_models import build_tiny_model
@@ -63,7 +63,7 @@ def _tokens(output):
 
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 def test_tiny_model_matches_transformers(tiny_llm, tiny_ref, prompts, k):
-    eos = tiny_llm.engine.eos_token_ids
+    eos = tiny_llm.engine.input_processor.eos_token_ids
     outs = tiny_llm.beam_search(prompts, BeamSearchParams(beam_width=k, max_tokens=NEW_TOKENS,
                                                           ignore_eos=True))
     assert [_tokens(o) for o in outs] == [hf_beams(tiny_ref, p, k, NEW_TOKENS, eos) for p in prompts]
@@ -77,7 +77,7 @@ def test_tiny_model_matches_transformers(tiny_llm, tiny_ref, prompts, k):
 
 def test_embedded_model_matches_transformers(llm_fp32, hf_embedded, tokenizer):
     prompt = passage_token_ids(tokenizer, 12, offset=11)
-    eos = llm_fp32.engine.eos_token_ids
+    eos = llm_fp32.engine.input_processor.eos_token_ids
     for k in (1, 2, 4, 8):
         (out,) = llm_fp32.beam_search([{"prompt_token_ids": prompt}],
                                       BeamSearchParams(beam_width=k, max_tokens=4, ignore_eos=True))
@@ -109,7 +109,7 @@ def test_eos_length_penalty_and_early_stopping_match_transformers(eos_folder, ti
     """With EOS allowed the hypotheses, their length-penalised ranking and the stopping rule
     are transformers' (``early_stopping`` False / True / "never"; ``length_penalty`` of any sign)."""
     llm = LLM(model=eos_folder, dtype="float32", num_kv_blocks=128)
-    eos = llm.engine.eos_token_ids
+    eos = llm.engine.input_processor.eos_token_ids
     reasons, lengths = Counter(), Counter()
     cases = [(4, lp, es) for lp in (1.0, 2.0, -1.0) for es in (False, True, "never")]
     for k, length_penalty, early_stopping in cases + [(4, 0.0, False), (2, 1.0, False),
@@ -139,13 +139,13 @@ def test_beams_share_blocks_and_free_dropped_ones_at_once(tiny_llm, tokenizer):
     engine.add_request(engine.make_request("share", {"prompt_token_ids": prompt},
                                            BeamSearchParams(beam_width=k, max_tokens=m,
                                                             ignore_eos=True)))
-    request = engine.requests["share"]
+    request = engine.core.requests["share"]
     peak, forked = 0, False
     while engine.has_unfinished_requests():
         engine.step()
-        live = {b for seq in request.sequences for b in engine.kv.block_ids(seq)}
+        live = {b for seq in request.sequences for b in engine.core.kv.block_ids(seq)}
         assert engine.stats()["kv_blocks_used"] == len(live)
-        forked |= any(engine.kv.pool.blocks[b].ref_cnt > 1 for b in live)
+        forked |= any(engine.core.kv.pool.blocks[b].ref_cnt > 1 for b in live)
         peak = max(peak, len(live))
     assert forked
     shared_prompt_blocks = len(prompt) // bs
@@ -161,8 +161,8 @@ def test_preempted_beams_recompute_and_give_the_same_result(tiny_folder, tiny_ll
     llm = LLM(model=tiny_folder, dtype="float32", num_kv_blocks=12)  # room for the group, barely
     engine = llm.engine
     victims = []
-    preempt = engine.scheduler._preempt
-    engine.scheduler._preempt = lambda seq, out: (victims.append(seq.request), preempt(seq, out))
+    preempt = engine.core.scheduler._preempt
+    engine.core.scheduler._preempt = lambda seq, out: (victims.append(seq.request), preempt(seq, out))
     engine.add_request(engine.make_request("beam", {"prompt_token_ids": prompt}, params))
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     for i in range(3):
@@ -199,7 +199,7 @@ def test_beam_requests_are_admitted_by_priority_then_tenant_turns(tiny_folder, p
                                          ("b1", 0, "b")):
         request = engine.make_request(request_id, {"prompt_token_ids": prompts[0]}, params,
                                       priority=priority, tenant=tenant)
-        assert isinstance(request, BeamSearchRequest)
+        assert request.is_beam_search
         assert (request.priority, request.tenant) == (priority, tenant)
         engine.add_request(request)
     order = []

@@ -31,7 +31,7 @@ def test_padded_steps_match_transformers(model_type, tokenizer, tmp_path):
     expected = [hf_greedy(reference, p, 30) for p in prompts]
 
     llm = LLM(model=folder, dtype="float32", num_kv_blocks=64, max_num_batched_tokens=45)
-    model = llm.engine.executor.runner.model
+    model = llm.engine.core.executor.runner.model
     model.prefers_bucketed_batches = True
     step_sizes = []
     forward = model.forward

@@ -38,13 +38,14 @@ def fail_from_call(function, number: int, exc: Exception):
 
 def break_request(monkeypatch, engine, request_id: str, where) -> None:
     """Patch the one request ``request_id`` as the engine adds it: ``where(request, text)``,
-    ``text`` its state in the output processor."""
+    ``request`` the core's (``Request``), ``text`` its state in the output processor."""
     add_request = engine.engine.add_request
 
     def patched(request):
         add_request(request)
         if request.request_id == request_id:
-            where(request, engine.engine.output_processor.texts[request_id])
+            where(engine.engine.core.requests[request_id],
+                  engine.engine.output_processor.texts[request_id])
     monkeypatch.setattr(engine.engine, "add_request", patched)
 
 
@@ -114,7 +115,7 @@ async def errors_within_one_second(streams) -> list[BaseException]:
 
 def break_forward(monkeypatch, engine) -> Exception:
     cause = RuntimeError("CUDA error: an illegal memory access was encountered")
-    runner = engine.engine.executor.runner
+    runner = engine.engine.core.executor.runner
     monkeypatch.setattr(runner, "execute", fail_from_call(runner.execute, 1, cause))
     return cause
 

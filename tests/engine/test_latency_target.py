@@ -28,19 +28,19 @@ def test_latency_target_keeps_greedy_outputs(tokenizer, tmp_path, monkeypatch):
     bounded = LLM(model=folder, dtype="float32", num_kv_blocks=64, max_num_batched_tokens=64,
                   itl_target_ms=1)
     engine = bounded.engine
-    engine.pacer.cost.observe(1, 1, 0.0005)
-    engine.pacer.cost.observe(1, 101, 0.0105)  # "1 token takes 0.1 ms": room for ~5 tokens
-    monkeypatch.setattr(engine.pacer.cost, "observe", lambda *step: None)  # keep that cost
+    engine.core.pacer.cost.observe(1, 1, 0.0005)
+    engine.core.pacer.cost.observe(1, 101, 0.0105)  # "1 token takes 0.1 ms": room for ~5 tokens
+    monkeypatch.setattr(engine.core.pacer.cost, "observe", lambda *step: None)  # keep that cost
     sizes = []
-    schedule = engine.scheduler.schedule
+    schedule = engine.core.scheduler.schedule
 
     def recording_schedule(step_budget=None):
-        decoding = engine.scheduler.num_decodes_in_flight > 0
+        decoding = engine.core.scheduler.num_decodes_in_flight > 0
         out = schedule(step_budget)
         sizes.append(out.num_tokens if decoding else None)
         return out
 
-    engine.scheduler.schedule = recording_schedule
+    engine.core.scheduler.schedule = recording_schedule
     got = [o.outputs[0].token_ids for o in bounded.generate(prompts, params, use_tqdm=False)]
     assert got == expected
     bounded_sizes = [n for n in sizes if n is not None]  # steps that carry decodes

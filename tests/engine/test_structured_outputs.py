@@ -120,19 +120,19 @@ def test_bitmask_keeps_exactly_the_tokens_the_matcher_accepts(llm_fp32):
     tokenizer = engine.tokenizer
     for token in tokenizer.encode('{"ok', add_special_tokens=False):
         assert grammar.accept(token) is False
-    logits = torch.randn(3, engine.vocab_size)
+    logits = torch.randn(3, engine.input_processor.vocab_size)
     before = logits.clone()
     GrammarBitmask()(logits, [None, grammar, None])
     assert torch.equal(logits[0], before[0]) and torch.equal(logits[2], before[2])
     kept = torch.isfinite(logits[1]).nonzero()[:, 0].tolist()
     accepted = []
-    for token in range(engine.vocab_size):  # the oracle: the matcher itself, token by token
+    for token in range(engine.input_processor.vocab_size):  # the oracle: the matcher itself, token by token
         if grammar.matcher.accept_token(token):
             accepted.append(token)
             grammar.matcher.rollback(1)
     assert kept == accepted and len(kept) >= 2  # at least '"' and '":'
     assert torch.equal(logits[1, kept], before[1, kept])
-    assert not set(engine.eos_token_ids) & set(kept)  # EOS only where the grammar is complete
+    assert not set(engine.input_processor.eos_token_ids) & set(kept)  # EOS only where the grammar is complete
 
 
 def test_preempted_and_forked_sequences_keep_their_grammar_state(tokenizer, tmp_path):

@@ -1,10 +1,11 @@
-"""The front end's input processor: a prompt and params in, a validated request out, with
-errors that say what to change and no engine state touched."""
+"""The front end's input processor: a prompt and params in, a validated, frozen
+``EngineRequest`` out, with errors that say what to change and no engine state touched."""
+import dataclasses
+
 import pytest
 
-from paged_core import BeamSearchParams, LLM, SamplingParams
-from paged_core.beam_search.request import BeamSearchRequest
-from paged_core.request import Request
+from paged_core import BeamSearchParams, LLM, ParamValidationError, SamplingParams
+from paged_core.requests.engine_io import EngineRequest
 from paged_core.structured_outputs import StructuredOutputsParams
 
 
@@ -14,13 +15,27 @@ def processor():
 
 
 def test_sampling_and_beam_params_make_their_kind_of_request(processor):
-    plain = processor.process("a", "Hello there", SamplingParams(max_tokens=3), priority=2, tenant="t")
-    assert type(plain) is Request and plain.prompt_token_ids and plain.priority == 2
-    assert plain.tenant == "t"
+    plain = processor.process("a", "Hello there", SamplingParams(max_tokens=3), priority=2,
+                              tenant="t", deadline=123.0)
+    assert type(plain) is EngineRequest and not plain.is_beam_search
+    assert plain.prompt_token_ids == tuple(processor.tokenizer.encode("Hello there"))
+    assert (plain.priority, plain.tenant, plain.deadline, plain.prompt) == (2, "t", 123.0,
+                                                                           "Hello there")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plain.priority = 0
     beams = processor.process("b", [1, 2, 3], BeamSearchParams(beam_width=2, max_tokens=3))
-    assert type(beams) is BeamSearchRequest and beams.prompt_token_ids == [1, 2, 3]
+    assert beams.is_beam_search and beams.prompt_token_ids == (1, 2, 3) and beams.prompt is None
     default = processor.process("c", "Hi")
-    assert type(default) is Request and default.params == SamplingParams()
+    assert default.params == SamplingParams() and default.cache_salt is None
+
+
+def test_a_prompt_dict_carries_its_cache_salt(processor):
+    salted = processor.process("s", {"prompt": "Hi", "cache_salt": "tenant-a"})
+    assert salted.cache_salt == "tenant-a" and salted.prompt == "Hi"
+    for bad in ("", 7):
+        with pytest.raises(ParamValidationError, match="cache_salt must be a non-empty string") as e:
+            processor.process("s", {"prompt_token_ids": [1, 2], "cache_salt": bad})
+        assert e.value.param == "cache_salt"
 
 
 def test_a_grammar_is_compiled_before_the_request_exists(processor):

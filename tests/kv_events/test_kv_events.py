@@ -117,7 +117,7 @@ def test_events_replay_the_block_pools_transitions(tokenizer, tmp_path):
     llm = LLM(model=folder, dtype="float32", num_kv_blocks=12, block_size=16,
               kv_events_config=config)
     sub = Subscriber(config["endpoint"], "kv")
-    pool = llm.engine.kv.pool
+    pool = llm.engine.core.kv.pool
     cached: set = set()
     seen = 0
     try:

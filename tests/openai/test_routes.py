@@ -114,6 +114,28 @@ async def test_errors_are_openai_shaped_and_name_the_field(client, path, body, s
     assert error["param"] == param and error["message"]
 
 
+async def test_cache_salt_keeps_prefix_hits_within_one_salt(client, engine):
+    """vLLM's ``cache_salt``: the same prompt under another salt finds nothing cached; under
+    its own salt again it does (completions and chat alike); an empty salt is a 400."""
+    prompt = "Once upon a time, in a village between two rivers, there lived a miller " * 3
+
+    async def hits_of(path: str, body: dict) -> int:
+        before = engine.stats()["prefix_cache_hits"]
+        r = await client.post(path, json={**GREEDY, "max_tokens": 2, **body})
+        assert r.status_code == 200, r.text
+        return engine.stats()["prefix_cache_hits"] - before
+
+    completion = {"prompt": prompt}
+    assert await hits_of("/v1/completions", {**completion, "cache_salt": "salt-1"}) == 0
+    assert await hits_of("/v1/completions", {**completion, "cache_salt": "salt-2"}) == 0
+    assert await hits_of("/v1/completions", {**completion, "cache_salt": "salt-1"}) > 0
+    chat = {"messages": [{"role": "user", "content": prompt}]}
+    assert await hits_of("/v1/chat/completions", {**chat, "cache_salt": "salt-3"}) == 0
+    assert await hits_of("/v1/chat/completions", {**chat, "cache_salt": "salt-3"}) > 0
+    r = await client.post("/v1/completions", json={**completion, "cache_salt": ""})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"
+
+
 async def test_malformed_json_is_400(client):
     r = await client.post("/v1/completions", content=b'{"prompt": ',
                           headers={"content-type": "application/json"})

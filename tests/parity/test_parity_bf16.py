@@ -25,7 +25,7 @@ def test_bf16_engine_is_close_to_transformers_bf16(embedded_folder, tokenizer, c
     prompts = [passage_token_ids(tokenizer, n, offset=9 * i) for i, n in enumerate([6, 40, 120])]
     expected = [hf_greedy_top_logprobs(reference, p, 24, TOP_K) for p in prompts]
     llm = LLM(dtype="bfloat16", num_kv_blocks=64)
-    model = llm.engine.executor.runner.model
+    model = llm.engine.core.executor.runner.model
     assert model.ops.cpu_isa == cpu_isa
     assert getattr(model.lm_head, "compute_dtype", None) == packed_linear_dtype(
         torch.device("cpu"), torch.bfloat16, cpu_isa)

@@ -24,7 +24,7 @@ def test_tiny_model_matches_transformers(model_type, tokenizer, tmp_path, cpu_is
     expected = [hf_greedy(reference, p, 40) for p in prompts]
 
     llm = LLM(model=folder, dtype="float32", num_kv_blocks=64, max_num_batched_tokens=64)
-    assert llm.engine.executor.runner.model.ops.cpu_isa == cpu_isa
+    assert llm.engine.core.executor.runner.model.ops.cpu_isa == cpu_isa
     # Stagger arrivals so later prompts prefill while earlier ones decode.
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     outputs = llm.generate(prompts, params, use_tqdm=False)

@@ -64,7 +64,7 @@ def test_gguf_int4_engine_is_close_to_transformers(embedded_folder, tokenizer, d
                for i, n in enumerate([4, 30])] + [passage_token_ids(tokenizer, 7, offset=3)]
     expected = [hf_greedy_top_logprobs(reference, p, 16, TOP_K) for p in prompts]
     llm = LLM(dtype=dtype, quantization="gguf", num_kv_blocks=64, enable_prefix_caching=True)
-    assert type(llm.engine.executor.runner.model.layers[0].mlp.down_proj) is Int4Linear
+    assert type(llm.engine.core.executor.runner.model.layers[0].mlp.down_proj) is Int4Linear
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=TOP_K)
     for _ in range(2):  # the second pass reads the shared prefix from the cache
         outputs = llm.generate(prompts, params, use_tqdm=False)

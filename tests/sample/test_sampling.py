@@ -14,7 +14,7 @@ def test_n4_shares_prompt_blocks_copy_on_write(tokenizer):
                                                              max_tokens=4, ignore_eos=True))
     engine.add_request(request)
     engine.step()  # prefill once, fork into 4 samples
-    assert len(request.sequences) == 4
+    assert len(engine.core.requests["r"].sequences) == 4
     assert engine.stats()["kv_blocks_used"] == 3  # shared by reference, not 4 x 3 = 12
     engine.step()  # every sample writes its first token into the shared partial block
     assert engine.stats()["kv_blocks_used"] == 2 + 4  # full blocks still shared; 3 copies made
@@ -66,7 +66,7 @@ def test_stop_token_ids_max_tokens_min_tokens(llm_fp32):
 
 
 def test_eos_stops_unless_ignored(llm_fp32):
-    eos = sorted(llm_fp32.engine.eos_token_ids)
+    eos = sorted(llm_fp32.engine.input_processor.eos_token_ids)
     out = llm_fp32.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=200),
                             use_tqdm=False)[0].outputs[0]
     assert out.finish_reason == "stop" and out.token_ids[-1] in eos

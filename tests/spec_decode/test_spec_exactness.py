@@ -46,7 +46,7 @@ def _assert_same(ours, theirs, logprobs=False):
 
 def _record_mixed_steps(llm):
     """Wrap the proposer: count steps where some running sequences got drafts and some not."""
-    proposer, mixed = llm.engine.speculation.proposer, []
+    proposer, mixed = llm.engine.core.speculation.proposer, []
 
     def propose(seqs):
         proposer.__class__.propose(proposer, seqs)
@@ -62,7 +62,7 @@ def test_ngram_greedy_equals_plain_decoding_in_mixed_batches(plain, ngram):
     try:
         _assert_same(_run(ngram, PROMPTS, GREEDY), expected)
     finally:
-        del ngram.engine.speculation.proposer.propose
+        del ngram.engine.core.speculation.proposer.propose
     stats = ngram.stats()
     assert any(mixed), "no step mixed sequences with and without drafts"
     assert 0 < stats["spec_decode_num_accepted_tokens"] < stats["spec_decode_num_draft_tokens"]
@@ -117,7 +117,7 @@ def test_draft_model_greedy_equals_plain_decoding(target, draft, plain):
     assert stats["num_preemptions"] > 0
     assert 0 < stats["spec_decode_num_accepted_tokens"] < stats["spec_decode_num_draft_tokens"]
     assert stats["kv_blocks_used"] == 0
-    assert llm.engine.speculation.proposer.kv.stats()["kv_blocks_used"] == 0  # the draft's cache too
+    assert llm.engine.core.speculation.proposer.kv.stats()["kv_blocks_used"] == 0  # the draft's cache too
 
 
 def test_draft_model_must_share_the_vocabulary(target, tmp_path):

@@ -15,7 +15,7 @@ SCRIPT = textwrap.dedent("""
     from paged_core import LLM
     if __name__ == "__main__":
         llm = LLM(model=sys.argv[1], dtype="float32", num_kv_blocks=16, tensor_parallel_size=4)
-        print(*llm.engine.executor.worker_pids, flush=True)
+        print(*llm.engine.core.executor.worker_pids, flush=True)
         time.sleep(600)
 """)
 

@@ -27,7 +27,7 @@ def reference_tokens(folder: str, prompts: list[list[int]], max_tokens: int) -> 
 
 
 def generate_and_shut_down(llm: LLM, prompts, params=GREEDY):
-    pids = llm.engine.executor.worker_pids
+    pids = llm.engine.core.executor.worker_pids
     try:
         outputs = llm.generate(prompts, params, use_tqdm=False)
         stats = llm.stats()

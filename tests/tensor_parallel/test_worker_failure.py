@@ -27,7 +27,7 @@ async def test_killing_a_worker_mid_generation(tokenizer, tmp_path):
     folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
     config = EngineConfig(model=folder, dtype="float32", num_kv_blocks=128, tensor_parallel_size=2)
     engine = AsyncEngine(config)
-    pids = engine.engine.executor.worker_pids
+    pids = engine.engine.core.executor.worker_pids
     prompts = [passage_token_ids(tokenizer, n, offset=n) for n in (5, 12, 20)]
     started = [asyncio.Event() for _ in prompts]
 
@@ -70,7 +70,7 @@ async def test_a_worker_dying_while_idle_turns_the_engine_unready(tokenizer, tmp
                                       tensor_parallel_size=2))
     try:
         assert engine.is_running
-        os.kill(engine.engine.executor.worker_pids[0], signal.SIGKILL)
+        os.kill(engine.engine.core.executor.worker_pids[0], signal.SIGKILL)
         deadline = time.monotonic() + 10
         while engine.is_running and time.monotonic() < deadline:
             await asyncio.sleep(0.1)

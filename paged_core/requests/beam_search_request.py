@@ -29,21 +29,16 @@ when the request ends no beam holds a block.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from .results import beam_score
-from .params import BeamSearchParams
+from ..beam_search.results import RankedBeam, TokenRecord, beam_score
+from ..beam_search.params import BeamSearchParams
 from ..core.group_decision import GroupDecision
 from ..core.sequence import Sequence
-from ..outputs import RequestMetrics
-from ..request import _seq_ids  # one id space for every sequence: block tables are keyed by it
-from ..scheduling_fields import SchedulingFields
-
-TokenRecord = tuple[int, float, int]  # (token id, log-probability, rank: 1 = most likely)
+from .engine_io import EngineCoreOutput, EngineRequest
+from .core_request import CoreRequest, next_seq_id
 
 
 @dataclass
@@ -51,16 +46,6 @@ class Beam:
     seq: Sequence
     cum_logprob: float  # a float32 value: sums are taken in float32, as transformers does
     records: list[TokenRecord]
-
-
-@dataclass
-class RankedBeam:
-    """One completion of the search's result."""
-
-    token_ids: list[int]  # prompt + generated
-    cum_logprob: float
-    records: list[TokenRecord]
-    finish_reason: str
 
 
 @dataclass
@@ -78,21 +63,16 @@ class _Candidate:
     record: TokenRecord
 
 
-class BeamSearchRequest(SchedulingFields):
-    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                 params: BeamSearchParams, eos_token_ids: frozenset[int], **scheduling: Any) -> None:
-        """``scheduling``: the ``SchedulingFields`` keywords (``priority``, ``tenant``); every
-        beam is scheduled with them, as the sequences of one ``Request`` are."""
-        super().__init__(**scheduling)
-        self.request_id = request_id
-        self.prompt = prompt
-        self.prompt_token_ids = prompt_token_ids
-        self.params = params
-        self.metrics = RequestMetrics(time.monotonic())
-        self.num_cached_tokens = 0
-        self._eos = sorted(eos_token_ids)
-        self._num_candidates = max(2, 1 + len(self._eos)) * params.beam_width
-        prompt_seq = Sequence(next(_seq_ids), self, list(prompt_token_ids), len(prompt_token_ids), 0)
+class BeamSearchRequest(CoreRequest):
+    def __init__(self, source: EngineRequest) -> None:
+        """``source.params`` is a ``BeamSearchParams``; every beam is scheduled with the
+        request's ``priority`` and ``tenant``, as the sequences of one ``Request`` are."""
+        super().__init__(source)
+        self.params: BeamSearchParams = source.params
+        self._eos = sorted(source.eos_token_ids)
+        self._num_candidates = max(2, 1 + len(self._eos)) * self.params.beam_width
+        prompt_seq = Sequence(next_seq_id(), self, list(self.prompt_token_ids),
+                              len(self.prompt_token_ids), 0, self.cache_salt)
         self.beams: list[Beam] = [Beam(prompt_seq, 0.0, [])]
         self.hypotheses: list[Hypothesis] = []  # best first, at most beam_width
         self._logits: dict[int, torch.Tensor] = {}  # seq_id -> logits of its next token
@@ -129,8 +109,7 @@ class BeamSearchRequest(SchedulingFields):
 
     def _step(self) -> GroupDecision:
         """One beam search step over the stacked logits of the live beams."""
-        if self.metrics.first_token_time is None:
-            self.metrics.first_token_time = time.monotonic()
+        self.mark_first_token()
         logits = torch.stack([self._logits[b.seq.seq_id] for b in self.beams])
         self._logits.clear()
         candidates = self._candidates(logits)
@@ -201,8 +180,8 @@ class BeamSearchRequest(SchedulingFields):
                 reused[c.beam] = c.token
                 seq = parent.seq
             else:
-                seq = Sequence(next(_seq_ids), self, parent.seq.token_ids + [c.token],
-                               len(self.prompt_token_ids), 0)
+                seq = Sequence(next_seq_id(), self, parent.seq.token_ids + [c.token],
+                               len(self.prompt_token_ids), 0, self.cache_salt)
                 decision.forks.append((parent.seq, seq))
             beams.append(Beam(seq, c.cum_logprob, parent.records + [c.record]))
         for index, beam in enumerate(self.beams):
@@ -217,6 +196,11 @@ class BeamSearchRequest(SchedulingFields):
         """End the search; live beams are reported after the hypotheses with ``reason``
         (the engine frees their blocks)."""
         self._abort_reason = reason
+
+    def final_outputs(self) -> list[EngineCoreOutput]:
+        """The search's one output, once it ended: its ranked beams (``ranked_beams``)."""
+        return [self.core_output(beams=self.ranked_beams(),
+                                 finish_reason=self._abort_reason or "stop")]
 
     def ranked_beams(self) -> list[RankedBeam]:
         """The search's result now, best first, at most ``beam_width``: the hypotheses, then

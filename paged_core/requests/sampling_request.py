@@ -9,26 +9,22 @@ sharing the prompt's blocks (``plan_sampling`` decides, the engine applies the
 exactly its output tokens (forked with it); the sample finishes with "stop" when
 the grammar ends. Text, stop strings and output deltas are the front end's
 (``frontend.request_text``); a stop string found there ends the sample through
-``stop_at_string``.
+``stop_at_string``. The core reports each step's tokens as ``EngineCoreOutput``s
+(``core_output``).
 """
 from __future__ import annotations
 
-import itertools
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from .core.group_decision import GroupDecision
-from .core.sequence import Sequence
-from .outputs import RequestMetrics
-from .sample.sampler import SamplingRow
-from .sampling_params import SamplingParams
-from .scheduling_fields import SchedulingFields
-from .structured_outputs import SequenceGrammar
-
-_seq_ids = itertools.count()
-
+from ..core.group_decision import GroupDecision
+from ..core.sequence import Sequence
+from ..sample.sampler import SamplingRow
+from ..sampling_params import SamplingParams
+from ..structured_outputs import SequenceGrammar
+from .core_request import CoreRequest, next_seq_id
+from .engine_io import EngineCoreOutput, EngineRequest
 
 @dataclass
 class Sample:
@@ -39,26 +35,18 @@ class Sample:
     grammar: SequenceGrammar | None = None
 
 
-@dataclass
-class Request(SchedulingFields):
-    """A sampling request; ``priority`` and ``tenant`` (keyword-only) come from
-    ``SchedulingFields``."""
+class Request(CoreRequest):
+    """A sampling request (``source.params`` is a ``SamplingParams``); ``max_total_tokens``
+    is its context limit: ``min(max_model_len, KV cache capacity)``."""
 
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    eos_token_ids: frozenset[int]
-    max_total_tokens: int  # context limit: min(max_model_len, KV cache capacity)
-    compiled_grammar: object | None = None  # xgrammar CompiledGrammar of structured_outputs
-    metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.monotonic()))
-    samples: list[Sample] = field(default_factory=list)
-    num_cached_tokens: int = 0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        grammar = (SequenceGrammar.start(self.compiled_grammar)
-                   if self.compiled_grammar is not None else None)
+    def __init__(self, source: EngineRequest, max_total_tokens: int) -> None:
+        super().__init__(source)
+        self.params: SamplingParams = source.params
+        self.eos_token_ids = source.eos_token_ids
+        self.max_total_tokens = max_total_tokens
+        grammar = (SequenceGrammar.start(source.compiled_grammar)
+                   if source.compiled_grammar is not None else None)
+        self.samples: list[Sample] = []
         self.samples.append(self._new_sample(list(self.prompt_token_ids), 0, grammar))
 
     @property
@@ -118,8 +106,7 @@ class Request(SchedulingFields):
         stop token or the grammar's end ("stop"), ``max_tokens`` or the context ("length")."""
         sample = self.sample_of(seq)
         seq.token_ids.append(token)
-        if self.metrics.first_token_time is None:
-            self.metrics.first_token_time = time.monotonic()
+        self.mark_first_token()
         p = self.params
         done = None
         grammar_ended = sample.grammar is not None and sample.grammar.accept(token)
@@ -144,6 +131,11 @@ class Request(SchedulingFields):
         del seq.token_ids[seq.num_prompt_tokens + num_output_tokens:]
         seq.finish_reason, seq.stop_reason = "stop", stop
 
+    def final_outputs(self) -> list[EngineCoreOutput]:
+        """Every sample's finish reason, once the request ended (an abort, a failure)."""
+        return [self.core_output(s.seq.sample_index, finish_reason=s.seq.finish_reason,
+                                 stop_reason=s.seq.stop_reason) for s in self.samples]
+
     def abort(self, reason: str = "abort") -> None:
         """Give every unfinished sample ``finish_reason`` ``reason`` ("abort", or "error")."""
         for sample in self.samples:
@@ -152,7 +144,8 @@ class Request(SchedulingFields):
 
     def _new_sample(self, token_ids: list[int], index: int,
                     grammar: SequenceGrammar | None) -> Sample:
-        seq = Sequence(next(_seq_ids), self, token_ids, len(self.prompt_token_ids), index)
+        seq = Sequence(next_seq_id(), self, token_ids, len(self.prompt_token_ids), index,
+                       self.cache_salt)
         seed = self.params.sample_seed(index)
         generator = None if seed is None else torch.Generator().manual_seed(seed)
         return Sample(seq, generator, grammar)

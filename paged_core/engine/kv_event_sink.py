@@ -1,0 +1,20 @@
+"""The KV-event publisher an engine core hands its prefix cache's events to, if its
+``kv_events_config`` asks for one (``kv_events.publisher``)."""
+from __future__ import annotations
+
+import torch
+
+from ..config import EngineConfig
+
+
+def kv_event_publisher(config: EngineConfig, device: torch.device):
+    """The publisher ``kv_events_config`` asks for (a ``ZmqEventPublisher``), else ``None``."""
+    events = config.kv_events_config
+    if events is None or not events.publishes:
+        return None
+    try:
+        from ..kv_events.publisher import ZmqEventPublisher
+        return ZmqEventPublisher(events, medium="GPU" if device.type == "cuda" else "CPU")
+    except ImportError as exc:
+        raise ValueError(f"kv_events_config with publisher 'zmq' needs pyzmq and msgspec "
+                         f"(pip install 'paged-core[kv-events]'): {exc}") from None

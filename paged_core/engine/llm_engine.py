@@ -1,0 +1,142 @@
+"""``LLMEngine``: the synchronous engine, vLLM v1's split in one process::
+
+    prompt + params ──InputProcessor──► EngineRequest ──► EngineCore.step()
+                                                              │ EngineCoreOutput (token ids)
+    RequestOutput ◄──OutputProcessor (text, stop strings) ◄───┘
+                                      └── StopAtString ──► EngineCore
+
+The front end (``frontend/``) owns the tokenizer, text and stop strings; the core
+(``EngineCore``) schedules, executes and updates, and never sees text. Both run on the
+caller's thread, one step at a time: a stop string found after a step ends its sample in
+the core before the next step is scheduled, so no token is computed past it.
+
+Not thread-safe: the offline ``LLM`` calls it directly; ``AsyncEngine`` owns one on its
+step-loop thread. Requests are validated (and tokenized) by ``make_request`` before they
+touch any engine state, so a bad request never disturbs the others; whatever still raises
+while handling one request's output fails that request only (``RequestOutput.error``).
+"""
+from __future__ import annotations
+
+from ..beam_search.params import BeamSearchParams
+from ..config import EngineConfig
+from ..core.engine_stats import EngineStats
+from ..executor.devices import resolve_device, resolve_dtype
+from ..frontend.eos import eos_token_ids
+from ..frontend.input_processor import InputProcessor
+from ..frontend.output_processor import OutputProcessor
+from ..frontend.prompts import PromptInput
+from ..models.model_loader import load_hf_config, load_tokenizer, resolve_model_folder
+from ..models.registry import model_spec
+from ..models.sharding import ShardPlan
+from ..models.spec import check_rope_length
+from ..outputs import RequestOutput
+from ..sampling_params import SamplingParams
+from ..requests.engine_io import EngineRequest
+from .engine_core import EngineCore, ModelPlacement
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        folder = resolve_model_folder(config.model)
+        hf_config = load_hf_config(folder)
+        self.tokenizer = load_tokenizer(config.tokenizer or folder)
+        self.max_model_len = _max_model_len(config, hf_config)
+        spec = model_spec(hf_config)
+        ShardPlan(spec, 0, config.tensor_parallel_size)  # refuse a bad size before any process starts
+        device = resolve_device(config.device)
+        self.core = EngineCore(config, ModelPlacement(
+            folder, self.max_model_len, spec.vocab_size, device, resolve_dtype(config.dtype, device)))
+        self.input_processor = InputProcessor(
+            self.tokenizer, spec.vocab_size, eos_token_ids(folder, hf_config, self.tokenizer),
+            self.max_model_len, self.core.max_total_tokens, self.core.executor.num_blocks,
+            config.block_size)
+        self.output_processor = OutputProcessor(self.tokenizer)
+
+    # -- requests --------------------------------------------------------------------
+    def make_request(self, request_id: str, prompt: PromptInput,
+                     params: SamplingParams | BeamSearchParams | None = None, *,
+                     priority: int = 0, tenant: str | None = None,
+                     deadline: float | None = None) -> EngineRequest:
+        """A validated ``EngineRequest`` for this engine (``InputProcessor.process``), under
+        a request_id not in use; raises ``ValueError`` saying what to change. No side
+        effects on the engine."""
+        if self.has_request(request_id):
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        return self.input_processor.process(request_id, prompt, params, priority=priority,
+                                            tenant=tenant, deadline=deadline)
+
+    def add_request(self, request: EngineRequest) -> None:
+        self.core.add_request(request)
+        self.output_processor.add_request(request)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Finish a request at once, freeing its blocks; returns its final output."""
+        outputs = self.core.abort_request(request_id)
+        if outputs is None:
+            return None
+        return self.output_processor.finish(request_id, outputs)
+
+    def has_request(self, request_id: str) -> bool:
+        """Whether ``request_id`` is running here (added and not yet finished)."""
+        return request_id in self.core.requests
+
+    def holds(self, request: EngineRequest) -> bool:
+        """Whether this very request (not a later one under its id) is still running here."""
+        held = self.core.requests.get(request.request_id)
+        return held is not None and held.source is request
+
+    def has_unfinished_requests(self) -> bool:
+        return self.core.has_unfinished_requests()
+
+    @property
+    def request_ids(self) -> list[str]:
+        return list(self.core.requests)
+
+    # -- steps -----------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one core step; returns the outputs of requests that got new tokens (or
+        finished). Stop strings found in them end their samples in the core at once."""
+        processed = self.output_processor.process_outputs(self.core.step())
+        for stop in processed.stops:
+            self.core.stop_at_string(stop)
+        for request_id in processed.failed:
+            self.core.abort_request(request_id, "error")
+        return processed.request_outputs
+
+    # -- the rest --------------------------------------------------------------------
+    @property
+    def generated_tokens(self) -> int:
+        return self.core.generated_tokens
+
+    @property
+    def attention_backend(self) -> str:
+        return self.core.executor.attention_backend
+
+    def stats(self) -> EngineStats:
+        return self.core.stats()
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every prefix-cached block that no request holds."""
+        self.core.reset_prefix_cache()
+
+    def check_health(self) -> None:
+        """Raises if the engine can no longer run steps (e.g. a tensor-parallel worker died)."""
+        self.core.check_health()
+
+    def shutdown(self) -> None:
+        """Stop the core's worker processes and its KV-event publisher (idempotent)."""
+        self.core.shutdown()
+
+
+def _max_model_len(config: EngineConfig, hf_config) -> int:
+    """``max_model_len``, or the model's context when unset; refused past that context (or,
+    for LongRoPE, past its original length)."""
+    context = getattr(hf_config, "max_position_embeddings", None) or 2048
+    if config.max_model_len is not None and config.max_model_len > context:
+        raise ValueError(
+            f"max_model_len={config.max_model_len} exceeds the model's context of {context} "
+            f"tokens (max_position_embeddings); lower max_model_len")
+    max_model_len = config.max_model_len or context
+    check_rope_length(hf_config, max_model_len)
+    return max_model_len
