@@ -1,12 +1,17 @@
 """Shared fixtures: the embedded model, a Hugging Face reference, tiny random models.
 
 Environment set before anything imports torch or triton: Triton runs in its
-interpreter on CPU, and OpenMP threads sleep when idle (this machine is shared).
+interpreter on CPU, and OpenMP threads sleep when idle (this machine is shared): with
+two test workers and their servers sharing 2 cores, the engine's bounded spin between
+ops (``cpu/openmp_spin.py``, ``GOMP_SPINCOUNT``) burns the time slices the others need
+(measured: a 4-file parity subset took 611 s with it, 140 s without), so tests and every
+process they start do without it unless told otherwise.
 """
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("GOMP_SPINCOUNT", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
