@@ -16,6 +16,21 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 
+# Files that start servers, ranks or fresh venvs go out to the test workers first (``--dist
+# loadfile`` hands files out in collection order): one of them started last, alone on its
+# worker, would set the suite's wall time.
+_HEAVY_FIRST = ("tests/e2e/", "tests/tensor_parallel/", "tests/bench/", "tests/quantization/",
+                "tests/parity/")
+
+
+def _heaviness(item) -> int:
+    return next((rank for rank, folder in enumerate(_HEAVY_FIRST)
+                 if item.nodeid.startswith(folder)), len(_HEAVY_FIRST))
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=_heaviness)  # stable: a file's tests keep their order
+
 
 @pytest.fixture(scope="session")
 def embedded_folder():

@@ -42,7 +42,7 @@ class KVCacheManager:
         """Longest run of cached full blocks that prefixes ``seq``, leaving >= 1 token to compute."""
         if not self.enable_prefix_caching or seq.seq_id in self.block_tables:
             return []
-        extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_size, seq.cache_salt)
+        extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_size, seq.block_hash_salt)
         max_blocks = (seq.num_tokens - 1) // self.block_size
         hits: list[Block] = []
         for block_hash in seq.block_hashes[:max_blocks]:
@@ -87,11 +87,13 @@ class KVCacheManager:
         return True
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
-        """Share every block of ``parent`` with ``child`` by reference (copy-on-write)."""
+        """Share every block of ``parent`` with ``child`` by reference (copy-on-write); the
+        child's keys are rotated as its parent's."""
         table = self.block_tables[parent.seq_id]
         self.pool.touch(table)
         self.block_tables[child.seq_id] = list(table)
         self._num_cached[child.seq_id] = self._num_cached.get(parent.seq_id, 0)
+        child.rotated_long = parent.rotated_long
         child.block_hashes = list(parent.block_hashes)
 
     def free(self, seq: Sequence) -> None:
@@ -140,7 +142,7 @@ class KVCacheManager:
         start = self._num_cached.get(seq.seq_id, 0)
         if num_full <= start:
             return
-        extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_size, seq.cache_salt)
+        extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_size, seq.block_hash_salt)
         stored = [i for i in range(start, num_full)
                   if self.pool.cache_full_block(table[i], seq.block_hashes[i])]
         self._num_cached[seq.seq_id] = num_full

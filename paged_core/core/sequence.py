@@ -8,6 +8,7 @@ invariant: it counts tokens whose K/V are in the cache and catches up to
 from __future__ import annotations
 
 import enum
+import json
 from typing import Protocol
 
 
@@ -42,9 +43,12 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
-        # Hashes of this sequence's full blocks (chained from ``cache_salt``); extended as it grows.
+        # Hashes of this sequence's full blocks (chained from ``block_hash_salt``); extended as
+        # it grows.
         self.cache_salt = cache_salt
         self.block_hashes: list[bytes] = []
+        # LongRoPE: its keys are (to be) rotated with the long factors (set by the engine core)
+        self.rotated_long = False
         # Draft tokens proposed for the next step (speculative decoding); never in token_ids.
         self.spec_token_ids: list[int] = []
 
@@ -59,6 +63,13 @@ class Sequence:
     @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def block_hash_salt(self) -> str | None:
+        """What its block hashes chain from: its request's ``cache_salt``, marked when its keys
+        are rotated with LongRoPE's long factors (they are then shared only with others so
+        rotated)."""
+        return json.dumps([self.cache_salt, "long-rope"]) if self.rotated_long else self.cache_salt
 
     @property
     def is_finished(self) -> bool:

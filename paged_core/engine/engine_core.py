@@ -47,13 +47,15 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ModelPlacement:
     """Where the core runs its model: the resolved checkpoint folder, the context it serves,
-    the vocabulary it samples from, device and dtype."""
+    the vocabulary it samples from, device and dtype; and where LongRoPE switches to its
+    long factors (``models.spec.long_rope_switch``; ``None``: no LongRoPE)."""
 
     folder: str
     max_model_len: int
     vocab_size: int
     device: torch.device
     dtype: torch.dtype
+    long_rope_switch: int | None = None
 
 
 class EngineCore:
@@ -88,9 +90,11 @@ class EngineCore:
         """Queue ``source`` (its first sequence waits for the scheduler)."""
         if source.request_id in self.requests:
             raise ValueError(f"request_id {source.request_id!r} is already in use")
-        request = (BeamSearchRequest(source) if source.is_beam_search
-                   else Request(source, self.max_total_tokens))
+        request = (BeamSearchRequest(source, source.cache_salt) if source.is_beam_search
+                   else Request(source, source.cache_salt, self.max_total_tokens))
         self.requests[source.request_id] = request
+        switch = self.model.long_rope_switch
+        request.sequences[0].rotated_long = switch is not None and len(source.prompt_token_ids) > switch
         self.scheduler.add(request.sequences[0])
 
     def abort_request(self, request_id: str, reason: str = "abort"
@@ -132,6 +136,8 @@ class EngineCore:
         raised.
         """
         start = time.perf_counter()
+        if self.model.long_rope_switch is not None:
+            self._rotate_long(self.model.long_rope_switch)
         sched = self.scheduler.schedule(self.pacer.budget(self.scheduler.num_decodes_in_flight))
         if sched.is_empty:
             return []
@@ -149,6 +155,22 @@ class EngineCore:
         self.pacer.observe(len(sched.scheduled), sched.num_tokens, time.perf_counter() - start)
         return outputs
 
+    def _rotate_long(self, switch: int) -> None:
+        """LongRoPE as transformers runs it (its Phi-3 ``generate`` drops its cache once a
+        sequence grows past ``switch``): a running sequence whose keys were rotated with the
+        short factors and that now holds more than ``switch`` tokens computes all of them
+        again, rotated with the long factors (its short blocks stay cached for sequences that
+        stay short); drafts never cross the switch of a sequence still short."""
+        for seq in self.scheduler.running:
+            if seq.rotated_long:
+                continue
+            if seq.num_tokens > switch:
+                self.kv.free(seq)
+                seq.num_computed_tokens, seq.rotated_long = 0, True
+                seq.block_hashes, seq.spec_token_ids = [], []
+            else:
+                del seq.spec_token_ids[switch - seq.num_tokens:]
+
     def pack(self, sched: SchedulerOutput) -> PackedBatch:
         """The step as the runner reads it (``pack_batch``): rows, positions, slots, block
         tables and the logits layout."""
@@ -156,10 +178,12 @@ class EngineCore:
                            item.seq.num_computed_tokens, item.num_new_tokens,
                            self.kv.block_ids(item.seq),
                            needs_logits=_is_sampled(item),
-                           num_spec_tokens=len(item.seq.spec_token_ids))
+                           num_spec_tokens=len(item.seq.spec_token_ids),
+                           rotated_long=item.seq.rotated_long)
                  for item in sched.scheduled]
+        long_rows = 0 if self.model.long_rope_switch is None else self.model.max_model_len
         return pack_batch(batch, self.config.block_size,
-                          bucketed=self.executor.prefers_bucketed_batches)
+                          bucketed=self.executor.prefers_bucketed_batches, long_rope_rows=long_rows)
 
     def plan_sampling(self, sched: SchedulerOutput, packed: PackedBatch) -> StepPlan:
         """Ask the request of every sequence that computes its last token this step what its

@@ -28,7 +28,7 @@ from ..frontend.prompts import PromptInput
 from ..models.model_loader import load_hf_config, load_tokenizer, resolve_model_folder
 from ..models.registry import model_spec
 from ..models.sharding import ShardPlan
-from ..models.spec import check_rope_length
+from ..models.spec import long_rope_switch
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from ..requests.engine_io import EngineRequest
@@ -46,7 +46,8 @@ class LLMEngine:
         ShardPlan(spec, 0, config.tensor_parallel_size)  # refuse a bad size before any process starts
         device = resolve_device(config.device)
         self.core = EngineCore(config, ModelPlacement(
-            folder, self.max_model_len, spec.vocab_size, device, resolve_dtype(config.dtype, device)))
+            folder, self.max_model_len, spec.vocab_size, device, resolve_dtype(config.dtype, device),
+            long_rope_switch(hf_config)))
         self.input_processor = InputProcessor(
             self.tokenizer, spec.vocab_size, eos_token_ids(folder, hf_config, self.tokenizer),
             self.max_model_len, self.core.max_total_tokens, self.core.executor.num_blocks,
@@ -130,13 +131,10 @@ class LLMEngine:
 
 
 def _max_model_len(config: EngineConfig, hf_config) -> int:
-    """``max_model_len``, or the model's context when unset; refused past that context (or,
-    for LongRoPE, past its original length)."""
+    """``max_model_len``, or the model's context when unset; refused past that context."""
     context = getattr(hf_config, "max_position_embeddings", None) or 2048
     if config.max_model_len is not None and config.max_model_len > context:
         raise ValueError(
             f"max_model_len={config.max_model_len} exceeds the model's context of {context} "
             f"tokens (max_position_embeddings); lower max_model_len")
-    max_model_len = config.max_model_len or context
-    check_rope_length(hf_config, max_model_len)
-    return max_model_len
+    return config.max_model_len or context

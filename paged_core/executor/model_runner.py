@@ -59,8 +59,8 @@ class ModelRunner:
             self.backend.copy_blocks([k for k, _ in self.kv_caches], [v for _, v in self.kv_caches],
                                      torch.tensor(src, device=self.device),
                                      torch.tensor(dst, device=self.device))
-        input_ids, positions, meta = self._device_inputs(packed)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta, self.backend)
+        input_ids, rope_rows, meta = self._device_inputs(packed)  # positions: only rotary reads them
+        hidden = self.model(input_ids, rope_rows, self.kv_caches, meta, self.backend)
         logits = self.model.compute_logits(hidden[self._to_device(packed.logits_indices)])
         return None if logits is None else logits.float()
 
@@ -79,4 +79,4 @@ class ModelRunner:
             seq_lens_cpu=packed.seq_lens.tolist(),
             query_lens_cpu=packed.query_lens.tolist(),
         )
-        return to(packed.input_ids), to(packed.positions), meta
+        return to(packed.input_ids), to(packed.rope_rows), meta

@@ -8,6 +8,9 @@ Layout (the same as :class:`~paged_core.attention.AttentionMetadata`):
 - rows from ``num_tokens`` to ``len(input_ids)`` are padding (a batch rounded up to
   a bucketed size): token 0, position 0, slot ``-1`` (nothing is written);
 - ``block_tables`` is ``[num_seqs, max blocks of any sequence]``, rows padded with 0;
+- ``rope_rows`` are the rows of the model's rotary tables each token reads: its position,
+  plus ``long_rope_rows`` for every token of a sequence ``rotated_long`` (LongRoPE's long
+  factors, ``models.layers.RotaryEmbedding``); the same array as ``positions`` otherwise;
 - ``logits_indices`` are the rows whose logits are sampled (the last new token of
   each sequence whose known tokens are all computed after this step; with ``k``
   draft tokens, its last ``k + 1`` new tokens, in order); the runner returns logits
@@ -32,6 +35,7 @@ class StepInput:
     block_ids: list[int]
     needs_logits: bool
     num_spec_tokens: int = 0  # drafts at the end of the new tokens: logits at 1 + this many rows
+    rotated_long: bool = False  # LongRoPE: its keys are rotated with the long factors
 
 
 @dataclass
@@ -46,6 +50,11 @@ class PackedBatch:
     logits_indices: np.ndarray  # [num sampled rows] int64
     first_logits_row: np.ndarray  # [num_seqs] int64, -1 for a sequence that samples nothing
     num_tokens: int  # real (unpadded) tokens
+    rope_rows: np.ndarray | None = None  # [padded] int64; None: the positions
+
+    def __post_init__(self) -> None:
+        if self.rope_rows is None:
+            self.rope_rows = self.positions
 
     @property
     def num_seqs(self) -> int:
@@ -72,8 +81,10 @@ def bucketed_num_tokens(num_tokens: int) -> int:
     return -(-num_tokens // step) * step
 
 
-def pack_batch(batch: list[StepInput], block_size: int, bucketed: bool = False) -> PackedBatch:
-    """Flatten a step; with ``bucketed`` the token rows are padded to ``bucketed_num_tokens``."""
+def pack_batch(batch: list[StepInput], block_size: int, bucketed: bool = False,
+               long_rope_rows: int = 0) -> PackedBatch:
+    """Flatten a step; with ``bucketed`` the token rows are padded to ``bucketed_num_tokens``;
+    ``long_rope_rows``: where the rotary tables' long-factor rows start (LongRoPE only)."""
     qlens = np.fromiter((s.num_new_tokens for s in batch), dtype=np.int64, count=len(batch))
     starts = np.fromiter((s.num_computed_tokens for s in batch), dtype=np.int64, count=len(batch))
     seq_lens = starts + qlens
@@ -107,4 +118,16 @@ def pack_batch(batch: list[StepInput], block_size: int, bucketed: bool = False) 
         query_start_loc=query_start_loc.astype(np.int32),
         logits_indices=first_logit_row + within,
         first_logits_row=np.where(num_logits > 0, np.cumsum(num_logits) - num_logits, -1),
-        num_tokens=num_tokens)
+        num_tokens=num_tokens, rope_rows=_rope_rows(batch, positions, rows, long_rope_rows))
+
+
+def _rope_rows(batch: list[StepInput], positions: np.ndarray, rows: np.ndarray,
+               long_rope_rows: int) -> np.ndarray:
+    """Each token's rotary table row: its position, in the long factors' rows for a sequence
+    ``rotated_long``."""
+    if not long_rope_rows:
+        return positions
+    rotated = np.fromiter((s.rotated_long for s in batch), dtype=bool, count=len(batch))
+    rope_rows = positions.copy()
+    rope_rows[:len(rows)] += long_rope_rows * rotated[rows]
+    return rope_rows

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from .elementwise import TORCH_OPS
+from .spec import long_rope_switch
 
 
 class RMSNorm(nn.Module):
@@ -76,13 +77,32 @@ def rope_inverse_frequencies(hf_config, layer_type: str | None = None) -> tuple[
 class RotaryEmbedding(nn.Module):
     """Precomputed cos/sin tables ``[max_positions, rotary_dim]`` by absolute position
     (rotate-half convention; ``rotary_dim`` < head_dim where rotary is partial); the model's
-    ops apply them (see ``elementwise``)."""
+    ops apply them (see ``elementwise``), a row per token: its position.
+
+    LongRoPE doubles the tables: rows ``[0, max_positions)`` hold the short factors, rows
+    ``[max_positions, 2 * max_positions)`` the long ones, so a token rotated with the long
+    factors reads row ``max_positions + position`` (``executor.packed_batch.rope_rows``)."""
 
     def __init__(self, hf_config, max_positions: int, dtype: torch.dtype,
                  layer_type: str | None = None) -> None:
         super().__init__()
-        inv_freq, scaling = rope_inverse_frequencies(hf_config, layer_type)
-        freqs = torch.arange(max_positions, dtype=torch.float)[:, None] * inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", (emb.cos() * scaling).to(dtype), persistent=False)
-        self.register_buffer("sin", (emb.sin() * scaling).to(dtype), persistent=False)
+        tables = [_cos_sin(*rope_inverse_frequencies(hf_config, layer_type), max_positions)]
+        switch = long_rope_switch(hf_config) if layer_type is None else None
+        if switch is not None:
+            tables.append(_cos_sin(*_long_rope_frequencies(hf_config, switch), max_positions))
+        cos, sin = (torch.cat(t) for t in zip(*tables))
+        self.register_buffer("cos", cos.to(dtype), persistent=False)
+        self.register_buffer("sin", sin.to(dtype), persistent=False)
+
+
+def _cos_sin(inv_freq: torch.Tensor, scaling: float,
+             max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    freqs = torch.arange(max_positions, dtype=torch.float)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos() * scaling, emb.sin() * scaling
+
+
+def _long_rope_frequencies(hf_config, switch: int) -> tuple[torch.Tensor, float]:
+    """LongRoPE's long factors, as transformers computes them for a sequence past ``switch``."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    return ROPE_INIT_FUNCTIONS["longrope"](hf_config, torch.device("cpu"), seq_len=switch + 1)

@@ -60,24 +60,23 @@ def sliding_windows(cfg) -> tuple[int | None, ...]:
     return (window,) * cfg.num_hidden_layers
 
 
-def check_rope_length(cfg, max_model_len: int) -> None:
-    """LongRoPE (Phi-3.5) switches from its short to its long factors once a forward's sequence
-    passes ``original_max_position_embeddings``, re-rotating nothing already cached; the
-    static tables (``layers.RotaryEmbedding``) hold the short factors, exact up to that length.
-    Raises ``ValueError`` naming ``max_model_len`` when it reaches past it. Checks every layer
-    type's parameters where the config has one set per type (Gemma 3)."""
+def long_rope_switch(cfg) -> int | None:
+    """Where LongRoPE (Phi-3.5, Phi-4-mini) switches from its short to its long factors:
+    ``original_max_position_embeddings``, else ``None`` (no LongRoPE).
+
+    transformers rotates with the long factors in a forward that reaches past that length, and
+    its Phi-3 ``generate`` drops its cache the first time a sequence grows past it, so that
+    every key is computed again with them: a sequence longer than the switch holds only
+    long-rotated keys, a shorter one only short-rotated ones. The engine core does the same
+    (``EngineCore._rotate_long``). LongRoPE set per layer type is refused: no checkpoint has
+    it."""
     params = getattr(cfg, "rope_parameters", None) or {}
-    per_type = [p for p in params.values() if isinstance(p, dict)]
-    for rope in per_type or [params]:
-        if rope.get("rope_type") != "longrope":
-            continue
-        original = rope.get("original_max_position_embeddings",
-                            getattr(cfg, "original_max_position_embeddings", None))
-        if original is not None and max_model_len > original:
-            raise ValueError(
-                f"max_model_len={max_model_len}: {cfg.model_type} uses LongRoPE, which paged-core "
-                f"serves with its short factors only, up to original_max_position_embeddings="
-                f"{original} tokens; set max_model_len <= {original}")
+    if any(isinstance(p, dict) and p.get("rope_type") == "longrope" for p in params.values()):
+        raise ValueError(f"{cfg.model_type}: LongRoPE set per layer type is not supported")
+    if params.get("rope_type") != "longrope":
+        return None
+    return int(params.get("original_max_position_embeddings",
+                          getattr(cfg, "original_max_position_embeddings", None)))
 
 
 def attention_shape(cfg) -> dict:

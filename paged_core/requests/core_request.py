@@ -2,8 +2,8 @@
 ``Request``, a ``BeamSearchRequest``), beside the ``EngineRequest`` it was made from.
 
 The scheduler reads ``request_id``, ``priority``, ``tenant`` (the waiting queue and the
-preemption victim choice are keyed by them) and the KV cache manager ``cache_salt``
-(``core.sequence.SequenceOwner``); all four are the ``EngineRequest``'s and never change.
+preemption victim choice are keyed by them; ``core.sequence.SequenceOwner``), the KV cache
+manager its sequences' ``cache_salt``; none of them ever changes.
 What the core learns while running the request (prefix-cache hits, when it was first
 scheduled, its first token) goes out with each ``EngineCoreOutput``.
 """
@@ -25,13 +25,14 @@ def next_seq_id() -> int:
 
 
 class CoreRequest:
-    def __init__(self, source: EngineRequest) -> None:
+    def __init__(self, source: EngineRequest, cache_salt: str | None) -> None:
+        """``cache_salt``: what its sequences' block hashes chain from (``source.cache_salt``)."""
         self.source = source
         self.request_id = source.request_id
         self.prompt_token_ids = list(source.prompt_token_ids)
         self.priority = source.priority
         self.tenant = source.tenant
-        self.cache_salt = source.cache_salt
+        self.cache_salt = cache_salt
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
@@ -45,3 +46,4 @@ class CoreRequest:
         return EngineCoreOutput(self.request_id, index, num_cached_tokens=self.num_cached_tokens,
                                 first_scheduled_time=self.first_scheduled_time,
                                 first_token_time=self.first_token_time, **fields)
+

@@ -133,6 +133,23 @@ def test_a_cache_salt_shares_blocks_only_with_the_same_salt():
     assert kv.find_cached_prefix(make_seq(4, range(9), "tenant-b")) == []
 
 
+def test_long_rotated_keys_share_blocks_only_with_long_rotated_ones():
+    """LongRoPE: the same tokens' keys rotated with the long factors are other blocks; a fork
+    inherits its parent's rotation."""
+    kv = KVCacheManager(10, BLOCK, enable_prefix_caching=True)
+    short = make_seq(0, range(9))
+    assert kv.allocate_slots(short, 9)
+    short.num_computed_tokens = 9
+    long = make_seq(1, range(9))
+    long.rotated_long = True
+    assert kv.find_cached_prefix(long) == []
+    assert kv.allocate_slots(long, 9)
+    child = make_seq(2, range(9))
+    kv.fork(long, child)
+    assert child.rotated_long and child.block_hashes == long.block_hashes
+    assert long.block_hashes[0] != short.block_hashes[0]
+
+
 def test_eviction_is_lru_tail_first():
     kv = KVCacheManager(4, BLOCK, enable_prefix_caching=True)
     seq = make_seq(0, range(12))

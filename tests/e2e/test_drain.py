@@ -19,7 +19,8 @@ from ..serving.conftest import tiny_folder  # noqa: F401  (fixture)
 from .conftest import free_port, python_cmd, running_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-MAX_TOKENS = 4000  # the running request must outlast the next two arriving, on any CPU
+MAX_TOKENS = 4000  # the most a request may ask for (the model's context is 4096)
+RUNNING_S = 12  # how long each of the two long requests should run on this machine
 PROMPT = "Tell me a long story"
 
 
@@ -51,7 +52,7 @@ def launch(adapter: str, port: int) -> tuple[list[str], str, str, str]:
             "/v2/models/paged_llm/generate")
 
 
-def body(adapter: str, stream: bool, max_tokens: int = MAX_TOKENS) -> dict:
+def body(adapter: str, stream: bool, max_tokens: int) -> dict:
     params = {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
     if adapter == "triton":
         return {"text_input": PROMPT, "stream": stream, "sampling_parameters": json.dumps(params)}
@@ -87,6 +88,16 @@ def wait_for_one_waiting(metrics_url: str, timeout_s: float = 60.0) -> None:
         time.sleep(0.05)
 
 
+def tokens_for(seconds: float, url: str, adapter: str) -> int:
+    """How many tokens a request generates in about ``seconds`` here (timed on the server with
+    a 200-token request first; at most ``MAX_TOKENS``), so that the long requests outlast the
+    next two arriving and still end well within the drain, however fast the CPU is."""
+    start = time.monotonic()
+    r = httpx.post(url, json=body(adapter, False, 200), timeout=300)
+    assert r.status_code == 200, r.text
+    return min(MAX_TOKENS, max(200, int(200 * seconds / (time.monotonic() - start))))
+
+
 def refused(url: str, payload: dict | None = None) -> bool:
     """True if the server no longer takes this request: no connection, or an error status."""
     try:
@@ -109,13 +120,16 @@ def test_sigterm_finishes_the_request_in_flight_refuses_new_ones_and_exits_0(
            "PAGED_CORE_DRAIN_TIMEOUT": "120", "PAGED_CORE_MAX_NUM_SEQS": "1",
            "PAGED_CORE_MAX_WAITING_REQUESTS": "1"}
     with running_server(request, adapter, cmd, url + ready, log_dir, extra_env=env) as server:
+        long_tokens = tokens_for(RUNNING_S, url + plain_path, adapter)
         # a long request runs; once it streams (no longer waiting: max_waiting_requests=1
         # would refuse a second one before that), a second long one waits behind it
         started, events, waiting = threading.Event(), [], []
-        reader = stream_in_background(url + stream_path, body(adapter, True), started, events)
+        reader = stream_in_background(url + stream_path, body(adapter, True, long_tokens),
+                                      started, events)
         assert started.wait(60) and events[0] == 200, events
         queued = threading.Thread(target=lambda: waiting.append(
-            httpx.post(url + plain_path, json=body(adapter, False), timeout=300)), daemon=True)
+            httpx.post(url + plain_path, json=body(adapter, False, long_tokens), timeout=300)),
+            daemon=True)
         queued.start()
         wait_for_one_waiting(f"http://127.0.0.1:{port + 2}/metrics" if adapter == "triton"
                              else url + "/metrics")
@@ -130,7 +144,7 @@ def test_sigterm_finishes_the_request_in_flight_refuses_new_ones_and_exits_0(
         while not refused(url + ready) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert refused(url + ready), "readiness still 200 after SIGTERM"
-        assert refused(url + plain_path, body(adapter, False))
+        assert refused(url + plain_path, body(adapter, False, 2))
         reader.join(150)
         queued.join(150)
         assert server.proc.wait(timeout=150) == 0, server.log_tail()
@@ -139,6 +153,6 @@ def test_sigterm_finishes_the_request_in_flight_refuses_new_ones_and_exits_0(
     assert events[-1] == "[DONE]" or adapter == "triton", events[-3:]
     assert not any("error" in c for c in chunks), [c for c in chunks if "error" in c]
     if adapter == "triton":
-        assert sum(bool(c["text_output"]) for c in chunks) >= MAX_TOKENS // 4
+        assert sum(bool(c["text_output"]) for c in chunks) >= long_tokens // 4
     else:
         assert chunks[-1]["choices"][0]["finish_reason"] == "length"

@@ -32,24 +32,38 @@ def test_tiny_model_matches_transformers(model_type, tokenizer, tmp_path, cpu_is
     assert llm.stats()["kv_blocks_used"] == 0
 
 
-def test_longrope_is_served_up_to_its_original_length_and_refused_past_it(tmp_path, tokenizer):
-    """Phi-3.5's LongRoPE: transformers uses the short factors while a sequence stays within
-    ``original_max_position_embeddings`` (64 here), and paged-core matches it there; a
-    ``max_model_len`` past it (the long factors' range, the default here: 512) is refused,
-    naming the setting, rather than answered wrongly."""
+def test_longrope_switches_to_its_long_factors_where_transformers_does(tmp_path, tokenizer):
+    """Phi-3.5's LongRoPE, switching at ``original_max_position_embeddings`` = 64: transformers
+    rotates with the long factors in a forward reaching past 64, and its ``generate`` computes
+    every key again once a sequence grows past it. Prompts under the switch that decode across
+    it and a prompt past it from its first chunk on all match transformers token for token,
+    through chunked prefill and a prefix cache that keeps short- and long-rotated blocks of the
+    same tokens apart: the long prompt finds the 48 tokens it shares with a short one in the
+    blocks that one computed again past the switch, a repeat of the short one finds its
+    short-rotated blocks. The long factors matter: without them the tokens change."""
     from transformers import AutoModelForCausalLM
 
     folder = build_tiny_model("phi3-longrope", str(tmp_path / "phi3-longrope"), tokenizer)
-    with pytest.raises(ValueError, match="max_model_len=512: phi3 uses LongRoPE.*"
-                                         "set max_model_len <= 64"):
-        LLM(model=folder, dtype="float32")
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    prompts = [passage_token_ids(tokenizer, n, offset=9 * i) for i, n in enumerate([3, 20, 36])]
-    expected = [hf_greedy(reference, p, 24) for p in prompts]  # at most 60 tokens each
-    llm = LLM(model=folder, dtype="float32", max_model_len=64, num_kv_blocks=32)
-    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
-                           use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outputs] == expected
+    shared = passage_token_ids(tokenizer, 48, offset=7)
+    prompts = [passage_token_ids(tokenizer, 20, offset=3), shared + passage_token_ids(
+        tokenizer, 8, offset=90), shared + passage_token_ids(tokenizer, 40, offset=120)]
+    expected = [hf_greedy(reference, p, 60) for p in prompts]
+    rope = reference.config.rope_parameters
+    reference.config.rope_parameters = {**rope, "long_factor": rope["short_factor"]}
+    short_only = AutoModelForCausalLM.from_pretrained(folder, config=reference.config,
+                                                      dtype=torch.float32).eval()
+    assert [hf_greedy(short_only, p, 60) for p in prompts] != expected
+
+    llm = LLM(model=folder, dtype="float32", num_kv_blocks=64, max_num_batched_tokens=32)
+    params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    hits = []
+    for index in (1, 2, 1, 0):  # the short one, the long one sharing its start, the short again
+        (out,) = llm.generate([prompts[index]], params, use_tqdm=False)
+        assert out.outputs[0].token_ids == expected[index], index
+        hits.append(out.num_cached_tokens)
+    assert hits[:3] == [0, 48, 48]
+    assert llm.stats()["kv_blocks_used"] == 0
 
 
 def test_triton_backend_matches_torch_backend_in_interpreter(tokenizer, tmp_path):
