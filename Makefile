@@ -26,10 +26,12 @@ serve: setup
 
 # Two pytest workers, one test file each at a time (a file's servers and fixtures stay in one
 # process): most tests wait on a single thread or on a server, so two share 2 cores well.
+# Files go out in collection order (tests/conftest.py puts the servers, ranks and venvs
+# first), not xdist's default of the files with the most tests first.
 PYTEST_WORKERS ?= 2
 
 test: setup
-	$(PY) -m pytest -q -ra -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -ra -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The fast tier: the pure engine core (tests/core: KV manager, scheduler, queue, step cost,
 # import graph), no model, no server; seconds.

@@ -68,3 +68,19 @@ def assert_greedy_close(ours: list[int], our_tops: list[set[int]], theirs: list[
 def engine_top_logprobs(completion) -> list[set[int]]:
     """Per generated token, the ids of the engine's top tokens (``SamplingParams.logprobs=k``)."""
     return [set(step) for step in completion.logprobs]
+
+
+@torch.no_grad()
+def hf_beams(model, prompt, k, max_new_tokens, eos, exact_length=True, **kwargs):
+    """transformers' ``k`` returned beams (prompt + generated), best first, cut after EOS."""
+    ids = torch.tensor([prompt])
+    lengths = {"min_new_tokens": max_new_tokens} if exact_length else {}
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), num_beams=k,
+                         num_return_sequences=k, do_sample=False, max_new_tokens=max_new_tokens,
+                         eos_token_id=sorted(eos), pad_token_id=0, **lengths, **kwargs)
+    beams = []
+    for row in out.tolist():
+        generated = row[len(prompt):]
+        ends = [i for i, t in enumerate(generated) if t in eos]
+        beams.append(prompt + (generated[:ends[0] + 1] if ends else generated))
+    return beams

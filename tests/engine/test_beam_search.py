@@ -14,7 +14,7 @@ import torch
 from paged_core import AsyncEngine, BeamSearchParams, EngineConfig, LLM, SamplingParams
 from paged_core.requests.beam_search_request import BeamSearchRequest
 
-from ..reference import passage_token_ids
+from ..reference import hf_beams, passage_token_ids
 from ..tiny_models import build_tiny_model
 
 NEW_TOKENS = 7
@@ -39,22 +39,6 @@ def tiny_llm(tiny_folder):
 @pytest.fixture(scope="module")
 def prompts(tokenizer):
     return [passage_token_ids(tokenizer, n, offset=3 * i) for i, n in enumerate([5, 19, 30])]
-
-
-@torch.no_grad()
-def hf_beams(model, prompt, k, max_new_tokens, eos, exact_length=True, **kwargs):
-    """transformers' ``k`` returned beams (prompt + generated), best first, cut after EOS."""
-    ids = torch.tensor([prompt])
-    lengths = {"min_new_tokens": max_new_tokens} if exact_length else {}
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), num_beams=k,
-                         num_return_sequences=k, do_sample=False, max_new_tokens=max_new_tokens,
-                         eos_token_id=sorted(eos), pad_token_id=0, **lengths, **kwargs)
-    beams = []
-    for row in out.tolist():
-        generated = row[len(prompt):]
-        ends = [i for i, t in enumerate(generated) if t in eos]
-        beams.append(prompt + (generated[:ends[0] + 1] if ends else generated))
-    return beams
 
 
 def _tokens(output):
