@@ -1,4 +1,4 @@
-# The README's commands: `make serve`, `make test`, `make test-fast`; `make setup` is idempotent.
+# The README's commands: `make serve`, `make test`, `make test-all`, `make test-fast`; `make setup` is idempotent.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -9,7 +9,7 @@ ADAPTER ?= bentoml
 PORT ?= 8000
 PROMPT ?= The capital of France is
 
-.PHONY: setup serve test test-fast bench clean
+.PHONY: setup serve test test-all test-fast bench clean
 
 setup: $(STAMP)
 
@@ -30,7 +30,14 @@ serve: setup
 # first), not xdist's default of the files with the most tests first.
 PYTEST_WORKERS ?= 2
 
+# CI's tier: everything but the tests marked `extended` (process deaths, drains, torchrun,
+# the fresh-venv wheel install, llama.cpp-written GGUF files), which alone take as long as
+# the rest on 2 cores; `make test-all` runs every test.
 test: setup
+	$(PY) -m pytest -q -ra -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+		-m "not extended" $(PYTEST_ARGS)
+
+test-all: setup
 	$(PY) -m pytest -q -ra -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The fast tier: the pure engine core (tests/core: KV manager, scheduler, queue, step cost,

@@ -87,16 +87,19 @@ def moe_config(model_type: str, vocab_size: int):
                        **experts)
 
 
-def build_tiny_model(model_type: str, folder: str, tokenizer) -> str:
+def build_tiny_model(model_type: str, folder: str, tokenizer, **config_overrides) -> str:
     """Random weights (seeded) saved with ``tokenizer`` into ``folder``; returns the folder.
     ``<moe type>-stacked``: the same model with its experts saved stacked, one
     ``experts.gate_up_proj`` / ``experts.down_proj`` tensor per layer (transformers' own
-    in-memory layout) instead of one tensor per expert and projection."""
+    in-memory layout) instead of one tensor per expert and projection. ``config_overrides``
+    replace fields of the tiny config."""
     from transformers import AutoModelForCausalLM
 
     base_type = model_type.removesuffix("-stacked")
     torch.manual_seed(1234)
     config = tiny_config(base_type, len(tokenizer))
+    for field, value in config_overrides.items():
+        setattr(config, field, value)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     os.makedirs(folder, exist_ok=True)
     model.save_pretrained(folder)

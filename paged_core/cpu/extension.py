@@ -11,10 +11,10 @@ so a build cache shared between machines stays safe) and registered as its own o
 namespace, ``torch.ops.paged_core_cpu_<level>``: one process can load several
 (tests run every path the host supports) and each caller picks one with
 ``cpu_ops(level)``. They are compiled with ``torch.utils.cpp_extension.load`` (a
-C++ compiler and ``ninja``, which the ``ninja`` wheel brings; seconds once per
-machine and level, then cached under ``~/.cache/torch_extensions`` or
-``$TORCH_EXTENSIONS_DIR``). ``cpu_extension_available()`` says whether that
-worked; on failure it logs one warning with the reason, and every caller keeps
+C++ compiler and ``ninja``, which the ``ninja`` wheel brings; about two minutes on
+2 cores, once per machine, level and installed copy of the sources, then cached under
+``~/.cache/torch_extensions`` or ``$TORCH_EXTENSIONS_DIR``).
+``cpu_extension_available()`` says whether that worked; on failure it logs one warning with the reason, and every caller keeps
 its plain-torch path.
 
 Processes that load at the same time (server workers, test workers, TP ranks)
@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import hashlib
 import logging
 import os
 import platform
@@ -65,10 +66,15 @@ def ops_namespace(level: str) -> str:
 
 def build_directory(level: str | None = None) -> Path:
     """The folder torch builds ``level``'s kernels in (default: the selected level; created if
-    missing), as torch chooses it."""
+    missing): ``paged_core_cpu_<level>-<digest of the sources' folder>`` in torch's extensions
+    folder. One per installed copy of the sources: torch's build file names the sources by
+    their path, so two checkouts or venvs sharing one folder would each rebuild it (minutes)
+    every time the other had loaded it last."""
     from torch.utils.cpp_extension import _get_build_directory
 
-    return Path(_get_build_directory(ops_namespace(level or selected_cpu_isa()), verbose=False))
+    where = hashlib.sha256(str(_CSRC.resolve()).encode()).hexdigest()[:12]
+    name = f"{ops_namespace(level or selected_cpu_isa())}-{where}"
+    return Path(_get_build_directory(name, verbose=False))
 
 
 def _ensure_ninja_on_path() -> None:

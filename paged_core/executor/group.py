@@ -16,8 +16,11 @@ import torch
 import torch.distributed as dist
 
 # A peer that stops answering (hung, not dead: a dead peer closes its sockets and
-# fails the collective at once) fails the step after this long.
+# fails the collective at once) fails the step after this long, once every rank has loaded.
 COLLECTIVE_TIMEOUT = timedelta(seconds=int(os.environ.get("PAGED_CORE_COLLECTIVE_TIMEOUT", "120")))
+# Until then ranks wait this long for each other: one may load its weights (or build the C++
+# kernels, or wait for another process building them) minutes after the others.
+STARTUP_TIMEOUT = timedelta(seconds=int(os.environ.get("PAGED_CORE_STARTUP_TIMEOUT", "1800")))
 
 
 @dataclass(frozen=True)
@@ -77,8 +80,19 @@ def init_process_group(rank: int, size: int, device: torch.device,
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(collective_backend(device), init_method=init_method, rank=rank,
-                            world_size=size, timeout=COLLECTIVE_TIMEOUT)
+                            world_size=size, timeout=STARTUP_TIMEOUT)
     return TensorParallelGroup(rank, size)
+
+
+def all_ranks_loaded(tp: TensorParallelGroup) -> None:
+    """Every rank calls this once its model and KV cache are ready: it returns when all have
+    (waiting up to ``STARTUP_TIMEOUT``), and from then on a silent peer fails a collective
+    after ``COLLECTIVE_TIMEOUT``."""
+    if tp.size == 1:
+        return
+    dist.barrier()
+    # private but kept (torch.distributed's own tests use it): the group's timeout, reset
+    dist.distributed_c10d._set_pg_timeout(COLLECTIVE_TIMEOUT)
 
 
 def rank_device(device: torch.device, rank: int) -> torch.device:

@@ -36,7 +36,7 @@ from ..sample.sampler import Sampler
 from ..sample.sampling_plan import SamplerOutput, SamplingPlan
 from .model_runner import ModelRunner, kv_cache_bytes_per_block
 from .packed_batch import PackedBatch
-from .group import TensorParallelGroup, init_process_group, rank_device
+from .group import TensorParallelGroup, all_ranks_loaded, init_process_group, rank_device
 
 logger = logging.getLogger("paged_core.worker")
 
@@ -82,6 +82,7 @@ class Worker:
                                   spec.dtype)
         self.num_blocks = num_blocks
         self.sampler = Sampler(torch.Generator().manual_seed(config.seed))  # draws on the CPU
+        all_ranks_loaded(tp)
 
     def execute_model(self, packed: PackedBatch, block_copies: list[tuple[int, int]],
                       plan: SamplingPlan | None = None) -> SamplerOutput | None:

@@ -50,13 +50,29 @@ def embedded_model_folder() -> str:
     return converted_folder_for(embedded_gguf_path())
 
 
+def _refuse_unread_weights(filename: str, model_type: str, loading: dict) -> None:
+    """transformers fills a weight it could not read from the GGUF file (a shape its
+    metadata mapping gets wrong, a tensor it does not map) with random values and only
+    warns; serving that model would answer with noise, so the conversion stops here."""
+    unread = sorted({name for name, *_ in loading.get("mismatched_keys", [])}
+                    | set(loading.get("missing_keys", [])))
+    if unread:
+        shown = ", ".join(unread[:6]) + (f" and {len(unread) - 6} more" if len(unread) > 6 else "")
+        raise ValueError(f"{filename}: transformers could not read every weight of this "
+                         f"{model_type} GGUF file (it would fill them with random values): "
+                         f"{shown}; serve the model's Hugging Face folder instead")
+
+
 def _convert_gguf(gguf_path: str, target: str) -> None:
     """Dequantize through transformers and save as float32 safetensors + tokenizer, atomically."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, filename = os.path.split(gguf_path)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    model, loading = AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=filename, dtype=torch.float32, output_loading_info=True,
+        ignore_mismatched_sizes=True)  # reported below, by name
+    _refuse_unread_weights(filename, model.config.model_type, loading)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
     # The weights are plain floats now; drop the GGUF quantizer so save_pretrained writes them as such.
     model.hf_quantizer = None

@@ -129,4 +129,4 @@ FAMILY = ModelFamily(
     architectures=("Gemma2ForCausalLM", "Gemma3ForCausalLM"), read_spec=read_spec,
     model_class=GemmaForCausalLM, tensor_parallel="yes",
     sliding_window="yes (alternating layer_types)",
-    gguf="through transformers (not tested here)")
+    gguf="yes")

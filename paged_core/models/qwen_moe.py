@@ -35,4 +35,4 @@ FAMILY = ModelFamily(
     architectures=("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"), read_spec=read_spec,
     model_class=LlamaForCausalLM, tensor_parallel="yes (each expert's width split)",
     sliding_window="yes (use_sliding_window, layer_types)",
-    gguf="through transformers (not tested here)")
+    gguf="Qwen3-MoE yes; Qwen2-MoE refused (transformers misreads its shared expert)")

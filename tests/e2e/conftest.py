@@ -69,6 +69,9 @@ class ServerProcess:
         self.log_path = log_dir / f"{name}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("PAGED_CORE_")}
         env.update(SERVER_ENV)
+        # BentoML empties $BENTOML_HOME/prometheus_multiproc_dir when it starts: two servers
+        # sharing one home (the test workers run side by side) would wipe each other's metrics
+        env["BENTOML_HOME"] = str(log_dir / f"{name}.bentoml-home")
         env.update(extra_env or {})
         self._log = open(self.log_path, "wb")
         # own session + SIGTERM if pytest dies: a killed test run leaves no server behind

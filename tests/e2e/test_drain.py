@@ -18,9 +18,9 @@ import pytest
 from ..serving.conftest import tiny_folder  # noqa: F401  (fixture)
 from .conftest import free_port, python_cmd, running_server
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.extended]
 MAX_TOKENS = 4000  # the most a request may ask for (the model's context is 4096)
-RUNNING_S = 12  # how long each of the two long requests should run on this machine
+RUNNING_S = 8  # how long each of the two long requests should run on this machine
 PROMPT = "Tell me a long story"
 
 

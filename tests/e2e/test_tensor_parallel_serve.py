@@ -11,7 +11,7 @@ import pytest
 from . import openai_checks as checks
 from .conftest import free_port, running_server
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.extended]
 
 REPO = Path(__file__).resolve().parents[2]
 

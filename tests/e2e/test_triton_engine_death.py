@@ -23,7 +23,7 @@ from paged_core.config import EngineConfig
 from .conftest import MAX_TOKENS, PROMPTS, free_port, running_server
 
 pytest.importorskip("pytriton")
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.extended]
 MODEL = "paged_llm"
 MARKER = "<break the forward pass>"
 FAULTY_MODEL_PY = f'''"""paged_llm whose forward pass fails for good once a prompt contains {MARKER!r}."""

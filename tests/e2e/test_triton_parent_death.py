@@ -20,7 +20,7 @@ from paged_core.config import EngineConfig
 from .conftest import free_port, running_server
 
 pytest.importorskip("pytriton")
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.extended]
 
 
 def test_the_stub_ends_when_tritonserver_is_killed(request, log_dir, tmp_path):

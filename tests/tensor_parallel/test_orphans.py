@@ -7,8 +7,11 @@ import textwrap
 import time
 
 import psutil
+import pytest
 
 from ..tiny_models import build_tiny_model
+
+pytestmark = pytest.mark.extended
 
 SCRIPT = textwrap.dedent("""
     import sys, time

@@ -7,10 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from paged_core import LLM, SamplingParams
 
 from ..tiny_models import build_tiny_model
 from ..reference import passage_token_ids
+
+pytestmark = pytest.mark.extended
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 

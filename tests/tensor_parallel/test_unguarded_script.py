@@ -27,6 +27,8 @@ from ..reference import passage_token_ids
 from ..tiny_models import build_tiny_model
 from .test_tp_parity import reference_tokens
 
+pytestmark = pytest.mark.extended
+
 SOURCE = str(Path(__file__).resolve().parents[2])  # the folder holding paged_core/
 MAX_TOKENS = 16
 RUN_TIMEOUT_S = 180  # a run takes 20-90 s on 2 busy cores; the old spawn code hung, then failed

@@ -6,12 +6,15 @@ import signal
 import time
 
 import psutil
+import pytest
 
 from paged_core import AsyncEngine, EngineConfig, SamplingParams
 from paged_core.exceptions import EngineDeadError
 
 from ..reference import passage_token_ids
 from ..tiny_models import build_tiny_model
+
+pytestmark = pytest.mark.extended
 
 LONG = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
 
