@@ -14,6 +14,7 @@ import pytest
 
 from paged_core.bench.cli import BENCHMARKS, main
 
+pytestmark = pytest.mark.extended  # every benchmark, minutes on 2 cores: `make test-all`
 MACHINE_KEYS = {"cpu", "cores", "threads", "torch", "transformers"}
 
 

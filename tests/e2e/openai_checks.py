@@ -73,7 +73,7 @@ async def _concurrent(served: Served, n: int) -> tuple[list[tuple[float, float]]
 
     async def one(i: int) -> tuple[float, float]:
         stream = await client.completions.create(
-            model=MODEL, prompt=f"{PROMPTS[i % len(PROMPTS)]} ({i})", max_tokens=64,
+            model=MODEL, prompt=f"{PROMPTS[i % len(PROMPTS)]} ({i})", max_tokens=32,
             temperature=0.8, seed=i, extra_body={"ignore_eos": True}, stream=True)
         times = [time.monotonic() async for c in stream if c.choices and c.choices[0].text]
         assert len(times) >= 2

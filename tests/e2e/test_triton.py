@@ -137,7 +137,7 @@ def test_grpc_streaming_concatenates_to_the_full_text(triton, reference_texts):
 
 def test_16_grpc_streams_overlap_in_one_engine(triton):
     """Sixteen streams sent back to back all run at once: each is long enough
-    (128 tokens, over a second even alone) that the first cannot finish before
+    (64 tokens, half a second even alone) that the first cannot finish before
     the sixteenth arrives, however slowly the gRPC sends reach the model."""
     stream = GrpcStream(triton.grpc)
     peak, done = 0.0, threading.Event()
@@ -153,7 +153,7 @@ def test_16_grpc_streams_overlap_in_one_engine(triton):
     try:
         for i in range(16):
             stream.send(f"r{i}", f"{PROMPTS[i % 3]} ({i})",
-                        {"max_tokens": 128, "temperature": 0.8, "seed": i, "ignore_eos": True})
+                        {"max_tokens": 64, "temperature": 0.8, "seed": i, "ignore_eos": True})
         per_id = stream.collect(16)
     finally:
         done.set()

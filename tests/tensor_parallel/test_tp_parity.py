@@ -102,6 +102,7 @@ def test_prefix_cache_preemption_and_forks_under_tp(tokenizer, tmp_path):
     assert stats["kv_blocks_used"] == 0
 
 
+@pytest.mark.extended  # the 135M model on 3 ranks over 2 cores; the tiny models cover TP in CI
 def test_embedded_model_on_three_ranks(tokenizer, embedded_folder):
     """SmolLM2-135M: 9 query heads and 3 KV heads, one KV head per rank."""
     prompts = [passage_token_ids(tokenizer, n, offset=11 * i) for i, n in enumerate([4, 37])]
