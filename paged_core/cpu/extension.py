@@ -14,8 +14,8 @@ namespace, ``torch.ops.paged_core_cpu_<level>``: one process can load several
 C++ compiler and ``ninja``, which the ``ninja`` wheel brings; about two minutes on
 2 cores, once per machine, level and installed copy of the sources, then cached under
 ``~/.cache/torch_extensions`` or ``$TORCH_EXTENSIONS_DIR``).
-``cpu_extension_available()`` says whether that worked; on failure it logs one warning with the reason, and every caller keeps
-its plain-torch path.
+``cpu_extension_available()`` says whether that worked; on failure it logs one warning
+with the reason, and every caller keeps its plain-torch path.
 
 Processes that load at the same time (server workers, test workers, TP ranks)
 take turns through an ``flock`` on the build folder (``_build_folder_lock``), so

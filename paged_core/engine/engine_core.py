@@ -90,8 +90,8 @@ class EngineCore:
         """Queue ``source`` (its first sequence waits for the scheduler)."""
         if source.request_id in self.requests:
             raise ValueError(f"request_id {source.request_id!r} is already in use")
-        request = (BeamSearchRequest(source, source.cache_salt) if source.is_beam_search
-                   else Request(source, source.cache_salt, self.max_total_tokens))
+        request = (BeamSearchRequest(source) if source.is_beam_search
+                   else Request(source, self.max_total_tokens))
         self.requests[source.request_id] = request
         switch = self.model.long_rope_switch
         request.sequences[0].rotated_long = switch is not None and len(source.prompt_token_ids) > switch

@@ -64,10 +64,10 @@ class _Candidate:
 
 
 class BeamSearchRequest(CoreRequest):
-    def __init__(self, source: EngineRequest, cache_salt: str | None) -> None:
+    def __init__(self, source: EngineRequest) -> None:
         """``source.params`` is a ``BeamSearchParams``; every beam is scheduled with the
         request's ``priority`` and ``tenant``, as the sequences of one ``Request`` are."""
-        super().__init__(source, cache_salt)
+        super().__init__(source)
         self.params: BeamSearchParams = source.params
         self._eos = sorted(source.eos_token_ids)
         self._num_candidates = max(2, 1 + len(self._eos)) * self.params.beam_width

@@ -25,14 +25,13 @@ def next_seq_id() -> int:
 
 
 class CoreRequest:
-    def __init__(self, source: EngineRequest, cache_salt: str | None) -> None:
-        """``cache_salt``: what its sequences' block hashes chain from (``source.cache_salt``)."""
+    def __init__(self, source: EngineRequest) -> None:
         self.source = source
         self.request_id = source.request_id
         self.prompt_token_ids = list(source.prompt_token_ids)
         self.priority = source.priority
         self.tenant = source.tenant
-        self.cache_salt = cache_salt
+        self.cache_salt = source.cache_salt
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
@@ -46,4 +45,3 @@ class CoreRequest:
         return EngineCoreOutput(self.request_id, index, num_cached_tokens=self.num_cached_tokens,
                                 first_scheduled_time=self.first_scheduled_time,
                                 first_token_time=self.first_token_time, **fields)
-

@@ -39,9 +39,8 @@ class Request(CoreRequest):
     """A sampling request (``source.params`` is a ``SamplingParams``); ``max_total_tokens``
     is its context limit: ``min(max_model_len, KV cache capacity)``."""
 
-    def __init__(self, source: EngineRequest, cache_salt: str | None,
-                 max_total_tokens: int) -> None:
-        super().__init__(source, cache_salt)
+    def __init__(self, source: EngineRequest, max_total_tokens: int) -> None:
+        super().__init__(source)
         self.params: SamplingParams = source.params
         self.eos_token_ids = source.eos_token_ids
         self.max_total_tokens = max_total_tokens
