@@ -1,7 +1,7 @@
 """Triton kernels for a paged KV cache: ``paged_core.kernels``.
 
-A small public API that any engine can call; it does not depend on the rest of
-``paged_core``.
+A small public API that any engine can call; of the rest of ``paged_core`` it uses
+only the quantized KV cache format, ``paged_core.attention.kv_quant`` (plain torch).
 
 Layouts (one transformer layer)
 -------------------------------
@@ -26,9 +26,14 @@ Layouts (one transformer layer)
   ``p`` attends keys at positions ``k`` with ``p - w < k <= p``.
 
 Dtypes: float16, bfloat16, float32 (all accumulate in float32; float32 uses
-IEEE dot products). All index arithmetic that scales with the cache size is
-done in int64. Kernels run on CUDA, or on CPU under ``TRITON_INTERPRET=1``
-(set before ``paged_core.kernels`` is first imported).
+IEEE dot products). The cache may instead be quantized (``torch.int8``,
+``torch.float8_e4m3fn``, ``torch.float8_e5m2``; ``paged_core.attention.kv_quant``):
+its last dim is ``head_dim + 4``, each row's codes followed by the bytes of its float32
+scale (``head_dim % 4 == 0``); ``write_kv_cache`` quantizes, ``paged_attention`` decodes
+with queries of any of the three float dtypes, ``copy_blocks`` moves the scales too.
+All index arithmetic that scales with the cache size is done in int64. Kernels run on
+CUDA, or on CPU under ``TRITON_INTERPRET=1`` (set before ``paged_core.kernels`` is first
+imported).
 
 Functions
 ---------

@@ -8,7 +8,10 @@ from __future__ import annotations
 import torch
 import triton
 
+from paged_core.attention.kv_quant import QUANTIZED_DTYPES, SCALE_BYTES, kv_cache_row
+
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+CACHE_DTYPES = SUPPORTED_DTYPES + QUANTIZED_DTYPES  # quantized: rows end in their scale
 
 # ``@triton.jit`` picks compiled or interpreted kernels when a module is imported
 # (from ``TRITON_INTERPRET``); this package's kernel modules import this one
@@ -37,15 +40,17 @@ def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int,
     """Validate the paged cache layout and return ``(num_blocks, block_size, kv_heads, dim)``.
 
     Invariant checked: K and V have one shape and dtype, a supported dtype, a
-    power-of-two block size, and contiguous ``[block_size, kv_heads, head_dim]``
-    inner dims (the block stride may be anything >= one block).
+    power-of-two block size, and contiguous ``[block_size, kv_heads, row]``
+    inner dims (the block stride may be anything >= one block). ``row`` is ``head_dim``,
+    or ``head_dim + 4`` for a quantized cache (``paged_core.attention.kv_quant``), whose
+    ``head_dim`` is returned.
     """
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(
             f"k_cache/v_cache must both be [num_blocks, block_size, num_kv_heads, head_dim], "
             f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"cache dtype must be one of {SUPPORTED_DTYPES} (same for K and V), "
+    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in CACHE_DTYPES:
+        raise ValueError(f"cache dtype must be one of {CACHE_DTYPES} (same for K and V), "
                          f"got {k_cache.dtype} and {v_cache.dtype}")
     num_blocks, block_size, kv_heads, dim = k_cache.shape
     if block_size & (block_size - 1):
@@ -54,6 +59,9 @@ def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int,
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         if tuple(cache.stride()[1:]) != inner:
             raise ValueError(f"{name} must be contiguous within a block; strides {cache.stride()}")
+    if k_cache.dtype in QUANTIZED_DTYPES:
+        dim -= SCALE_BYTES
+        kv_cache_row(dim, k_cache.dtype)  # raises unless head_dim % 4 == 0
     return num_blocks, block_size, kv_heads, dim
 
 

@@ -12,6 +12,8 @@ import math
 import torch
 import triton
 
+from paged_core.attention.kv_quant import as_bytes, is_quantized
+
 from ._checks import check_cache, check_device, interpreting, next_pow2
 from .attention_kernels import merge_splits_kernel, paged_attention_kernel
 
@@ -19,6 +21,9 @@ _MIN_SPLIT_CONTEXT = 1024  # below this a single pass is always cheap enough
 _KEYS_PER_SPLIT = 512  # each split should still stream a useful amount of K/V
 _MAX_SPLITS = 32
 _MAX_SPLIT_TOKENS = 512  # bounds the float32 scratch of the split path
+# A quantized cache's kernel arguments: KV_CODE, FP8_MBITS, FP8_BIAS (attention_kernels).
+_KV_CODES = {torch.int8: (1, 0, 0), torch.float8_e4m3fn: (2, 3, 7),
+             torch.float8_e5m2: (2, 2, 15)}
 
 
 def choose_num_splits(work_items: int, max_seq_len: int, num_sms: int) -> int:
@@ -63,10 +68,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """Attention of a packed step's queries over the paged cache (scores soft-capped to
     ``logits_soft_cap * tanh(s / logits_soft_cap)`` where given, as Gemma 2 does).
 
-    ``q`` ``[num_tokens, num_heads, head_dim]`` in the cache dtype; returns a new
-    tensor of the same shape and dtype, or fills ``out`` (same shape and dtype,
-    last dim contiguous). Rows past ``query_start_loc[-1]`` (padding) are left
-    unwritten.
+    ``q`` ``[num_tokens, num_heads, head_dim]`` in the cache dtype (any of float16,
+    bfloat16, float32 over a quantized cache: ``paged_core.attention.kv_quant``, rows of
+    ``head_dim + 4``); returns a new tensor of the same shape and dtype, or fills ``out``
+    (same shape and dtype, last dim contiguous). Rows past ``query_start_loc[-1]``
+    (padding) are left unwritten.
 
     Hints (host ints, never read from the device): ``max_seq_len`` bounds
     ``seq_lens`` (default: ``block_tables.shape[1] * block_size``) and
@@ -81,7 +87,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                          f"multiple of num_kv_heads={kv_heads}, got {list(q.shape)}")
     num_tokens, num_heads = q.shape[0], q.shape[1]
     num_seqs = seq_lens.shape[0]
-    if q.dtype != k_cache.dtype:
+    quantized = is_quantized(k_cache)
+    if q.dtype != k_cache.dtype and not quantized:
         raise ValueError(f"q dtype {q.dtype} must match the cache dtype {k_cache.dtype}")
     if tuple(query_start_loc.shape) != (num_seqs + 1,) or block_tables.shape[0] != num_seqs:
         raise ValueError(f"query_start_loc must be [{num_seqs + 1}] and block_tables "
@@ -122,9 +129,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     else:
         lse, target, target_strides, lse_strides = out, out, (*out.stride()[:2], 0), (0, 0)
 
+    kv_code, fp8_mbits, fp8_bias = _KV_CODES.get(k_cache.dtype, (0, 0, 0))
+    # A quantized cache as bytes, and as float32 for the scales at its rows' ends.
+    k_scales, v_scales = (c.view(torch.float32) if quantized else c for c in (k_cache, v_cache))
+    k_cache, v_cache = as_bytes(k_cache), as_bytes(v_cache)
     grid = (num_tokens // block_q + num_seqs, kv_heads, num_splits)
     paged_attention_kernel[grid](
-        q, k_cache, v_cache, target, lse, block_tables, seq_lens, query_start_loc,
+        q, k_cache, v_cache, k_scales, v_scales, target, lse, block_tables, seq_lens,
+        query_start_loc,
         num_seqs, num_splits, scale * math.log2(math.e), sliding_window or 0,
         scale / (logits_soft_cap or 1.0), (logits_soft_cap or 1.0) * math.log2(math.e),
         q.stride(0), q.stride(1), k_cache.stride(0), v_cache.stride(0), block_tables.stride(0),
@@ -136,6 +148,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         # The interpreter's tl.dot is wrong on bfloat16 operands: upcast there only.
         UPCAST=interpreting() and q.dtype == torch.bfloat16,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        ROW=k_cache.shape[-1], KV_CODE=kv_code, FP8_MBITS=fp8_mbits, FP8_BIAS=fp8_bias,
         num_warps=4)
     if split:
         merge_splits_kernel[(num_tokens, num_heads)](

@@ -10,6 +10,12 @@ BLOCK_Q + i``, so ``num_tokens // BLOCK_Q + num_seqs`` programs always cover
 the batch and a binary search over ``query_start_loc`` maps a program to its
 sequence; surplus programs exit at once.
 
+A quantized cache (``KV_CODE`` 1: int8, 2: fp8 with ``FP8_MBITS`` mantissa bits and bias
+``FP8_BIAS``; ``paged_core.attention.kv_quant``) comes as bytes: rows of ``ROW = HEAD_DIM +
+4`` bytes, the codes then the row's float32 scale, read through ``k_scale_ptr`` /
+``v_scale_ptr`` (the same memory as float32). Codes decode exactly to float32 (then to the
+query dtype, also exact); the K scale multiplies the scores, the V scale the probabilities.
+
 The program walks its keys in tiles of ``TILE_N`` positions (independent of the
 cache block size: each position looks up its own physical block) with an
 online softmax in float32 (base-2 exponent). It visits only tiles that can be
@@ -43,8 +49,23 @@ def _find_seq(query_start_loc_ptr, num_seqs, pid, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _decode(codes, KV_CODE: tl.constexpr, FP8_MBITS: tl.constexpr, FP8_BIAS: tl.constexpr):
+    """Bytes of int8 (``KV_CODE`` 1) or fp8 codes (2) -> float32, exactly; an fp8 code is
+    ``(e ? 2^MBITS + m : m) * 2^(max(e, 1) - BIAS - MBITS)``, the power of two built from
+    its bits (never subnormal)."""
+    if KV_CODE == 1:
+        return codes.to(tl.int8, bitcast=True).to(tl.float32)
+    x = codes.to(tl.int32)
+    e = (x & 0x7F) >> FP8_MBITS
+    m = x & ((1 << FP8_MBITS) - 1)
+    mant = tl.where(e > 0, m + (1 << FP8_MBITS), m).to(tl.float32)
+    pow2 = ((tl.maximum(e, 1) + (127 - FP8_BIAS - FP8_MBITS)) << 23).to(tl.float32, bitcast=True)
+    return tl.where((x & 0x80) != 0, -mant * pow2, mant * pow2)
+
+
+@triton.jit
 def paged_attention_kernel(
-        q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, lse_ptr,
+        q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, lse_ptr,
         block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
         num_seqs, num_splits, scale_log2, window, cap_scale, cap_log2,
         stride_qt, stride_qh, stride_kb, stride_vb, stride_bt,
@@ -53,7 +74,8 @@ def paged_attention_kernel(
         HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
         HAS_SOFT_CAP: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr,
-        DOT_PRECISION: tl.constexpr):
+        DOT_PRECISION: tl.constexpr, ROW: tl.constexpr, KV_CODE: tl.constexpr,
+        FP8_MBITS: tl.constexpr, FP8_BIAS: tl.constexpr):
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -99,13 +121,19 @@ def paged_attention_kernel(
         k_pos = tile * TILE_N + cols
         k_ok = k_pos < kv_hi
         block = tl.load(table + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
-        kv_off = (k_pos % BLOCK_SIZE) * (NUM_KV_HEADS * HEAD_DIM) + kv_head * HEAD_DIM
+        kv_off = (k_pos % BLOCK_SIZE) * (NUM_KV_HEADS * ROW) + kv_head * ROW
         kv_mask = k_ok[None, :] & dim_ok[:, None]
         k = tl.load(k_cache_ptr + (block * stride_kb + kv_off)[None, :] + dims[:, None],
                     mask=kv_mask, other=0.0)  # [DIM_PAD, TILE_N]
+        if KV_CODE != 0:
+            k = _decode(k, KV_CODE, FP8_MBITS, FP8_BIAS).to(q.dtype)
         if UPCAST:
             k = k.to(tl.float32)
         s = tl.dot(q, k, input_precision=DOT_PRECISION)
+        if KV_CODE != 0:  # a row's scale sits after its HEAD_DIM codes, 4-byte aligned
+            k_scale = tl.load(k_scale_ptr + (block * stride_kb + kv_off + HEAD_DIM) // 4,
+                              mask=k_ok, other=0.0)
+            s = s * k_scale[None, :]
         if HAS_SOFT_CAP:  # cap * tanh(s * scale / cap), in log2 units: tanh(x) = 1 - 2 / (e^2x + 1)
             e2x = tl.math.exp2(s * (cap_scale * 2.8853900817779268))  # 2 / ln 2
             s = (1.0 - 2.0 / (e2x + 1.0)) * cap_log2
@@ -122,6 +150,11 @@ def paged_attention_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_cache_ptr + (block * stride_vb + kv_off)[:, None] + dims[None, :],
                     mask=tl.trans(kv_mask), other=0.0)  # [TILE_N, DIM_PAD]
+        if KV_CODE != 0:
+            v_scale = tl.load(v_scale_ptr + (block * stride_vb + kv_off + HEAD_DIM) // 4,
+                              mask=k_ok, other=0.0)
+            p = p * v_scale[None, :]
+            v = _decode(v, KV_CODE, FP8_MBITS, FP8_BIAS).to(q.dtype)
         p = p.to(v.dtype)
         if UPCAST:
             p = p.to(tl.float32)

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from paged_core.attention.kv_quant import as_bytes, is_quantized, quantize
+
 from ._checks import check_cache, check_device, next_pow2
 
 
@@ -44,7 +46,8 @@ def write_kv_cache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor
     ``slot_mapping`` is ``[num_tokens]`` int32/int64; ``-1`` (any negative) skips
     the token. Slots must be distinct among non-skipped tokens. ``key``/``value``
     may be strided views (e.g. slices of a fused QKV projection); they are cast
-    to the cache dtype on store.
+    to the cache dtype on store, or, for a quantized cache, quantized into rows that end in
+    their scale (``kv_quant.quantize``), which the kernel then stores as bytes.
     """
     _, block_size, kv_heads, dim = check_cache(k_cache, v_cache)
     check_device(key, value, k_cache, v_cache, slot_mapping)
@@ -57,6 +60,9 @@ def write_kv_cache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor
         raise ValueError(f"slot_mapping must be [{num_tokens}], got {list(slot_mapping.shape)}")
     if num_tokens == 0:
         return
+    if is_quantized(k_cache):
+        key, value = (as_bytes(quantize(x, k_cache.dtype)) for x in (key, value))
+        k_cache, v_cache, dim = as_bytes(k_cache), as_bytes(v_cache), key.shape[-1]
     _write_kv_kernel[(num_tokens,)](
         key, value, k_cache, v_cache, slot_mapping,
         *key.stride(), *value.stride(), k_cache.stride(0), v_cache.stride(0),
@@ -81,7 +87,8 @@ def _copy_blocks_kernel(k_cache_ptr, v_cache_ptr, src_ptr, dst_ptr, stride_kb, s
 
 def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, src: torch.Tensor,
                 dst: torch.Tensor) -> None:
-    """Copy physical block ``src[i]`` to ``dst[i]`` in both caches (copy-on-write).
+    """Copy physical block ``src[i]`` to ``dst[i]`` in both caches (copy-on-write); a
+    quantized cache's scales, in its rows, move with them.
 
     ``src``/``dst`` are 1-D integer tensors of equal length on the cache's device.
     No ``dst`` block may appear in ``src`` or twice in ``dst`` (pairs run in
@@ -94,7 +101,8 @@ def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, src: torch.Tensor,
                          f"and {list(dst.shape)}")
     if src.numel() == 0:
         return
-    block_numel = block_size * kv_heads * dim
+    k_cache, v_cache = as_bytes(k_cache), as_bytes(v_cache)
+    block_numel = block_size * kv_heads * k_cache.shape[-1]
     chunk = min(next_pow2(block_numel), 4096)
     grid = (src.numel(), triton.cdiv(block_numel, chunk))
     _copy_blocks_kernel[grid](k_cache, v_cache, src, dst, k_cache.stride(0), v_cache.stride(0),

@@ -2,12 +2,15 @@
 
 Same arguments and semantics as :mod:`paged_core.kernels`; they read tensor
 values on the host, so they are for tests and debugging, not for serving.
-Attention is computed in float64 and cast to the query dtype.
+Attention is computed in float64 and cast to the query dtype. A quantized cache
+(``paged_core.attention.kv_quant``) is written with ``quantize`` and read dequantized.
 ``shuffled_block_tables`` makes test inputs: block tables over scattered blocks.
 """
 from __future__ import annotations
 
 import torch
+
+from paged_core.attention.kv_quant import as_bytes, dequantize, is_quantized, quantize
 
 
 def write_kv_cache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
@@ -16,8 +19,10 @@ def write_kv_cache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor
     block_size = k_cache.shape[1]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    k_cache[slots // block_size, slots % block_size] = key[keep].to(k_cache.dtype)
-    v_cache[slots // block_size, slots % block_size] = value[keep].to(v_cache.dtype)
+    for cache, rows in ((k_cache, key[keep]), (v_cache, value[keep])):
+        if is_quantized(cache):
+            cache, rows = as_bytes(cache), as_bytes(quantize(rows, cache.dtype))
+        cache[slots // block_size, slots % block_size] = rows.to(cache.dtype)
 
 
 def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, src: torch.Tensor,
@@ -50,8 +55,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         if q_len == 0:
             continue
         blocks = block_tables[i, :(seq_len + block_size - 1) // block_size].long()
-        k = k_cache[blocks].flatten(0, 1)[:seq_len].double().repeat_interleave(group, dim=1)
-        v = v_cache[blocks].flatten(0, 1)[:seq_len].double().repeat_interleave(group, dim=1)
+        k = _context(k_cache, blocks, seq_len).repeat_interleave(group, dim=1)
+        v = _context(v_cache, blocks, seq_len).repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q_seq, k) * scale
         if logits_soft_cap is not None:
             scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
@@ -64,6 +69,12 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         out[starts[i]:starts[i + 1]] = torch.einsum(
             "hqk,khd->qhd", scores.softmax(dim=-1), v).to(q.dtype)
     return out
+
+
+def _context(cache: torch.Tensor, blocks: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """The first ``seq_len`` rows of ``blocks`` ``[seq_len, kv_heads, head_dim]`` in float64."""
+    rows = cache[blocks].flatten(0, 1)[:seq_len]
+    return dequantize(rows, torch.float64) if is_quantized(cache) else rows.double()
 
 
 def shuffled_block_tables(seq_lens: list[int], block_size: int, extra_blocks: int = 0,

@@ -3,16 +3,10 @@ from __future__ import annotations
 
 import torch
 
-PASSAGE = (
-    "The history of paged memory begins with the Atlas computer in Manchester, where a small "
-    "fast store and a large slow drum were combined so that programs saw one large address "
-    "space. Pages moved between the two levels on demand, and a table mapped every virtual page "
-    "to the frame that held it. Decades later the same idea returned in language model serving: "
-    "the attention keys and values of every request are cut into fixed-size blocks, a block "
-    "table maps each logical block to a physical one, and memory is handed out only when a "
-    "sequence grows into a new block. Sharing follows naturally, because two sequences may point "
-    "at the same physical block and copy it only when one of them writes. "
-)
+from paged_core.bench.quality_text import quality_text
+
+# The text that ``paged-core bench quality`` scores, shipped with the package
+PASSAGE = quality_text() + " "
 
 
 def passage_token_ids(tokenizer, num_tokens: int, offset: int = 0) -> list[int]:
@@ -63,6 +57,21 @@ def assert_greedy_close(ours: list[int], our_tops: list[set[int]], theirs: list[
                 f"step {step}: ours {a} is not a near-tie of theirs {b} "
                 f"(their top-k {sorted(their_tops[step])}, ours {sorted(our_tops[step])})")
             return
+
+
+def assert_close_with_cached_prefix(llm, prompts, expected, max_tokens: int, top_k: int) -> None:
+    """``llm``'s greedy output for ``prompts`` under the near-tie rule against ``expected``
+    (``(tokens, top-k sets)`` per prompt), twice: the second pass reads the prompts' shared
+    prefix from the cache (asserted)."""
+    from paged_core import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True,
+                            logprobs=top_k)
+    for _ in range(2):
+        for out, (tokens, tops) in zip(llm.generate(prompts, params, use_tqdm=False), expected):
+            completion = out.outputs[0]
+            assert_greedy_close(completion.token_ids, engine_top_logprobs(completion), tokens, tops)
+    assert llm.stats()["prefix_cache_hits"] > 0
 
 
 def engine_top_logprobs(completion) -> list[set[int]]:

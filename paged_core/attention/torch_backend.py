@@ -5,7 +5,12 @@ Cache layout (this backend's own, chosen for CPU matmuls): per layer
 blocks with one ``index_select`` then yields ``[kv_heads, S, L, D]`` with every
 ``[L, D]`` matrix contiguous, ready for batched matmuls without a copy.
 
-On the CPU, in float32 and bfloat16, the whole step goes to one call of the C++
+A quantized cache (``kv_cache_dtype`` int8/fp8: ``kv_quant``, rows of ``head_dim + 4``
+one-byte elements ending in their float32 scale) is quantized in ``write_kv`` (by the C++
+op ``write_kv_slots`` where the kernel runs, else ``kv_quant.quantize``: the same bits) and
+dequantized where it is read: inside the C++ kernel, or per gathered group below.
+
+On the CPU, with float32 and bfloat16 queries, the whole step goes to one call of the C++
 kernel (``cpu_kernels.py``: reads K/V straight from the paged cache, each query
 only the keys it sees, online softmax in float32) when it builds here.
 
@@ -28,9 +33,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..cpu.extension import cpu_extension_available
+from ..cpu.extension import cpu_extension_available, cpu_ops
 from ..cpu.isa import selected_cpu_isa
 from .cpu_kernels import cpu_paged_attention
+from .kv_quant import QUANTIZED_DTYPES, as_bytes, dequantize, is_quantized, quantize
 from .metadata import AttentionMetadata
 
 _MAX_BUCKETS = 4
@@ -52,9 +58,9 @@ class _Group:
 class TorchAttentionBackend:
     """Attention over the paged cache in its head-major layout (see the module doc).
 
-    ``cpu_kernel`` (default: on) sends each step to the C++ kernel when the cache
-    is a CPU float32/bfloat16 tensor and the kernel builds here; off, or where it
-    cannot be used, the plain-torch path runs. Both compute the same attention.
+    ``cpu_kernel`` (default: on) sends each step to the C++ kernel when the queries are CPU
+    float32/bfloat16 (the cache: the same dtype, or quantized) and the kernel builds here;
+    off, or where it cannot be used, the plain-torch path runs. Both compute the same attention.
     ``cpu_isa`` is the kernel build it uses (``paged_core.cpu.isa`` level, fixed at
     construction: the selected one by default), ``None`` without the kernel.
     """
@@ -82,9 +88,18 @@ class TorchAttentionBackend:
         if meta.has_padding:  # padding rows sit after the real tokens
             n = meta.num_scheduled_tokens
             key, value, slots = key[:n], value[:n], slots[:n]
-        heads, blocks, block_size, dim = k_cache.shape
-        k_cache.view(heads, blocks * block_size, dim).index_copy_(1, slots, key.transpose(0, 1))
-        v_cache.view(heads, blocks * block_size, dim).index_copy_(1, slots, value.transpose(0, 1))
+        if is_quantized(k_cache):
+            if self.uses_cpu_kernel(k_cache.device, key.dtype, k_cache.dtype):
+                ops = cpu_ops(self.cpu_isa)  # the C++ decoder stack's own write
+                ops.write_kv_slots(key, k_cache, slots)
+                ops.write_kv_slots(value, v_cache, slots)
+                return
+            # rows of codes + scale, moved as bytes
+            key, value = (as_bytes(quantize(x, k_cache.dtype)) for x in (key, value))
+        heads, blocks, block_size, row = k_cache.shape
+        for cache, rows in ((k_cache, key), (v_cache, value)):
+            as_bytes(cache).view(heads, blocks * block_size, row).index_copy_(
+                1, slots, rows.transpose(0, 1))
 
     def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                meta: AttentionMetadata, scale: float, sliding_window: int | None = None,
@@ -92,7 +107,7 @@ class TorchAttentionBackend:
         out = torch.empty_like(query)
         if meta.has_padding:
             out[meta.num_scheduled_tokens:] = 0
-        if self.uses_cpu_kernel(k_cache.device, k_cache.dtype):
+        if self.uses_cpu_kernel(k_cache.device, query.dtype, k_cache.dtype):
             return cpu_paged_attention(query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                        meta.query_start_loc, scale, sliding_window, out=out,
                                        cpu_isa=self.cpu_isa, logits_soft_cap=logits_soft_cap)
@@ -104,9 +119,13 @@ class TorchAttentionBackend:
             _attend_group(query, k_cache, v_cache, group, scale, out, logits_soft_cap)
         return out
 
-    def uses_cpu_kernel(self, device: torch.device, dtype: torch.dtype) -> bool:
-        """True if attention over a cache on ``device`` in ``dtype`` goes to the C++ kernel."""
-        return self.cpu_kernel and device.type == "cpu" and dtype in _CPU_KERNEL_DTYPES
+    def uses_cpu_kernel(self, device: torch.device, dtype: torch.dtype,
+                        cache_dtype: torch.dtype | None = None) -> bool:
+        """True if attention of ``dtype`` queries over a cache on ``device`` in ``cache_dtype``
+        (default ``dtype``) goes to the C++ kernel."""
+        cache_dtype = cache_dtype or dtype
+        return (self.cpu_kernel and device.type == "cpu" and dtype in _CPU_KERNEL_DTYPES
+                and cache_dtype in (dtype, *QUANTIZED_DTYPES))
 
     def copy_blocks(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
                     src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -118,13 +137,14 @@ def _attend_group(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                   group: _Group, scale: float, out: torch.Tensor,
                   logits_soft_cap: float | None) -> None:
     num_seqs, num_queries = group.token_index.shape
-    num_kv_heads, _, block_size, head_dim = k_cache.shape
-    num_heads = query.shape[1]
+    num_kv_heads, _, block_size, _ = k_cache.shape
+    num_heads, head_dim = query.shape[1], query.shape[2]
     group_size = num_heads // num_kv_heads
     ctx = group.flat_blocks.numel() // num_seqs * block_size
     # [Hk, S, L, D], each [L, D] contiguous
-    k = k_cache.index_select(1, group.flat_blocks).view(num_kv_heads, num_seqs, ctx, head_dim)
-    v = v_cache.index_select(1, group.flat_blocks).view(num_kv_heads, num_seqs, ctx, head_dim)
+    k, v = (_gather(cache, group.flat_blocks, query.dtype).view(num_kv_heads, num_seqs, ctx,
+                                                                 head_dim)
+            for cache in (k_cache, v_cache))
     q = query[group.token_index].view(num_seqs, num_queries, num_kv_heads, group_size, head_dim)
     if num_queries == 1:
         q = q[:, 0].transpose(0, 1)  # [Hk, S, G, D]
@@ -141,6 +161,13 @@ def _attend_group(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     o = o.view(num_kv_heads, num_seqs, num_queries, group_size, head_dim).permute(1, 2, 0, 3, 4)
     o = o.reshape(num_seqs, num_queries, num_heads, head_dim)
     out[group.token_index[group.valid]] = o[group.valid]
+
+
+def _gather(cache: torch.Tensor, flat_blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Blocks ``flat_blocks`` of one layer's cache, ``[Hk, len(flat_blocks), block_size, D]``
+    in ``dtype`` (a quantized cache dequantized)."""
+    blocks = cache.index_select(1, flat_blocks)
+    return dequantize(blocks, dtype) if is_quantized(cache) else blocks
 
 
 def _softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -14,5 +14,6 @@ Subcommands (``paged-core bench <name> [--quick] [--out DIR]``; a run writes onl
 - ``tp``: tensor parallelism: weight and KV bytes per rank, step time, communication share;
 - ``attention``: the C++ CPU attention per CPU path level against the memory bandwidth
   and linear FLOP rate measured in the same run;
+- ``quality``: perplexity per weight format and KV cache dtype, next to bfloat16;
 - ``all``: every benchmark, then ``DIR/README.md`` regenerated from the results.
 """

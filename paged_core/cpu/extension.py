@@ -3,8 +3,9 @@
 Sources live in ``paged_core/cpu/csrc``: ``paged_attention.cpp`` (attention of a
 packed step over the paged cache), ``fused_ops.cpp`` (RMSNorm, add + RMSNorm,
 rotary embedding, SiLU-and-multiply), ``bf16_dot_linear.cpp`` (the bfloat16
-linear of the ``avx512_bf16`` level only) and ``decoder_stack.cpp`` (every decoder
-layer of a model in one call: ``torch.classes.paged_core_cpu_<level>.DecoderStack``). Each level of
+linear of the ``avx512_bf16`` level only), ``decoder_stack.cpp`` (every decoder
+layer of a model in one call: ``torch.classes.paged_core_cpu_<level>.DecoderStack``) and
+``quantized_linear.cpp`` (weight-only int4 / int8 products, ``quantization``). Each level of
 ``paged_core.cpu.isa`` (``generic``, ``avx2``, ``avx512``, ``avx512_bf16``) is its
 own build, compiled with that level's explicit ISA flags (never ``-march=native``,
 so a build cache shared between machines stays safe) and registered as its own op
@@ -42,7 +43,8 @@ from .isa import selected_cpu_isa, unsupported_reason
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = ("paged_attention.cpp", "fused_ops.cpp", "bf16_dot_linear.cpp", "decoder_stack.cpp")
+_SOURCES = ("paged_attention.cpp", "fused_ops.cpp", "bf16_dot_linear.cpp", "decoder_stack.cpp",
+            "quantized_linear.cpp")
 
 # Compiler flags each level adds to the one below it (see ``paged_core.cpu.isa``).
 _LEVEL_CFLAGS = {

@@ -18,16 +18,18 @@ from __future__ import annotations
 import torch
 
 from ..attention import AttentionBackend, AttentionMetadata
+from ..attention.kv_quant import kv_cache_row, kv_cache_row_bytes
 from ..cpu.huge_pages import zeros_on_huge_pages
 from ..models.llama import LlamaForCausalLM
 from .packed_batch import PackedBatch
 
 
 def kv_cache_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
-    """K and V of one block in every layer, for this rank's KV heads."""
+    """K and V of one block in every layer, for this rank's KV heads, in cache ``dtype``
+    (a quantized one counts its rows' scales: ``kv_quant``)."""
     spec = model.spec
-    element = torch.empty((), dtype=dtype).element_size()
-    return 2 * spec.num_layers * block_size * model.shard.num_kv_heads * spec.head_dim * element
+    row = kv_cache_row_bytes(spec.head_dim, dtype)
+    return 2 * spec.num_layers * block_size * model.shard.num_kv_heads * row
 
 
 def _zeros_cache(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -38,15 +40,19 @@ def _zeros_cache(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devic
 
 
 class ModelRunner:
+    """``cache_dtype`` is the KV cache tensors' dtype: the model's, or a quantized one whose
+    rows carry their scales (``attention.kv_quant``; the backends read both)."""
+
     def __init__(self, model: LlamaForCausalLM, backend: AttentionBackend, num_blocks: int,
-                 block_size: int, device: torch.device, dtype: torch.dtype) -> None:
+                 block_size: int, device: torch.device, cache_dtype: torch.dtype) -> None:
         self.model = model
         self.backend = backend
         self.block_size = block_size
         self.device = device
         shape = backend.kv_cache_shape(num_blocks, block_size, model.shard.num_kv_heads,
-                                       model.spec.head_dim)
-        self.kv_caches = [(_zeros_cache(shape, dtype, device), _zeros_cache(shape, dtype, device))
+                                       kv_cache_row(model.spec.head_dim, cache_dtype))
+        self.kv_caches = [(_zeros_cache(shape, cache_dtype, device),
+                           _zeros_cache(shape, cache_dtype, device))
                           for _ in range(model.spec.num_layers)]
 
     @torch.inference_mode()

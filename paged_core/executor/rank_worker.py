@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ..attention import select_backend
+from ..attention.kv_quant import cache_dtype
 from ..attention.torch_backend import TorchAttentionBackend
 from ..config import EngineConfig
 from ..cpu.extension import cpu_extension_available, cpu_extension_error
@@ -55,8 +56,9 @@ class RankSpec:
     dtype: torch.dtype
 
 
-def _int4_gguf(config) -> str | None:
-    """The GGUF file whose 4-bit projections stay 4-bit (``quantization='gguf'``), else None."""
+def _quantized_gguf(config) -> str | None:
+    """The GGUF file whose quantized projections stay quantized (``quantization='gguf'``),
+    else None."""
     if config.quantization != "gguf":
         return None
     return config.model or embedded_gguf_path()
@@ -76,10 +78,11 @@ class Worker:
             _require_invariant_attention(backend, spec.device, spec.dtype)
         hf_config = load_hf_config(spec.folder)
         model = load_model(spec.folder, hf_config, spec.max_model_len, spec.dtype, spec.device, tp,
-                           batch_invariant=config.batch_invariant, int4_gguf=_int4_gguf(config))
-        num_blocks = _agree_on_min(tp, kv_cache_num_blocks(config, model, spec.device, spec.dtype))
+                           batch_invariant=config.batch_invariant, gguf_file=_quantized_gguf(config))
+        kv_dtype = cache_dtype(config.kv_cache_dtype, spec.dtype)  # attention.kv_quant
+        num_blocks = _agree_on_min(tp, kv_cache_num_blocks(config, model, spec.device, kv_dtype))
         self.runner = ModelRunner(model, backend, num_blocks, config.block_size, spec.device,
-                                  spec.dtype)
+                                  kv_dtype)
         self.num_blocks = num_blocks
         self.sampler = Sampler(torch.Generator().manual_seed(config.seed))  # draws on the CPU
         all_ranks_loaded(tp)
@@ -108,7 +111,8 @@ def _require_invariant_attention(backend, device: torch.device, dtype: torch.dty
 def kv_cache_num_blocks(config: EngineConfig, model, device: torch.device,
                         dtype: torch.dtype) -> int:
     """Blocks for this rank: ``num_kv_blocks``, else ``kv_cache_memory`` (per rank) over the
-    bytes of one block of this rank's KV heads, else the free GPU memory share, else 1 GiB."""
+    bytes of one block of this rank's KV heads in cache ``dtype`` (quantized rows with their
+    scales: int8 fits ~2x the blocks of bfloat16), else the free GPU memory share, else 1 GiB."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     per_block = kv_cache_bytes_per_block(model, config.block_size, dtype)

@@ -35,6 +35,7 @@ class CpuDecoderStack:
 
         spec = model.spec
         self.cpu_isa = cpu_isa
+        self.dtype = model.norm.weight.dtype  # the activations' (the final norm runs in C++)
         stack_class = getattr(torch.classes, ops_namespace(cpu_isa)).DecoderStack
         first = model.layers[0].self_attn
         self._stack = stack_class(first.num_heads, first.num_kv_heads, first.head_dim,
@@ -69,10 +70,12 @@ class CpuDecoderStack:
         return cls(model, model.ops.cpu_isa)
 
     def serves(self, backend: AttentionBackend, kv_caches: list[tuple[torch.Tensor, ...]]) -> bool:
-        """True if this step's attention would run the C++ kernel of this stack's level."""
+        """True if this step's attention would run the C++ kernel of this stack's level (over
+        caches in the model dtype or quantized: the stack stores K/V with the backend's own
+        C++ write, ``write_kv_slots``, so both paths store the same bits)."""
         k_cache = kv_caches[0][0]
         return (getattr(backend, "cpu_isa", None) == self.cpu_isa
-                and backend.uses_cpu_kernel(k_cache.device, k_cache.dtype))
+                and backend.uses_cpu_kernel(k_cache.device, self.dtype, k_cache.dtype))
 
     def __call__(self, residual: torch.Tensor, positions: torch.Tensor,
                  kv_caches: list[tuple[torch.Tensor, torch.Tensor]],

@@ -12,6 +12,7 @@ import os
 import torch
 
 from ..cpu.isa import packed_linear_dtype
+from ..quantization.checkpoint_format import folder_format
 from .embedded_model import converted_folder_for, embedded_model_folder
 from .batch_invariant import make_batch_invariant
 from .elementwise import select_ops
@@ -44,16 +45,18 @@ def load_tokenizer(folder: str):
 
 def load_model(folder: str, hf_config, max_positions: int, dtype: torch.dtype,
                device: torch.device, tp: TensorParallelGroup = SINGLE,
-               batch_invariant: bool = False, int4_gguf: str | None = None) -> LlamaForCausalLM:
+               batch_invariant: bool = False, gguf_file: str | None = None) -> LlamaForCausalLM:
     """Build the model without random init, then copy the checkpoint's weights in.
 
     ``batch_invariant`` tiles every projection so that a token's output does not depend on
-    the rest of the batch (``models.batch_invariant``). ``int4_gguf`` (a GGUF file, the one
-    ``folder`` was converted from) keeps its 4-bit projections 4-bit
-    (``quantization.int4_projections``; CPU only).
+    the rest of the batch (``models.batch_invariant``). Quantized projections stay quantized
+    (``quantization.projections``; CPU only): those of a folder whose config has a
+    ``quantization_config``, or those of ``gguf_file`` (the GGUF file ``folder`` was converted
+    from), whose dense copies in ``folder`` are then skipped.
 
     Under tensor parallelism each rank reads only its slices from the safetensors
-    files (``ShardPlan.slice_of``): no rank ever holds the whole model.
+    files (``ShardPlan.slice_of``): no rank ever holds the whole model (quantized modules
+    are read whole, then cut).
     """
     files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     if not files:
@@ -64,13 +67,16 @@ def load_model(folder: str, hf_config, max_positions: int, dtype: torch.dtype,
         model = family.model_class(spec, tp)
     model = model.to(dtype).to_empty(device=device)  # no fp32 copy: meta tensors are free to cast
     model.attach_rotary(hf_config, max_positions, dtype, device)
-    tensors = _read_shard(files, model.shard)
+    compute_dtype = packed_linear_dtype(device, dtype)
+    checkpoint = folder_format(hf_config)
+    quantized_modules = checkpoint.quantized_modules(_tensor_names(files)) if checkpoint else set()
+    tensors = _read_shard(files, model.shard, read_whole=quantized_modules)
+    if checkpoint is not None or gguf_file is not None:
+        _use_quantized_weights(model, tensors, checkpoint, quantized_modules, gguf_file,
+                               dtype, compute_dtype, device)
     with torch.no_grad():
         model.load_hf_state_dict(tensors)
     model = model.eval().requires_grad_(False)
-    if int4_gguf is not None:
-        _use_gguf_int4(model, int4_gguf, hf_config, dtype, device)
-    compute_dtype = packed_linear_dtype(device, dtype)
     if compute_dtype is not None:
         model.pack_for_cpu(compute_dtype)
     if batch_invariant:
@@ -79,22 +85,50 @@ def load_model(folder: str, hf_config, max_positions: int, dtype: torch.dtype,
     return model
 
 
-def _use_gguf_int4(model: LlamaForCausalLM, path: str, hf_config, dtype: torch.dtype,
-                   device: torch.device) -> None:
-    from ..quantization.gguf_int4 import gguf_int4_weights
-    from ..quantization.int4_projections import use_int4_projections
+def _use_quantized_weights(model: LlamaForCausalLM, tensors: dict[str, torch.Tensor],
+                           checkpoint, quantized_modules: set[str], gguf_file: str | None,
+                           dtype: torch.dtype, dense_dtype: torch.dtype | None,
+                           device: torch.device) -> None:
+    """Swap the projections with stored quantized weights (taking their tensors out of
+    ``tensors``); a GGUF file's dense copies of them are dropped from ``tensors``."""
+    from ..quantization.projections import use_quantized_projections
 
     if device.type != "cpu":
-        raise ValueError(f"quantization='gguf' runs on the CPU only, not on {device.type}")
-    spec = model.spec
-    weights = gguf_int4_weights(path, spec.num_heads, spec.num_kv_heads)
-    if not use_int4_projections(model, weights, dtype):
-        raise ValueError(f"quantization='gguf': {os.path.basename(path)} has no Q4_0 / Q4_1 "
-                         f"projections to serve 4-bit")
+        raise ValueError(f"quantized weights run on the CPU only, not on {device.type}")
+    if checkpoint is not None:
+        weights = {module: checkpoint.decode(module, {
+            part: tensors.pop(f"{module}.{part}") for part in checkpoint.tensor_parts()
+            if f"{module}.{part}" in tensors}) for module in sorted(quantized_modules)}
+    else:
+        from ..quantization.gguf_weights import gguf_weights
+        weights = gguf_weights(gguf_file, model.spec.num_heads, model.spec.num_kv_heads)
+    used = use_quantized_projections(model, weights, dtype, dense_dtype)
+    if checkpoint is None:
+        from ..quantization.gguf_weights import log_served
+        log_served(gguf_file, used)
+    if checkpoint is not None and used != set(weights):
+        raise ValueError(f"{checkpoint.name}: quantized weights of "
+                         f"{sorted(set(weights) - used)[:3]} cannot be served quantized "
+                         f"(every part of a fused q/k/v or gate/up projection must be, and "
+                         f"experts are served dense)")
+    for module in used:
+        tensors.pop(f"{module}.weight", None)
 
 
-def _read_shard(files: list[str], shard: ShardPlan) -> dict[str, torch.Tensor]:
-    """Every checkpoint tensor, or only this rank's slice of it, read from disk."""
+def _tensor_names(files: list[str]) -> set[str]:
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for path in files:
+        with safe_open(path, framework="pt", device="cpu") as f:
+            names.update(f.keys())
+    return names
+
+
+def _read_shard(files: list[str], shard: ShardPlan,
+                read_whole: set[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """Every checkpoint tensor, or only this rank's slice of it, read from disk; the tensors
+    of the modules in ``read_whole`` whole (their biases sliced)."""
     from safetensors import safe_open
 
     tensors: dict[str, torch.Tensor] = {}
@@ -102,6 +136,8 @@ def _read_shard(files: list[str], shard: ShardPlan) -> dict[str, torch.Tensor]:
         with safe_open(path, framework="pt", device="cpu") as f:
             for name in f.keys():
                 part = f.get_slice(name)
-                index = shard.slice_of(name, tuple(part.get_shape()))
+                # a quantized module's bias is a dense weight, sliced like any other
+                whole = name.rsplit(".", 1)[0] in read_whole and not name.endswith(".bias")
+                index = None if whole else shard.slice_of(name, tuple(part.get_shape()))
                 tensors[name] = f.get_tensor(name) if index is None else part[index]
     return tensors

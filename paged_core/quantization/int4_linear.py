@@ -5,20 +5,27 @@ one float offset per group of ``group_size`` consecutive input features of a row
 
     w[o, i] = scale[o, g] * (q[o, i] - 8) + zero[o, g],   g = i // group_size
 
-which is ATen's int4 layout (``_weight_int4pack_mm_for_cpu``): ``Int4Linear`` packs ``q``
-once and the kernel widens the levels per call, never the whole weight. Symmetric formats
-(GGUF Q4_0) have ``zero = 0``; GGUF Q4_1's ``d * q + m`` is ``scale = d, zero = m + 8 d``.
-With a float32 model the scales stay float32 and the product equals the dequantized weight's
-up to summation order; a half-precision model rounds scales and offsets to its dtype.
+Symmetric formats (GGUF Q4_0, compressed-tensors' symmetric W4A16) have ``zero = 0``; GGUF
+Q4_1's ``d * q + m`` is ``scale = d, zero = m + 8 d``; a zero point ``z`` (``s * (q - z)``)
+is ``zero = (8 - z) * s``. Scales and offsets stay float32 whatever the model's dtype.
+
+``Int4Linear`` keeps two levels per byte, in the C++ kernel's order: in each group, byte
+``j`` holds feature ``j`` in its low nibble and feature ``j + group_size / 2`` in its high
+nibble (``pack_nibbles``; half a byte per weight, nothing else kept of ``q``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-GROUP_SIZES = (32, 64, 128, 256)  # what ATen's int4 kernel takes
+from .quantized_linear import QuantizedLinear
+
+
+def kernel_takes(group_size: int, width: int) -> bool:
+    """Whether the C++ kernels take groups of ``group_size`` over ``width`` input features
+    (whole groups of a multiple of 16: the AVX2 loop widens 8 bytes of levels at a time)."""
+    return group_size % 16 == 0 and width % group_size == 0
 
 
 @dataclass
@@ -28,11 +35,22 @@ class Int4Weight:
     zeros: torch.Tensor  # [out, in / group_size] float32
     group_size: int
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.q.shape)
+
+    def rows(self, index) -> "Int4Weight":
+        return Int4Weight(self.q[index], self.scales[index], self.zeros[index], self.group_size)
+
+    def columns(self, start: int, stop: int) -> "Int4Weight":
+        """Input features ``start:stop`` (whole groups)."""
+        g = self.group_size
+        groups = slice(start // g, stop // g)
+        return Int4Weight(self.q[:, start:stop], self.scales[:, groups], self.zeros[:, groups], g)
+
     @staticmethod
     def cat(parts: list["Int4Weight"]) -> "Int4Weight":
         """The rows of ``parts`` stacked (a fused projection: q, k, v or gate, up)."""
-        if len({p.group_size for p in parts}) != 1:
-            raise ValueError("fused projections must share one group size")
         return Int4Weight(torch.cat([p.q for p in parts]), torch.cat([p.scales for p in parts]),
                           torch.cat([p.zeros for p in parts]), parts[0].group_size)
 
@@ -43,28 +61,40 @@ class Int4Weight:
         return (groups * self.scales[..., None] + self.zeros[..., None]).view(out, width)
 
 
-class Int4Linear(nn.Module):
-    """``y = x @ W.T + b`` for an ``Int4Weight`` ``W`` (inference only, CPU); the output has
-    the input's dtype, which must be the ``dtype`` it was built for."""
+def pack_nibbles(q: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``[out, in]`` levels → ``[out, in / 2]`` bytes in the kernel's order (module doc)."""
+    out, width = q.shape
+    halves = q.view(out, width // group_size, 2, group_size // 2)
+    return (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(out, width // 2).contiguous()
 
-    def __init__(self, weight: Int4Weight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
-        super().__init__()
-        out_features, in_features = weight.q.shape
-        if weight.group_size not in GROUP_SIZES or in_features % weight.group_size:
-            raise ValueError(f"int4 weights need a group size in {GROUP_SIZES} dividing the "
-                             f"input features ({in_features}), got {weight.group_size}")
-        self.in_features, self.out_features = in_features, out_features
+
+def unpack_nibbles(packed: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The inverse of ``pack_nibbles``."""
+    out, half = packed.shape
+    groups = packed.view(out, -1, group_size // 2)
+    return torch.stack([groups & 15, groups >> 4], dim=2).reshape(out, half * 2)
+
+
+class Int4Linear(QuantizedLinear):
+    """``y = x @ W.T (+ bias)`` for an ``Int4Weight`` ``W`` (inference only, CPU)."""
+
+    def __init__(self, weight: Int4Weight, has_bias: bool, dtype: torch.dtype,
+                 dense_dtype: torch.dtype | None = None) -> None:
+        super().__init__(*weight.shape, has_bias, dtype, dense_dtype)
+        if not kernel_takes(weight.group_size, self.in_features):
+            raise ValueError(f"int4 weights need groups of a multiple of 16 features dividing "
+                             f"the input features ({self.in_features}), got {weight.group_size}")
         self.group_size = weight.group_size
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-            weight.q.to(torch.int32), 1)
-        self.scales_and_zeros = torch.stack([weight.scales, weight.zeros], dim=-1) \
-            .transpose(0, 1).contiguous().to(dtype)  # [groups, out, 2]
-        self.bias = None if bias is None else bias.detach().to(dtype)
+        self.levels = pack_nibbles(weight.q.to(torch.uint8), weight.group_size)
+        self.scales = weight.scales.float().contiguous()
+        self.zeros = weight.zeros.float().contiguous()
+        self.offsets = (self.zeros - 8 * self.scales).contiguous()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size,
-                                                       self.scales_and_zeros)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.view(*x.shape[:-1], self.out_features)
+    def quantized_product(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.kernels.int4_gemm(rows, self.levels, self.scales, self.offsets, self.group_size)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        if self.kernels is not None:
+            return self.kernels.int4_dequantize(self.levels, self.scales, self.zeros, self.group_size)
+        return Int4Weight(unpack_nibbles(self.levels, self.group_size), self.scales, self.zeros,
+                          self.group_size).dequantize()

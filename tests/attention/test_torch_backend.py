@@ -6,9 +6,11 @@ import dataclasses
 import pytest
 import torch
 
-from paged_core.attention import AttentionMetadata, select_backend
+from paged_core.attention import select_backend
 from paged_core.attention.torch_backend import TorchAttentionBackend
 from paged_core.kernels import reference
+
+from .steps import step_metadata
 
 BLOCK_SIZE, KV_HEADS, HEADS, DIM = 8, 2, 6, 64
 
@@ -21,18 +23,8 @@ def _step(seq_lens, query_lens, dtype, pad=0, seed=0):
     shape = TorchAttentionBackend.kv_cache_shape(num_blocks, BLOCK_SIZE, KV_HEADS, DIM)
     k_cache = torch.randn(shape, generator=gen).to(dtype)
     v_cache = torch.randn(shape, generator=gen).to(dtype)
-    slots = []
-    for i, (n, q_len) in enumerate(zip(seq_lens, query_lens)):
-        pos = torch.arange(n - q_len, n)
-        slots.append(tables[i, pos // BLOCK_SIZE].long() * BLOCK_SIZE + pos % BLOCK_SIZE)
-    slots.append(torch.full((pad,), -1))
-    starts = torch.tensor([0] + list(query_lens)).cumsum(0).to(torch.int32)
-    meta = AttentionMetadata(
-        slot_mapping=torch.cat(slots), block_tables=tables,
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32), query_start_loc=starts,
-        max_query_len=max(query_lens), max_seq_len=max(seq_lens),
-        seq_lens_cpu=list(seq_lens), query_lens_cpu=list(query_lens))
-    query = torch.randn(int(starts[-1]) + pad, HEADS, DIM, generator=gen).to(dtype)
+    meta = step_metadata(tables, seq_lens, query_lens, BLOCK_SIZE, pad)
+    query = torch.randn(int(meta.query_start_loc[-1]) + pad, HEADS, DIM, generator=gen).to(dtype)
     return query, k_cache, v_cache, meta
 
 

@@ -5,7 +5,8 @@ decodes, batches with bucketing's padding rows) runs twice from the same KV cach
 once through ``CpuDecoderStack`` and once through the Python layers; hidden states and
 the cache afterwards must be the same bits. Each Llama-family variant (sliding window,
 qkv bias, per-head q/k norms, tied embeddings), float32 (plain linears) and bfloat16
-(oneDNN-packed linears), on every CPU path this host runs (``cpu_isa`` fixture).
+(oneDNN-packed linears), and quantized KV caches (``kv_cache_dtype``), on every CPU path
+this host runs (``cpu_isa`` fixture).
 """
 import pytest
 import torch
@@ -51,10 +52,27 @@ def _record_both_paths(model):
 @pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3"])
 def test_stack_matches_the_python_layers_bit_for_bit(model_type, dtype, tokenizer, tmp_path,
                                                        cpu_isa):
+    folder = build_tiny_model(model_type, str(tmp_path / model_type), tokenizer)
+    _generate_through_both_paths(folder, dtype, cpu_isa)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8_e4m3", "fp8_e5m2"])
+def test_stack_matches_the_python_layers_over_a_quantized_cache(kv_cache_dtype, dtype, tokenizer,
+                                                                tmp_path, cpu_isa):
+    """Both store K/V with ``write_kv_slots`` (quantizing) and read them with the kernel."""
+    folder = build_tiny_model("qwen3", str(tmp_path / "qwen3"), tokenizer)
+    llm = _generate_through_both_paths(folder, dtype, cpu_isa, kv_cache_dtype=kv_cache_dtype)
+    assert llm.engine.core.executor.runner.kv_caches[0][0].element_size() == 1
+
+
+def _generate_through_both_paths(folder, dtype, cpu_isa, **engine_args):
+    """Prefills, a cached prefix, chunks and decodes of ``folder``, every forward through both
+    paths (``_record_both_paths``); returns the ``LLM``."""
     from paged_core import LLM, SamplingParams
 
-    folder = build_tiny_model(model_type, str(tmp_path / model_type), tokenizer)
-    llm = LLM(model=folder, dtype=dtype, num_kv_blocks=64, max_num_batched_tokens=48)
+    llm = LLM(model=folder, dtype=dtype, num_kv_blocks=64, max_num_batched_tokens=48,
+              **engine_args)
     model = llm.engine.core.executor.runner.model
     assert model.decoder_stack is not None and model.decoder_stack.cpu_isa == cpu_isa
     compared = _record_both_paths(model)
@@ -68,6 +86,7 @@ def test_stack_matches_the_python_layers_bit_for_bit(model_type, dtype, tokenize
     # Packed linears round batches up to bucketed sizes: then some steps carry padding rows.
     assert any(padding for _, padding in compared) == model.prefers_bucketed_batches
     assert any(tokens > 1 for tokens, _ in compared) and len(compared) > 12
+    return llm
 
 
 def test_models_the_stack_cannot_serve_keep_the_python_layers(tmp_path, tokenizer, cpu_isa):

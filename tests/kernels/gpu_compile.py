@@ -72,12 +72,15 @@ def _compile_instead_of_launch(fn, *args, grid, warmup, **kwargs):
                               constexprs={k: str(v) for k, v in named.items()})), flush=True)
 
 
-def _attention_case(dtype, heads, kv_heads, dim, block_size, kind, window=None, splits=None):
+def _attention_case(dtype, heads, kv_heads, dim, block_size, kind, window=None, splits=None,
+                    kv_dtype=None):
+    """``kv_dtype``: a quantized cache (rows of ``dim + 4``: ``attention.kv_quant``)."""
     q_lens = {"decode": [1, 1, 1], "prefill": [70, 33, 5]}[kind]
     seq_lens = [300, 90, 40]
     blocks = -(-max(seq_lens) // block_size)
     q = torch.zeros(sum(q_lens), heads, dim, dtype=dtype)
-    cache = torch.zeros(blocks * 3, block_size, kv_heads, dim, dtype=dtype)
+    cache = torch.zeros(blocks * 3, block_size, kv_heads, dim + (4 if kv_dtype else 0),
+                        dtype=kv_dtype or dtype)
     tables = torch.zeros(3, blocks, dtype=torch.int32)
     starts = torch.tensor([0, *q_lens], dtype=torch.int32).cumsum(0).to(torch.int32)
     paged_attention(q, cache, cache, tables, torch.tensor(seq_lens, dtype=torch.int32), starts,
@@ -101,12 +104,19 @@ def main() -> None:
     _attention_case(f16, 32, 32, 80, 128, "prefill")  # head_dim 80, block 128
     _attention_case(f32, 4, 4, 64, 8, "prefill")
     _attention_case(f32, 4, 4, 64, 8, "decode", splits=2)
+    _attention_case(b16, 32, 8, 128, 16, "decode", kv_dtype=torch.int8)  # quantized caches
+    _attention_case(f16, 14, 2, 64, 32, "prefill", kv_dtype=torch.float8_e4m3fn)
+    _attention_case(f32, 4, 4, 64, 8, "decode", splits=2, kv_dtype=torch.float8_e5m2)
     for dtype, kv_heads, dim, block_size in ((f16, 8, 128, 16), (b16, 1, 256, 64),
                                              (f32, 4, 64, 8)):
         cache = torch.zeros(4, block_size, kv_heads, dim, dtype=dtype)
         kv = torch.zeros(3, kv_heads, dim, dtype=dtype)
         write_kv_cache(kv, kv, cache, cache, torch.zeros(3, dtype=torch.long))
         copy_blocks(cache, cache, torch.tensor([0]), torch.tensor([1]))
+    cache = torch.zeros(4, 16, 8, 128 + 4, dtype=torch.int8)  # quantized: moved as bytes
+    kv = torch.zeros(3, 8, 128, dtype=b16)
+    write_kv_cache(kv, kv, cache, cache, torch.zeros(3, dtype=torch.long))
+    copy_blocks(cache, cache, torch.tensor([0]), torch.tensor([1]))
 
 
 if __name__ == "__main__":

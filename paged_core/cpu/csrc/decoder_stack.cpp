@@ -8,7 +8,8 @@
 //   hidden = rms_norm(residual, input_norm[0])
 //   per layer i:
 //     q, k, v = split(qkv(hidden));  q, k = q_norm(q), k_norm(k) (if any);  rotate(q, k)
-//     write k, v of the real tokens to their slots;  a = paged_attention(q, caches)
+//     write k, v of the real tokens to their slots (quantized rows for an int8 / fp8
+//     cache: write_slots, also the op write_kv_slots);  a = paged_attention(q, caches)
 //     residual += o(a);  normed = rms_norm(residual, post_norm[i])
 //     residual += down(silu(gate) * up of gate_up(normed))
 //     hidden = rms_norm(residual, input_norm[i + 1] or the final norm)
@@ -33,6 +34,7 @@
 #include "bf16_dot_linear.h"
 #include "cpu_common.h"
 #include "fused_ops.h"
+#include "kv_quant.h"
 
 // The class lives in the build's own namespace: builds of several levels share a process,
 // and torch tells custom classes apart by their C++ type.
@@ -77,11 +79,59 @@ struct Layer {
   int64_t sliding_window;  // 0: full attention
 };
 
-// Copy each real token's K (or V) heads to its cache slot: cache [Hk, blocks * block_size, D].
+// Quantize each real token's K (or V) heads (T: float or bf16 bits) into its slot of a
+// quantized cache of C (kv_quant.h): cache [Hk, blocks * block_size, D + 4].
+template <typename T, typename C>
+void quantize_slots(const at::Tensor& rows, at::Tensor& cache, const int64_t* slots,
+                    int64_t tokens) {
+  const int64_t heads = cache.size(0), capacity = cache.size(1) * cache.size(2);
+  const int D = static_cast<int>(rows.size(2));
+  const T* src = reinterpret_cast<const T*>(rows.const_data_ptr());
+  C* dst = reinterpret_cast<C*>(cache.mutable_data_ptr());
+  std::vector<float> buf(D);
+  for (int64_t t = 0; t < tokens; ++t) {
+    TORCH_CHECK(slots[t] >= 0 && slots[t] < capacity, "slot ", slots[t], " of token ", t,
+                " is outside the cache's ", capacity, " slots");
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* row = paged_core_cpu::Row<T>::load(
+          src + t * rows.stride(0) + h * rows.stride(1), buf.data(), D);
+      paged_core_cpu::quantize_row(row, D, dst + (h * capacity + slots[t]) * (D + 4));
+    }
+  }
+}
+
+template <typename T>
+void quantize_slots_of(const at::Tensor& rows, at::Tensor& cache, const int64_t* slots,
+                       int64_t tokens) {
+  using paged_core_cpu::Fp8E4M3;
+  using paged_core_cpu::Fp8E5M2;
+  switch (cache.scalar_type()) {
+    case at::kChar: return quantize_slots<T, int8_t>(rows, cache, slots, tokens);
+    case at::kFloat8_e4m3fn: return quantize_slots<T, Fp8E4M3>(rows, cache, slots, tokens);
+    case at::kFloat8_e5m2: return quantize_slots<T, Fp8E5M2>(rows, cache, slots, tokens);
+    default: TORCH_CHECK(false, "the KV cache must be in the rows' dtype, int8 or float8, got ",
+                         cache.scalar_type());
+  }
+}
+
+// Store each real token's K (or V) heads in its cache slot: cache [Hk, blocks * block_size, row],
+// row = D in the rows' dtype (a copy), or D + 4 for a quantized cache (quantize_row).
 void write_slots(const at::Tensor& rows, at::Tensor& cache, const int64_t* slots, int64_t tokens) {
-  const int64_t heads = cache.size(0), capacity = cache.size(1) * cache.size(2), D = cache.size(3);
-  TORCH_CHECK(rows.size(1) == heads && rows.size(2) == D && rows.stride(2) == 1,
-              "K/V rows must be [tokens, num_kv_heads, head_dim] with a contiguous last dim");
+  const int64_t heads = cache.size(0), capacity = cache.size(1) * cache.size(2), D = rows.size(2);
+  const bool quantized = cache.scalar_type() != rows.scalar_type();
+  TORCH_CHECK(cache.is_contiguous() && rows.size(1) == heads &&
+                  cache.size(3) == (quantized ? D + 4 : D) && rows.stride(2) == 1,
+              "K/V rows must be [tokens, num_kv_heads, head_dim] with a contiguous last dim, "
+              "cache rows head_dim (quantized: head_dim + 4) long");
+  if (quantized) {
+    TORCH_CHECK(rows.scalar_type() == at::kFloat || rows.scalar_type() == at::kBFloat16,
+                "quantized K/V caches take float32 or bfloat16 rows, got ", rows.scalar_type());
+    if (rows.scalar_type() == at::kFloat)
+      quantize_slots_of<float>(rows, cache, slots, tokens);
+    else
+      quantize_slots_of<uint16_t>(rows, cache, slots, tokens);
+    return;
+  }
   const int64_t bytes = D * rows.element_size();
   const auto* src = static_cast<const char*>(rows.const_data_ptr());
   auto* dst = static_cast<char*>(cache.mutable_data_ptr());
@@ -93,6 +143,16 @@ void write_slots(const at::Tensor& rows, at::Tensor& cache, const int64_t* slots
     for (int64_t h = 0; h < heads; ++h)
       std::memcpy(dst + (h * capacity + slots[t]) * bytes, src + t * t_stride + h * h_stride, bytes);
   }
+}
+
+// The op write_kv_slots: write_slots of the first slots.numel() rows (int64 slots >= 0).
+void write_kv_slots(const at::Tensor& rows, at::Tensor& cache, const at::Tensor& slots) {
+  TORCH_CHECK(rows.dim() == 3 && cache.dim() == 4 && rows.device().is_cpu() &&
+                  cache.device().is_cpu(), "rows [tokens, heads, D] and a 4-d cache, on the CPU");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.dim() == 1 && slots.is_contiguous() &&
+                  slots.numel() <= rows.size(0),
+              "slots must be contiguous int64 [tokens] (at most the rows)");
+  write_slots(rows, cache, slots.const_data_ptr<int64_t>(), slots.numel());
 }
 
 }  // namespace
@@ -189,9 +249,9 @@ class DecoderStack : public torch::CustomClassHolder {
     paged_core_cpu::rotary_embedding(q, k, step.positions, cos_, sin_);
     TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 4 &&
                     k_cache.sizes() == v_cache.sizes() && k_cache.size(0) == num_kv_heads_ &&
-                    k_cache.size(3) == head_dim_ && k_cache.scalar_type() == q.scalar_type() &&
-                    v_cache.scalar_type() == q.scalar_type(),
-                "caches must be contiguous [num_kv_heads, blocks, block_size, head_dim] in the model's dtype");
+                    v_cache.scalar_type() == k_cache.scalar_type(),
+                "caches must be contiguous [num_kv_heads, blocks, block_size, row], K and V alike "
+                "(in the model's dtype, or quantized: write_slots checks the rows)");
     write_slots(k, k_cache, step.slots, step.real_tokens);
     write_slots(v, v_cache, step.slots, step.real_tokens);
     at::Tensor out = at::empty({tokens, num_heads_, head_dim_}, q.options());
@@ -224,6 +284,8 @@ class DecoderStack : public torch::CustomClassHolder {
 }  // namespace PAGED_CORE_OPS
 
 PAGED_CORE_LIBRARY_FRAGMENT(m) {
+  m.def("write_kv_slots(Tensor rows, Tensor(a!) cache, Tensor slots) -> ()");
+  m.impl("write_kv_slots", c10::DispatchKey::CPU, TORCH_FN(PAGED_CORE_OPS::write_kv_slots));
   m.class_<PAGED_CORE_OPS::DecoderStack>("DecoderStack")
       .def(torch::init<int64_t, int64_t, int64_t, double, double, at::Tensor, at::Tensor, at::Tensor>())
       .def("add_layer", &PAGED_CORE_OPS::DecoderStack::add_layer)

@@ -1,8 +1,11 @@
 // Paged attention for CPU: every sequence of a packed step (decodes, prefills,
 // prefill chunks after a cached prefix) in one call, straight from the paged cache.
 //
-// Cache layout per layer: [num_kv_heads, num_blocks, block_size, head_dim],
-// K and V separate, contiguous. Queries are packed: sequence s owns query rows
+// Cache layout per layer: [num_kv_heads, num_blocks, block_size, row],
+// K and V separate, contiguous; row = head_dim in the query dtype, or, for a quantized
+// cache (int8, fp8 e4m3 / e5m2: kv_quant.h), head_dim one-byte codes and a float32 scale,
+// each block's visible rows dequantized to float32 once per task (such caches never take
+// the bf16 tiles). Queries are packed: sequence s owns query rows
 // query_start_loc[s] .. query_start_loc[s+1]-1, its last new tokens, at
 // positions seq_lens[s] - q_len .. seq_lens[s] - 1. Query i at position p sees
 // keys k <= p (and, with a window w > 0, k > p - w).
@@ -23,6 +26,7 @@
 #include "attention_tiles_bf16.h"
 #include "cpu_common.h"
 #include "cpu_simd.h"
+#include "kv_quant.h"
 
 #include <algorithm>
 #include <cmath>
@@ -33,7 +37,12 @@
 
 namespace {
 
+using paged_core_cpu::cache_row;
+using paged_core_cpu::Fp8E4M3;
+using paged_core_cpu::Fp8E5M2;
+using paged_core_cpu::kQuantizedCache;
 using paged_core_cpu::Row;
+using paged_core_cpu::dequantize_rows;
 #if PAGED_CORE_AVX2
 using paged_core_cpu::exp8;
 using paged_core_cpu::load8;
@@ -47,19 +56,19 @@ inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// scores[j] = q . k[j] for j < cnt (keys rows of D floats/bf16 at k, stride D); D % 8 == 0.
+// scores[j] = q . k[j] for j < cnt (key rows of D elements at k, ld apart); D % 8 == 0.
 template <typename T>
-inline void qk_avx2(const float* q, const T* k, int cnt, int D, float* scores) {
+inline void qk_avx2(const float* q, const T* k, int cnt, int D, int64_t ld, float* scores) {
   int j = 0;
   for (; j + 4 <= cnt; j += 4) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    const T* k0 = k + static_cast<int64_t>(j) * D;
+    const T* k0 = k + j * ld;
     for (int d = 0; d < D; d += 8) {
       const __m256 qv = _mm256_loadu_ps(q + d);
       a0 = _mm256_fmadd_ps(qv, load8(k0 + d), a0);
-      a1 = _mm256_fmadd_ps(qv, load8(k0 + D + d), a1);
-      a2 = _mm256_fmadd_ps(qv, load8(k0 + 2 * D + d), a2);
-      a3 = _mm256_fmadd_ps(qv, load8(k0 + 3 * D + d), a3);
+      a1 = _mm256_fmadd_ps(qv, load8(k0 + ld + d), a1);
+      a2 = _mm256_fmadd_ps(qv, load8(k0 + 2 * ld + d), a2);
+      a3 = _mm256_fmadd_ps(qv, load8(k0 + 3 * ld + d), a3);
     }
     // Reduce the four accumulators into four scores.
     __m256 h01 = _mm256_hadd_ps(a0, a1), h23 = _mm256_hadd_ps(a2, a3);
@@ -69,22 +78,23 @@ inline void qk_avx2(const float* q, const T* k, int cnt, int D, float* scores) {
   }
   for (; j < cnt; ++j) {
     __m256 a = _mm256_setzero_ps();
-    const T* kr = k + static_cast<int64_t>(j) * D;
+    const T* kr = k + j * ld;
     for (int d = 0; d < D; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(kr + d), a);
     scores[j] = hsum8(a);
   }
 }
 
-// acc[0:D] += sum_j p[j] * v[j]; D % 8 == 0; accumulators held in registers 64 lanes at a time.
+// acc[0:D] += sum_j p[j] * v[j] (rows ld apart); D % 8 == 0; accumulators held in registers
+// 64 lanes at a time.
 template <typename T>
-inline void pv_avx2(const float* p, const T* v, int cnt, int D, float* acc) {
+inline void pv_avx2(const float* p, const T* v, int cnt, int D, int64_t ld, float* acc) {
   int d0 = 0;
   for (; d0 + 64 <= D; d0 += 64) {
     __m256 a[8];
     for (int c = 0; c < 8; ++c) a[c] = _mm256_loadu_ps(acc + d0 + 8 * c);
     for (int j = 0; j < cnt; ++j) {
       const __m256 pj = _mm256_set1_ps(p[j]);
-      const T* vr = v + static_cast<int64_t>(j) * D + d0;
+      const T* vr = v + j * ld + d0;
       for (int c = 0; c < 8; ++c) a[c] = _mm256_fmadd_ps(pj, load8(vr + 8 * c), a[c]);
     }
     for (int c = 0; c < 8; ++c) _mm256_storeu_ps(acc + d0 + 8 * c, a[c]);
@@ -92,23 +102,24 @@ inline void pv_avx2(const float* p, const T* v, int cnt, int D, float* acc) {
   for (; d0 < D; d0 += 8) {
     __m256 a = _mm256_loadu_ps(acc + d0);
     for (int j = 0; j < cnt; ++j)
-      a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), load8(v + static_cast<int64_t>(j) * D + d0), a);
+      a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), load8(v + j * ld + d0), a);
     _mm256_storeu_ps(acc + d0, a);
   }
 }
 #endif  // PAGED_CORE_AVX2
 
-// scores[j] = q . k[j] for j < cnt (key rows of D elements at k, stride D).
+// scores[j] = q . k[j] for j < cnt (key rows of D elements at k, ld apart).
 template <typename T>
-inline void score_keys(const float* q, const T* k, int cnt, int D, float* scores, float* rowbuf) {
+inline void score_keys(const float* q, const T* k, int cnt, int D, int64_t ld, float* scores,
+                       float* rowbuf) {
 #if PAGED_CORE_AVX2
   if (D % 8 == 0) {
-    qk_avx2(q, k, cnt, D, scores);
+    qk_avx2(q, k, cnt, D, ld, scores);
     return;
   }
 #endif
   for (int j = 0; j < cnt; ++j) {
-    const float* kr = Row<T>::load(k + static_cast<int64_t>(j) * D, rowbuf, D);
+    const float* kr = Row<T>::load(k + j * ld, rowbuf, D);
     float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
     for (int d = 0; d < D; ++d) dot += q[d] * kr[d];
@@ -133,18 +144,18 @@ inline float exp_shifted(float* scores, int cnt, float m) {
   return total;
 }
 
-// acc[0:D] += sum_j p[j] * v[j] for j < cnt (value rows of D elements at v, stride D).
+// acc[0:D] += sum_j p[j] * v[j] for j < cnt (value rows of D elements at v, ld apart).
 template <typename T>
-inline void accumulate_values(const float* p, const T* v, int cnt, int D, float* acc,
+inline void accumulate_values(const float* p, const T* v, int cnt, int D, int64_t ld, float* acc,
                               float* rowbuf) {
 #if PAGED_CORE_AVX2
   if (D % 8 == 0) {
-    pv_avx2(p, v, cnt, D, acc);
+    pv_avx2(p, v, cnt, D, ld, acc);
     return;
   }
 #endif
   for (int j = 0; j < cnt; ++j) {
-    const float* vr = Row<T>::load(v + static_cast<int64_t>(j) * D, rowbuf, D);
+    const float* vr = Row<T>::load(v + j * ld, rowbuf, D);
 #pragma omp simd
     for (int d = 0; d < D; ++d) acc[d] += p[j] * vr[d];
   }
@@ -176,9 +187,10 @@ std::vector<Task> make_tasks(const int32_t* seq_lens, const int32_t* qsl, int64_
 }
 
 // KD > 0: head_dim known at compile time (full unrolling); KD == 0: runtime head_dim.
-template <typename T, int KD>
+// T: query and output elements; C: cache elements (T, or quantized: kv_quant.h).
+template <typename T, typename C, int KD>
 void attention_kernel(const T* __restrict q_ptr, int64_t q_t_stride, int64_t q_h_stride,
-                      const T* __restrict k_ptr, const T* __restrict v_ptr,
+                      const C* __restrict k_ptr, const C* __restrict v_ptr,
                       const int32_t* __restrict block_tables, int64_t bt_stride,
                       const int32_t* __restrict seq_lens, const int32_t* __restrict qsl,
                       T* __restrict out_ptr, const std::vector<Task>& tasks,
@@ -188,8 +200,9 @@ void attention_kernel(const T* __restrict q_ptr, int64_t q_t_stride, int64_t q_h
   const int D = KD > 0 ? KD : static_cast<int>(head_dim_rt);
   const int G = static_cast<int>(group);
   const int bs = static_cast<int>(block_size);
-  const int64_t head_stride = num_blocks * block_size * D;  // cache stride of one kv head
-  const int64_t block_stride = block_size * D;
+  const int64_t ld = cache_row<C>(D);  // cache row stride
+  const int64_t head_stride = num_blocks * block_size * ld;  // cache stride of one kv head
+  const int64_t block_stride = block_size * ld;
   const int64_t num_heads = num_kv_heads * G;
   const int64_t num_work = static_cast<int64_t>(tasks.size()) * num_kv_heads;
   const int nthreads = std::max(1, at::get_num_threads());
@@ -203,6 +216,9 @@ void attention_kernel(const T* __restrict q_ptr, int64_t q_t_stride, int64_t q_h
     std::vector<float> scores(bs_pad);
     std::vector<float> mx(max_rows), sum(max_rows);
     std::vector<float> rowbuf(D);
+    // A quantized block's visible K and V rows, dequantized once per task (not per query row).
+    std::vector<float> k_rows(kQuantizedCache<C> ? static_cast<size_t>(bs) * D : 0);
+    std::vector<float> v_rows(k_rows.size());
 
 #pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < num_work; ++w) {
@@ -231,8 +247,8 @@ void attention_kernel(const T* __restrict q_ptr, int64_t q_t_stride, int64_t q_h
       std::fill(acc.begin(), acc.begin() + static_cast<size_t>(rows) * D, 0.f);
 
       const int32_t* table = block_tables + s * bt_stride;
-      const T* k_head = k_ptr + h * head_stride;
-      const T* v_head = v_ptr + h * head_stride;
+      const C* k_head = k_ptr + h * head_stride;
+      const C* v_head = v_ptr + h * head_stride;
       const int64_t first_key = window > 0 ? std::max<int64_t>(0, pos0 - window + 1) : 0;
       const int64_t last_key = pos0 + nq - 1;
       bool bad = false;
@@ -240,8 +256,8 @@ void attention_kernel(const T* __restrict q_ptr, int64_t q_t_stride, int64_t q_h
         const int64_t phys = table[b];
         if (phys < 0 || phys >= num_blocks) { bad = true; break; }
         const int64_t block_start = b * block_size;
-        const T* kb = k_head + phys * block_stride;
-        const T* vb = v_head + phys * block_stride;
+        const C* kb = k_head + phys * block_stride;
+        const C* vb = v_head + phys * block_stride;
 #if PAGED_CORE_AVX2
         // Blocks are scattered: prefetch the next one's K and V while this one is computed.
         if ((b + 1) * block_size <= last_key) {
@@ -249,7 +265,7 @@ void attention_kernel(const T* __restrict q_ptr, int64_t q_t_stride, int64_t q_h
           if (nphys >= 0 && nphys < num_blocks) {
             const char* nk = reinterpret_cast<const char*>(k_head + nphys * block_stride);
             const char* nv = reinterpret_cast<const char*>(v_head + nphys * block_stride);
-            const int64_t bytes = block_stride * static_cast<int64_t>(sizeof(T));
+            const int64_t bytes = block_stride * static_cast<int64_t>(sizeof(C));
             for (int64_t off = 0; off < bytes; off += 64) {
               _mm_prefetch(nk + off, _MM_HINT_T0);
               _mm_prefetch(nv + off, _MM_HINT_T0);
@@ -257,6 +273,13 @@ void attention_kernel(const T* __restrict q_ptr, int64_t q_t_stride, int64_t q_h
           }
         }
 #endif
+        if constexpr (kQuantizedCache<C>) {  // rows past the tile's last key hold no token yet
+          const int r0 = static_cast<int>(std::max<int64_t>(0, first_key - block_start));
+          const int r1 =
+              static_cast<int>(std::min<int64_t>(block_size, last_key + 1 - block_start));
+          dequantize_rows(kb, r0, r1, D, k_rows.data());
+          dequantize_rows(vb, r0, r1, D, v_rows.data());
+        }
         for (int i = 0; i < nq; ++i) {
           // Query i (position pos0 + i) sees keys [lo, hi) of this block.
           const int64_t p = pos0 + i;
@@ -269,7 +292,11 @@ void attention_kernel(const T* __restrict q_ptr, int64_t q_t_stride, int64_t q_h
             const int r = i * G + g;
             const float* qr = qf.data() + static_cast<size_t>(r) * D;
             float* ar = acc.data() + static_cast<size_t>(r) * D;
-            score_keys<T>(qr, kb + static_cast<int64_t>(lo) * D, cnt, D, scores.data(), rowbuf.data());
+            if constexpr (kQuantizedCache<C>)
+              score_keys<float>(qr, k_rows.data() + lo * D, cnt, D, D, scores.data(),
+                                rowbuf.data());
+            else
+              score_keys<C>(qr, kb + lo * ld, cnt, D, ld, scores.data(), rowbuf.data());
             if (soft_cap > 0.f)
               for (int j = 0; j < cnt; ++j) scores[j] = soft_cap * std::tanh(scores[j] / soft_cap);
             // Online softmax update.
@@ -284,8 +311,11 @@ void attention_kernel(const T* __restrict q_ptr, int64_t q_t_stride, int64_t q_h
               mx[r] = m_new;
             }
             sum[r] += exp_shifted(scores.data(), cnt, m_new);
-            accumulate_values<T>(scores.data(), vb + static_cast<int64_t>(lo) * D, cnt, D, ar,
-                                 rowbuf.data());
+            if constexpr (kQuantizedCache<C>)
+              accumulate_values<float>(scores.data(), v_rows.data() + lo * D, cnt, D, D, ar,
+                                       rowbuf.data());
+            else
+              accumulate_values<C>(scores.data(), vb + lo * ld, cnt, D, ld, ar, rowbuf.data());
           }
         }
       }
@@ -432,18 +462,18 @@ void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
 }
 #endif  // PAGED_CORE_BF16_TILES
 
-template <typename T>
+template <typename T, typename C>
 void dispatch_dim(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
                   const at::Tensor& block_tables, const at::Tensor& seq_lens,
                   const at::Tensor& query_start_loc, at::Tensor& out, const std::vector<Task>& tasks,
                   int64_t group, double scale, int64_t window, float soft_cap, int* error_flag) {
   const T* q = reinterpret_cast<const T*>(query.const_data_ptr());
-  const T* k = reinterpret_cast<const T*>(k_cache.const_data_ptr());
-  const T* v = reinterpret_cast<const T*>(v_cache.const_data_ptr());
+  const C* k = reinterpret_cast<const C*>(k_cache.const_data_ptr());
+  const C* v = reinterpret_cast<const C*>(v_cache.const_data_ptr());
   T* o = reinterpret_cast<T*>(out.mutable_data_ptr());
   const int64_t D = query.size(2);
 #define PAGED_ATTENTION_CALL(KD)                                                               \
-  attention_kernel<T, KD>(q, query.stride(0), query.stride(1), k, v,                           \
+  attention_kernel<T, C, KD>(q, query.stride(0), query.stride(1), k, v,                        \
                           block_tables.const_data_ptr<int32_t>(), block_tables.stride(0),      \
                           seq_lens.const_data_ptr<int32_t>(),                                  \
                           query_start_loc.const_data_ptr<int32_t>(), o, tasks, k_cache.size(0), \
@@ -455,6 +485,31 @@ void dispatch_dim(const at::Tensor& query, const at::Tensor& k_cache, const at::
     default: PAGED_ATTENTION_CALL(0); break;
   }
 #undef PAGED_ATTENTION_CALL
+}
+
+// dispatch_dim for a quantized cache (kv_quant.h), by its dtype.
+template <typename T>
+void dispatch_quantized(const at::Tensor& query, const at::Tensor& k_cache,
+                        const at::Tensor& v_cache, const at::Tensor& block_tables,
+                        const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
+                        at::Tensor& out, const std::vector<Task>& tasks, int64_t group,
+                        double scale, int64_t window, float soft_cap, int* error_flag) {
+  switch (k_cache.scalar_type()) {
+#define PAGED_ATTENTION_QUANTIZED(DTYPE, C)                                                     \
+  case DTYPE:                                                                                  \
+    dispatch_dim<T, C>(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,  \
+                       tasks, group, scale, window, soft_cap, error_flag);                     \
+    break;
+    PAGED_ATTENTION_QUANTIZED(at::kChar, int8_t)
+    PAGED_ATTENTION_QUANTIZED(at::kFloat8_e4m3fn, Fp8E4M3)
+    PAGED_ATTENTION_QUANTIZED(at::kFloat8_e5m2, Fp8E5M2)
+#undef PAGED_ATTENTION_QUANTIZED
+    default: TORCH_CHECK(false, "unsupported KV cache dtype ", k_cache.scalar_type());
+  }
+}
+
+bool is_quantized_cache(at::ScalarType t) {
+  return t == at::kChar || t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2;
 }
 
 void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -471,12 +526,16 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
   const auto dtype = query.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
               "paged_attention supports float32 and bfloat16, got ", dtype);
-  TORCH_CHECK(k_cache.scalar_type() == dtype && v_cache.scalar_type() == dtype &&
+  const auto cache_dtype = k_cache.scalar_type();
+  const bool quantized = is_quantized_cache(cache_dtype);
+  TORCH_CHECK((cache_dtype == dtype || quantized) && v_cache.scalar_type() == cache_dtype &&
                   out.scalar_type() == dtype,
-              "query, caches and out must share a dtype");
+              "query and out must share a dtype; the caches that one, or int8 / float8 "
+              "(quantized rows), both alike");
   const int64_t num_tokens = query.size(0), Hq = query.size(1), D = query.size(2);
   const int64_t Hk = k_cache.size(0), S = seq_lens.size(0);
-  TORCH_CHECK(k_cache.size(3) == D, "head_dim of query and cache differ");
+  TORCH_CHECK(k_cache.size(3) == (quantized ? D + 4 : D),
+              "cache rows must be head_dim (quantized: head_dim + 4 scale bytes) long");
   TORCH_CHECK(Hk > 0 && Hq % Hk == 0, "num query heads must be a multiple of num kv heads");
   TORCH_CHECK(query.stride(2) == 1, "query's last dim must be contiguous");
   TORCH_CHECK(out.is_contiguous() && out.sizes() == query.sizes(), "out must be contiguous, like query");
@@ -504,10 +563,18 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
   if (S == 0 || Hq == 0 || D == 0) return;
   const std::vector<Task> tasks = make_tasks(sl, qsl, S, sliding_window);
   int error_flag = 0;
-  if (dtype == at::kFloat) {
-    dispatch_dim<float>(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, tasks,
-                        Hq / Hk, scale, sliding_window, static_cast<float>(logits_soft_cap),
-                        &error_flag);
+  if (quantized && dtype == at::kFloat) {
+    dispatch_quantized<float>(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+                              out, tasks, Hq / Hk, scale, sliding_window,
+                              static_cast<float>(logits_soft_cap), &error_flag);
+  } else if (quantized) {
+    dispatch_quantized<uint16_t>(query, k_cache, v_cache, block_tables, seq_lens,
+                                 query_start_loc, out, tasks, Hq / Hk, scale, sliding_window,
+                                 static_cast<float>(logits_soft_cap), &error_flag);
+  } else if (dtype == at::kFloat) {
+    dispatch_dim<float, float>(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+                               out, tasks, Hq / Hk, scale, sliding_window,
+                               static_cast<float>(logits_soft_cap), &error_flag);
   } else if (PAGED_CORE_BF16_TILES && D % 32 == 0) {
 #if PAGED_CORE_BF16_TILES
     const Bf16Problem pb{reinterpret_cast<const uint16_t*>(query.const_data_ptr()),
@@ -522,9 +589,9 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
     bf16_tile_kernel(pb, tasks, sl, qsl, Hk, &error_flag);
 #endif
   } else {
-    dispatch_dim<uint16_t>(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
-                           tasks, Hq / Hk, scale, sliding_window,
-                           static_cast<float>(logits_soft_cap), &error_flag);
+    dispatch_dim<uint16_t, uint16_t>(query, k_cache, v_cache, block_tables, seq_lens,
+                                     query_start_loc, out, tasks, Hq / Hk, scale, sliding_window,
+                                     static_cast<float>(logits_soft_cap), &error_flag);
   }
   TORCH_CHECK(error_flag != 2, "paged_attention: a block table entry is outside [0, num_blocks)");
 }

@@ -1,0 +1,222 @@
+// Weight-only quantized linears for CPU: y = x @ W.T with W kept as 4-bit or 8-bit levels
+// and float32 scales (and offsets) per group of G input features, widened 8 at a time in
+// registers and shared by every row of x in flight (up to 4).
+//
+// int4: levels uint8 [N, K / 2]. In group g of row n, byte j < G / 2 holds the level of
+//   feature g*G + j in its low nibble and of feature g*G + G/2 + j in its high nibble:
+//   W[n, k] = (level - 8) * scale[n, g] + zero[n, g]   (quantization.Int4Weight's formula),
+//   so row n's product is sum_g scale * dot(x_g, level_g) + (zero - 8 scale) * sum(x_g).
+// int8: levels int8 [N, K]; W[n, k] = level * scale[n, g].
+// x: float32 [M, K] contiguous; the result is float32 [M, N]. Rows of W are split between
+// threads. Sums run in a different order than a dense GEMM's (the usual float rounding).
+// int4_dequantize / int8_dequantize: W itself, float32 [N, K] (for many rows at once, where
+// one dense GEMM beats these per-row dots).
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include "cpu_common.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kRowsInFlight = 4;
+
+inline int64_t row_grain(int64_t K, int64_t M) {
+  return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, K * M));
+}
+
+#if defined(__AVX2__)
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+// sum_g scale[g] * dot(x_r[g], level[g]) for rows r < R of x (R <= kRowsInFlight), one row n
+// (R a template argument: the accumulators then stay in registers).
+template <bool kInt4, int R>
+void row_dots(const uint8_t* levels, const float* scales, const float* const* x,
+              int64_t K, int64_t G, float* out) {
+  const int64_t groups = K / G;
+#if defined(__AVX2__)
+  if (G % 16 == 0) {
+    __m256 total[kRowsInFlight];
+    for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi32(15);
+    for (int64_t g = 0; g < groups; ++g) {
+      __m256 acc[kRowsInFlight];
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+      if (kInt4) {
+        const uint8_t* b = levels + g * G / 2;
+        for (int64_t j = 0; j < G / 2; j += 8) {
+          const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + j)));
+          const __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, low));
+          const __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
+          for (int r = 0; r < R; ++r) {
+            const float* xr = x[r] + g * G + j;
+            acc[r] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xr), acc[r]);
+            acc[r] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xr + G / 2), acc[r]);
+          }
+        }
+      } else {
+        const int8_t* b = reinterpret_cast<const int8_t*>(levels) + g * G;
+        for (int64_t j = 0; j < G; j += 8) {
+          const __m256 w = _mm256_cvtepi32_ps(
+              _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + j))));
+          for (int r = 0; r < R; ++r)
+            acc[r] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x[r] + g * G + j), acc[r]);
+        }
+      }
+      const __m256 s = _mm256_set1_ps(scales[g]);
+      for (int r = 0; r < R; ++r) total[r] = _mm256_fmadd_ps(s, acc[r], total[r]);
+    }
+    for (int r = 0; r < R; ++r) out[r] = hsum(total[r]);
+    return;
+  }
+#endif
+  for (int r = 0; r < R; ++r) {
+    float total = 0.f;
+    for (int64_t g = 0; g < groups; ++g) {
+      float acc = 0.f;
+      for (int64_t j = 0; j < (kInt4 ? G / 2 : G); ++j) {
+        if (kInt4) {
+          const uint8_t b = levels[g * G / 2 + j];
+          acc += static_cast<float>(b & 15) * x[r][g * G + j] +
+                 static_cast<float>(b >> 4) * x[r][g * G + G / 2 + j];
+        } else {
+          acc += static_cast<float>(reinterpret_cast<const int8_t*>(levels)[g * G + j]) *
+                 x[r][g * G + j];
+        }
+      }
+      total += scales[g] * acc;
+    }
+    out[r] = total;
+  }
+}
+
+template <bool kInt4>
+at::Tensor quantized_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
+                          const c10::optional<at::Tensor>& offsets, int64_t G) {
+  TORCH_CHECK(x.dtype() == at::kFloat && x.is_contiguous() && x.dim() == 2, "x: float32 [M, K]");
+  const int64_t M = x.size(0), K = x.size(1), N = levels.size(0), groups = K / G;
+  TORCH_CHECK(K % G == 0 && levels.size(1) == (kInt4 ? K / 2 : K), "levels do not match x");
+  at::Tensor y = at::empty({M, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const uint8_t* lp = static_cast<const uint8_t*>(levels.data_ptr());
+  const float* sp = scales.data_ptr<float>();
+  std::vector<float> xsum;  // [M, groups]: sum of each group of x, for the offsets
+  const float* op = nullptr;
+  if (offsets.has_value()) {
+    op = offsets->data_ptr<float>();  // zero - 8 * scale, [N, groups]
+    xsum.assign(M * groups, 0.f);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t g = 0; g < groups; ++g)
+        for (int64_t i = 0; i < G; ++i) xsum[m * groups + g] += xp[m * K + g * G + i];
+  }
+  float* yp = y.data_ptr<float>();
+  const int64_t row_bytes = kInt4 ? K / 2 : K;
+  at::parallel_for(0, N, row_grain(K, M), [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t m0 = 0; m0 < M; m0 += kRowsInFlight) {
+        const int R = static_cast<int>(std::min<int64_t>(kRowsInFlight, M - m0));
+        const float* rows[kRowsInFlight];
+        for (int r = 0; r < R; ++r) rows[r] = xp + (m0 + r) * K;
+        float out[kRowsInFlight];
+        const uint8_t* row = lp + n * row_bytes;
+        const float* row_scales = sp + n * groups;
+        switch (R) {
+          case 1: row_dots<kInt4, 1>(row, row_scales, rows, K, G, out); break;
+          case 2: row_dots<kInt4, 2>(row, row_scales, rows, K, G, out); break;
+          case 3: row_dots<kInt4, 3>(row, row_scales, rows, K, G, out); break;
+          default: row_dots<kInt4, 4>(row, row_scales, rows, K, G, out); break;
+        }
+        for (int r = 0; r < R; ++r) {
+          float value = out[r];
+          if (op != nullptr)
+            for (int64_t g = 0; g < groups; ++g)
+              value += op[n * groups + g] * xsum[(m0 + r) * groups + g];
+          yp[(m0 + r) * N + n] = value;
+        }
+      }
+    }
+  });
+  return y;
+}
+
+at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
+                     const at::Tensor& offsets, int64_t group_size) {
+  return quantized_gemm<true>(x, levels, scales, offsets, group_size);
+}
+
+at::Tensor int8_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
+                     int64_t group_size) {
+  return quantized_gemm<false>(x, levels, scales, c10::nullopt, group_size);
+}
+
+template <bool kInt4>
+at::Tensor dequantize(const at::Tensor& levels, const at::Tensor& scales,
+                      const c10::optional<at::Tensor>& zeros, int64_t G) {
+  const int64_t N = levels.size(0), K = kInt4 ? levels.size(1) * 2 : levels.size(1);
+  const int64_t groups = K / G;
+  at::Tensor w = at::empty({N, K}, scales.options());
+  const uint8_t* lp = static_cast<const uint8_t*>(levels.data_ptr());
+  const float* sp = scales.data_ptr<float>();
+  const float* zp = kInt4 ? zeros->data_ptr<float>() : nullptr;
+  float* wp = w.data_ptr<float>();
+  at::parallel_for(0, N, row_grain(K, 1), [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const float scale = sp[n * groups + g];
+        float* out = wp + n * K + g * G;
+        if (kInt4) {
+          const float zero = zp[n * groups + g];
+          const uint8_t* b = lp + n * (K / 2) + g * G / 2;
+#pragma omp simd
+          for (int64_t j = 0; j < G / 2; ++j) {
+            out[j] = (static_cast<float>(b[j] & 15) - 8.f) * scale + zero;
+            out[j + G / 2] = (static_cast<float>(b[j] >> 4) - 8.f) * scale + zero;
+          }
+        } else {
+          const int8_t* b = reinterpret_cast<const int8_t*>(lp) + n * K + g * G;
+#pragma omp simd
+          for (int64_t j = 0; j < G; ++j) out[j] = static_cast<float>(b[j]) * scale;
+        }
+      }
+    }
+  });
+  return w;
+}
+
+at::Tensor int4_dequantize(const at::Tensor& levels, const at::Tensor& scales,
+                           const at::Tensor& zeros, int64_t group_size) {
+  return dequantize<true>(levels, scales, zeros, group_size);
+}
+
+at::Tensor int8_dequantize(const at::Tensor& levels, const at::Tensor& scales,
+                           int64_t group_size) {
+  return dequantize<false>(levels, scales, c10::nullopt, group_size);
+}
+
+}  // namespace
+
+PAGED_CORE_LIBRARY_FRAGMENT(m) {
+  m.def("int4_dequantize(Tensor levels, Tensor scales, Tensor zeros, int group_size) -> Tensor");
+  m.def("int8_dequantize(Tensor levels, Tensor scales, int group_size) -> Tensor");
+  m.impl("int4_dequantize", c10::DispatchKey::CPU, TORCH_FN(int4_dequantize));
+  m.impl("int8_dequantize", c10::DispatchKey::CPU, TORCH_FN(int8_dequantize));
+  m.def("int4_gemm(Tensor x, Tensor levels, Tensor scales, Tensor offsets, int group_size) -> Tensor");
+  m.def("int8_gemm(Tensor x, Tensor levels, Tensor scales, int group_size) -> Tensor");
+  m.impl("int4_gemm", c10::DispatchKey::CPU, TORCH_FN(int4_gemm));
+  m.impl("int8_gemm", c10::DispatchKey::CPU, TORCH_FN(int8_gemm));
+}

@@ -1,0 +1,156 @@
+"""A GGUF file's quantized projections as ``Int4Weight`` / ``Int8Weight``, under Hugging Face names.
+
+Served quantized, each exactly (the stored levels, scales kept in float32; the dequantized
+weight equals ``gguf.quants.dequantize``'s, which the tests check per type):
+
+- Q4_0, Q4_1, Q8_0: blocks of 32 weights, a float16 scale ``d`` (Q4_1: then a float16
+  minimum ``m``), then the levels: 16 bytes of nibbles (low nibbles weights 0-15, high ones
+  16-31) or 32 signed bytes. Q4_0 ``d * (q - 8)`` and Q4_1 ``d * q + m`` are ``Int4Weight``
+  groups of 32 (``zero = 0`` / ``m + 8 d``); Q8_0 ``d * q`` is an ``Int8Weight`` group of 32.
+- Q4_K: super-blocks of 256 = 8 sub-blocks of 32 with 6-bit scales ``sc`` and minimums ``mn``
+  under float16 ``d`` / ``dmin``: ``w = d * sc * q - dmin * mn``, an ``Int4Weight`` group of
+  32 with ``scale = d * sc``, ``zero = 8 * scale - dmin * mn`` (both products exact in float32).
+- Q6_K: super-blocks of 256 = 16 sub-blocks of 16 with signed 8-bit scales ``sc`` under a
+  float16 ``d``, 6-bit levels ``q`` (4 low bits in ``ql``, 2 high ones in ``qh``):
+  ``w = d * sc * (q - 32)``, an ``Int8Weight`` group of 16 with levels ``q - 32`` and
+  ``scale = d * sc`` (exact in float32).
+
+Served dense (widened to the model dtype by the loader, from the safetensors copy that
+transformers converted the file to): Q5_0, Q5_1 and Q5_K (5-bit levels fit no 4-bit group),
+Q2_K, Q3_K, the IQ types and plain floats. ``log_served`` logs one line counting, per type,
+the projections served quantized and dense (a quantized part of a fused q/k/v or gate/up
+projection whose sibling is dense is served dense with it).
+
+llama.cpp stores Llama's q and k projections with the rows of each head interleaved for its
+rotary layout; whatever their type, they are put back in Hugging Face's order, as
+transformers does when it reads the file.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter
+
+import numpy as np
+import torch
+
+from .int4_linear import Int4Weight
+from .int8_linear import Int8Weight
+
+logger = logging.getLogger(__name__)
+
+_PROJECTIONS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+                "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+                "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+
+
+def gguf_projections(path: str) -> dict[str, object]:
+    """The file's layer projections (``gguf.ReaderTensor``s) by Hugging Face module name."""
+    from gguf import GGUFReader
+
+    found = {}
+    for tensor in GGUFReader(path).tensors:
+        match = _NAME.fullmatch(tensor.name)
+        if match is not None and match[2] in _PROJECTIONS:
+            found[f"model.layers.{match[1]}.{_PROJECTIONS[match[2]]}"] = tensor
+    return found
+
+
+def gguf_weights(path: str, num_heads: int,
+                 num_kv_heads: int) -> dict[str, Int4Weight | Int8Weight]:
+    """Every projection of the file at ``path`` of a type served quantized, keyed by its
+    Hugging Face module name (``model.layers.{i}.self_attn.q_proj``, ...)."""
+    weights = {}
+    for name, tensor in gguf_projections(path).items():
+        width, rows = (int(n) for n in tensor.shape[:2])  # GGUF lists the fastest dimension first
+        weight = decode(np.asarray(tensor.data), rows, width, tensor.tensor_type.name)
+        if weight is None:
+            continue
+        if name.endswith(("q_proj", "k_proj")):
+            heads = num_heads if name.endswith("q_proj") else num_kv_heads
+            weight = weight.rows(_unpermute(rows, heads))
+        weights[name] = weight
+    return weights
+
+
+def decode(raw: np.ndarray, rows: int, width: int, kind: str) -> Int4Weight | Int8Weight | None:
+    """The ``[rows, width]`` weight of type ``kind`` (``"Q4_K"``, ...) stored as ``raw``
+    bytes; ``None`` for a type served dense."""
+    if kind in ("Q4_0", "Q4_1", "Q8_0"):
+        return _blocks_of_32(raw.reshape(rows, width // 32, -1), kind)
+    if kind == "Q4_K":
+        return _q4_k(raw.reshape(rows, width // 256, 144))
+    if kind == "Q6_K":
+        return _q6_k(raw.reshape(rows, width // 256, 210))
+    return None
+
+
+def log_served(path: str, used: set[str]) -> str:
+    """Log (info) and return how many projections of each type are served quantized/dense."""
+    projections = gguf_projections(path)
+    served = Counter((t.tensor_type.name, name in used) for name, t in projections.items())
+    counts = ", ".join(f"{kind} {served[kind, True]} quantized / {served[kind, False]} dense"
+                       for kind in sorted({kind for kind, _ in served}))
+    line = f"{path}: GGUF projections by type: {counts}"
+    logger.info(line)
+    return line
+
+
+def _f16(pairs: np.ndarray) -> torch.Tensor:
+    """Float16 values stored as byte pairs (``[..., 2]`` uint8), as float32."""
+    return torch.from_numpy(pairs.copy().view(np.float16)[..., 0].astype(np.float32))
+
+
+def _fields(packed: np.ndarray, bits: int) -> np.ndarray:
+    """``[..., n]`` bytes -> ``[..., 8 / bits, n]`` fields of ``bits`` bits, lowest first
+    (``bits=4``: the low nibbles, then the high ones)."""
+    mask = (1 << bits) - 1
+    return np.stack([packed >> shift & mask for shift in range(0, 8, bits)], axis=-2)
+
+
+def _blocks_of_32(blocks: np.ndarray, kind: str) -> Int4Weight | Int8Weight:
+    """Q4_0 / Q4_1 / Q8_0 blocks ``[rows, width / 32, bytes per block]``."""
+    rows = blocks.shape[0]
+    d = _f16(blocks[..., 0:2])
+    levels = blocks[..., 4 if kind == "Q4_1" else 2:]
+    if kind == "Q8_0":
+        return Int8Weight(torch.from_numpy(levels.copy().view(np.int8).reshape(rows, -1)), d, 32)
+    q = torch.from_numpy(_fields(levels, 4).reshape(rows, -1))
+    zeros = _f16(blocks[..., 2:4]) + 8 * d if kind == "Q4_1" else torch.zeros_like(d)
+    return Int4Weight(q, d, zeros, 32)
+
+
+def _q4_k(blocks: np.ndarray) -> Int4Weight:
+    """Q4_K super-blocks ``[rows, width / 256, 144]``: ``d``, ``dmin``, 12 bytes of packed
+    6-bit ``sc`` / ``mn``, then 128 bytes of nibbles (bytes ``32j..32j+31`` hold sub-block
+    ``2j`` in their low nibbles, ``2j + 1`` in their high ones)."""
+    from gguf.quants import Q4_K
+
+    rows, supers = blocks.shape[:2]
+    sc, mn = (torch.from_numpy(a.reshape(rows, supers, 8).astype(np.float32))
+              for a in Q4_K.get_scale_min(blocks[..., 4:16].reshape(-1, 12)))
+    scales = _f16(blocks[..., 0:2])[..., None] * sc
+    zeros = 8 * scales - _f16(blocks[..., 2:4])[..., None] * mn
+    q = _fields(blocks[..., 16:].reshape(rows, supers, 4, 32), 4)
+    q = torch.from_numpy(q.reshape(rows, -1))
+    return Int4Weight(q, scales.reshape(rows, -1), zeros.reshape(rows, -1), 32)
+
+
+def _q6_k(blocks: np.ndarray) -> Int8Weight:
+    """Q6_K super-blocks ``[rows, width / 256, 210]``: 128 bytes ``ql``, 64 bytes ``qh``, 16
+    int8 ``sc``, then ``d``. Each half of 128 weights takes 64 bytes of ``ql`` (weights
+    ``0..63`` in their low nibbles, ``64..127`` in their high ones) and 32 bytes of ``qh``
+    (weights ``32t..32t+31`` in bits ``2t, 2t+1``)."""
+    rows, supers = blocks.shape[:2]
+    low = _fields(blocks[..., :128].reshape(rows, supers, 2, 64), 4)
+    high = _fields(blocks[..., 128:192].reshape(rows, supers, 2, 32), 2)
+    q = (low.reshape(rows, -1) | high.reshape(rows, -1) << 4).astype(np.int8) - 32
+    sc = torch.from_numpy(blocks[..., 192:208].view(np.int8).astype(np.float32))
+    scales = _f16(blocks[..., 208:210])[..., None] * sc
+    return Int8Weight(torch.from_numpy(q), scales.reshape(rows, -1), 16)
+
+
+def _unpermute(rows: int, heads: int) -> torch.Tensor:
+    """The row order that undoes llama.cpp's rotary interleave of a q or k projection."""
+    return torch.arange(rows).view(heads, rows // heads // 2, 2).transpose(1, 2).reshape(rows)

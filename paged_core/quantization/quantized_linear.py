@@ -1,0 +1,66 @@
+"""``QuantizedLinear``: the base of the weight-only quantized linears.
+
+A quantized linear computes ``y = x @ W.T (+ bias)`` with ``W`` kept in its stored levels.
+Its C++ kernel (``cpu/csrc/quantized_linear.cpp``, the selected CPU level's build) widens
+the levels in registers and shares them between the rows in flight: the right tool for
+decode, where a step multiplies a few rows and the bytes of weight read set the pace. For
+many rows at once (a prefill chunk) one dense GEMM is faster, so from ``dense_rows`` rows
+the weight is dequantized for that one call and multiplied densely: the model still holds
+only the levels. Without the C++ kernels (another architecture, no compiler) every call
+takes the dense path.
+
+Invariants: the output has the input's dtype (the ``dtype`` the linear was built for);
+``bias`` is a parameter of that dtype under the dense layer's name, loaded with the
+model's other weights; the kernels compute in float32.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..cpu.extension import cpu_extension_available, cpu_ops
+from ..cpu.isa import selected_cpu_isa
+
+# Rows from which one dequantization per call beats the per-row kernels (measured on a
+# 2-core AVX2 EPYC: the kernel's time grows with the rows, a dense GEMM's far slower);
+# overridable for tests and tuning
+DENSE_ROWS_SETTING = "PAGED_CORE_QUANTIZED_DENSE_ROWS"
+
+
+class QuantizedLinear(nn.Module):
+    def __init__(self, out_features: int, in_features: int, has_bias: bool,
+                 dtype: torch.dtype, dense_dtype: torch.dtype | None = None) -> None:
+        """``dense_dtype``: what the many-rows path multiplies in (default ``dtype``; the
+        model's dense linears' compute dtype where that differs, e.g. float32 for a bfloat16
+        model on a CPU without native bf16)."""
+        super().__init__()
+        self.out_features, self.in_features = out_features, in_features
+        self.dtype = dtype
+        self.dense_dtype = dense_dtype or dtype
+        self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING, "128"))
+        level = selected_cpu_isa()
+        self.kernels = cpu_ops(level) if cpu_extension_available(level) else None
+        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype),
+                                 requires_grad=False) if has_bias else None
+
+    def quantized_product(self, rows: torch.Tensor) -> torch.Tensor:
+        """``rows @ W.T`` (float32 ``[n, in]`` → ``[n, out]``) by the C++ kernel."""
+        raise NotImplementedError
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """``W`` in float32, built for one call."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if self.kernels is None or rows.shape[0] >= self.dense_rows:
+            weight = self.dequantized_weight().to(self.dense_dtype)
+            y = F.linear(rows.to(self.dense_dtype), weight).to(x.dtype)
+        else:
+            y = self.quantized_product(rows.float().contiguous()).to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)

@@ -1,0 +1,162 @@
+"""compressed-tensors checkpoints served as stored: W4A16 (symmetric and with zero points),
+W8A16 (groups and per channel), W8A8 (int8 activations per token). Each decodes to exactly
+its dequantized twin's weights, and greedy output stays under the near-tie rule of
+transformers loading the same checkpoint (where it can) or its twin, with the shared
+prefix read from the cache and under tensor parallelism."""
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from paged_core import LLM, EngineConfig, SamplingParams
+from paged_core.bench.quantized_models import compressed_tensors_checkpoint
+from paged_core.quantization.compressed_tensors_format import CompressedTensorsFormat
+from paged_core.quantization.int4_linear import Int4Linear
+from paged_core.quantization.int8_linear import Int8Linear
+from paged_core.quantization.w8a8_linear import W8A8Linear
+
+from ..quantized_checkpoints import quantize_activations_per_token
+from ..reference import assert_close_with_cached_prefix, assert_greedy_close, \
+    engine_top_logprobs, hf_greedy_top_logprobs, passage_token_ids
+from ..tiny_models import build_tiny_model
+
+pytest.importorskip("compressed_tensors")
+
+TOP_K = 5
+# scheme, weight overrides (group size, strategy), what the projections become, and whether
+# transformers loads the packed checkpoint itself (it cannot read packed zero points, and
+# runs W8A8's int8 weights unscaled: the twin is the reference there)
+SCHEMES = {
+    "W4A16": (32, None, Int4Linear, True),
+    "W4A16_ASYM": (32, None, Int4Linear, False),
+    "W8A16": (32, None, Int8Linear, True),
+    "W8A16-channel": (None, "channel", Int8Linear, False),
+    "W8A8": (None, None, W8A8Linear, False),
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tokenizer, tmp_path_factory):
+    return build_tiny_model("llama", str(tmp_path_factory.mktemp("tiny") / "llama"), tokenizer)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tiny_llama, tmp_path_factory):
+    out = tmp_path_factory.mktemp("compressed")
+    made = {}
+    for name, (group_size, strategy, _, _) in SCHEMES.items():
+        made[name] = compressed_tensors_checkpoint(tiny_llama, name.split("-")[0],
+                                                   str(out / name), group_size, strategy)
+    return made
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_every_quantized_weight_decodes_to_its_twin(checkpoints, name):
+    checkpoint, twin = checkpoints[name]
+    with open(os.path.join(checkpoint, "config.json")) as f:
+        reader = CompressedTensorsFormat(json.load(f)["quantization_config"])
+    stored, dense = load_file(f"{checkpoint}/model.safetensors"), load_file(f"{twin}/model.safetensors")
+    modules = reader.quantized_modules(set(stored))
+    assert len(modules) == 2 * 7
+    for module in modules:
+        parts = {p: stored[f"{module}.{p}"] for p in reader.tensor_parts() if f"{module}.{p}" in stored}
+        weight = reader.decode(module, parts).dequantize()
+        assert torch.allclose(weight, dense[f"{module}.weight"], rtol=1e-6, atol=0), module
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_engine_is_close_to_transformers(checkpoints, tokenizer, name):
+    checkpoint, twin = checkpoints[name]
+    _, _, linear, loads_packed = SCHEMES[name]
+    _assert_close_to_transformers(checkpoint if loads_packed else twin, checkpoint, tokenizer,
+                                  linear, activations_int8=name == "W8A8")
+
+
+def test_embedded_model_w4a16_is_close_to_transformers(embedded_folder, tokenizer, tmp_path):
+    """The embedded model (576 features: groups of 64) as llmcompressor's W4A16 would write it,
+    loaded by transformers itself as the reference."""
+    checkpoint, _ = compressed_tensors_checkpoint(embedded_folder, "W4A16", str(tmp_path), 64)
+    _assert_close_to_transformers(checkpoint, checkpoint, tokenizer, Int4Linear)
+
+
+def _assert_close_to_transformers(reference_folder, checkpoint, tokenizer, linear,
+                                  activations_int8=False):
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(reference_folder, dtype=torch.float32).eval()
+    if activations_int8:
+        quantize_activations_per_token(reference)
+    system = passage_token_ids(tokenizer, 40)
+    prompts = [system + passage_token_ids(tokenizer, n, offset=50 + 9 * i)
+               for i, n in enumerate([4, 30])] + [passage_token_ids(tokenizer, 7, offset=3)]
+    expected = [hf_greedy_top_logprobs(reference, p, 12, TOP_K) for p in prompts]
+    llm = LLM(model=checkpoint, dtype="float32", num_kv_blocks=64, enable_prefix_caching=True)
+    assert llm.engine.config.quantization == "compressed-tensors"  # read from config.json
+    model = llm.engine.core.executor.runner.model
+    assert type(model.layers[0].self_attn.qkv_proj) is linear
+    assert type(model.layers[-1].mlp.down_proj) is linear
+    assert_close_with_cached_prefix(llm, prompts, expected, 12, TOP_K)
+    llm.shutdown()
+
+
+def test_tensor_parallel_cuts_quantized_weights_along_their_groups(tokenizer, tmp_path):
+    """Two ranks: q/k/v and gate/up rows split, o_proj and down_proj split by whole groups
+    of 32 input features; greedy output equals the one-rank engine's, token for token."""
+    from transformers import AutoModelForCausalLM
+
+    folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
+    checkpoint, twin = compressed_tensors_checkpoint(folder, "W4A16", str(tmp_path), 32)
+    reference = AutoModelForCausalLM.from_pretrained(twin, dtype=torch.float32).eval()
+    prompts = [passage_token_ids(tokenizer, n, offset=7 * i) for i, n in enumerate([5, 30])]
+    expected = [hf_greedy_top_logprobs(reference, p, 16, TOP_K) for p in prompts]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=TOP_K)
+    tokens = {}
+    for size in (1, 2):
+        llm = LLM(model=checkpoint, dtype="float32", num_kv_blocks=64, tensor_parallel_size=size)
+        try:
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+        finally:
+            llm.shutdown()
+        tokens[size] = [o.outputs[0].token_ids for o in outputs]
+        for out, (ref_tokens, tops) in zip(outputs, expected):
+            completion = out.outputs[0]
+            assert_greedy_close(completion.token_ids, engine_top_logprobs(completion),
+                                ref_tokens, tops)
+    assert tokens[1] == tokens[2]
+
+
+def test_a_group_cut_by_tensor_parallelism_is_refused(tokenizer, tmp_path):
+    folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
+    checkpoint, _ = compressed_tensors_checkpoint(folder, "W4A16", str(tmp_path), 64)
+    with pytest.raises(Exception, match="inside its groups of 64"):
+        LLM(model=checkpoint, dtype="float32", num_kv_blocks=16, tensor_parallel_size=2)
+
+
+def test_settings_that_contradict_the_checkpoint_are_refused(checkpoints):
+    checkpoint, _ = checkpoints["W4A16"]
+    with pytest.raises(ValueError, match="quantization='gptq' does not match"):
+        EngineConfig(model=checkpoint, quantization="gptq")
+    with pytest.raises(ValueError, match="cannot run with batch_invariant"):
+        EngineConfig(model=checkpoint, batch_invariant=True)
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        EngineConfig(quantization="squeezellm")
+
+
+def test_unserved_variants_are_refused_naming_the_module(checkpoints):
+    checkpoint, _ = checkpoints["W4A16"]
+    with open(os.path.join(checkpoint, "config.json")) as f:
+        config = json.load(f)["quantization_config"]
+    stored = load_file(f"{checkpoint}/model.safetensors")
+    module = "model.layers.0.mlp.up_proj"
+    parts = {p: stored[f"{module}.{p}"] for p in ("weight_packed", "weight_scale", "weight_shape")}
+    with pytest.raises(ValueError, match=f"{module}: act-order"):
+        CompressedTensorsFormat(config).decode(module, {**parts, "weight_g_idx": torch.zeros(1)})
+    config["config_groups"]["group_0"]["input_activations"] = {
+        "dynamic": False, "strategy": "tensor", "num_bits": 8}
+    with pytest.raises(ValueError, match=f"{module}: input activations"):
+        CompressedTensorsFormat(config).decode(module, parts)
+    with pytest.raises(ValueError, match="format 'float-quantized' is not served"):
+        CompressedTensorsFormat({**config, "config_groups": {"g": {
+            "format": "float-quantized", "targets": ["Linear"]}}})

@@ -1,0 +1,150 @@
+"""GGUF tensor types beyond Q4_0/Q4_1: Q8_0, Q4_K and Q6_K served quantized, exactly (decoded
+blocks equal ``gguf.quants.dequantize``), the 5-bit types dense; q/k rows back in Hugging Face
+order whatever the type; an engine on a GGUF file mixing Q8_0, Q4_K, Q6_K, Q4_1 and Q5_0
+projections stays greedy-close to transformers reading the same file."""
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from paged_core import LLM, SamplingParams
+from paged_core.models.embedded_model import converted_folder_for, embedded_gguf_path
+from paged_core.quantization.gguf_weights import decode, gguf_weights, log_served
+from paged_core.quantization.int4_linear import Int4Linear, Int4Weight
+from paged_core.quantization.int8_linear import Int8Linear, Int8Weight
+from paged_core.quantization.projections import ConcatLinear
+
+from ..reference import assert_greedy_close, engine_top_logprobs, hf_greedy_top_logprobs, \
+    passage_token_ids
+from .gguf_blocks import quantize, requantized_copy
+
+# type -> (weight, group size)
+QUANTIZED = {"Q4_0": (Int4Weight, 32), "Q4_1": (Int4Weight, 32), "Q8_0": (Int8Weight, 32),
+             "Q4_K": (Int4Weight, 32), "Q6_K": (Int8Weight, 16)}
+
+
+def _dequantized(raw: np.ndarray, kind: str) -> torch.Tensor:
+    from gguf import GGMLQuantizationType, quants
+    return torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType[kind]))
+
+
+@pytest.mark.parametrize("kind", sorted(QUANTIZED))
+def test_blocks_written_by_gguf_decode_to_what_gguf_dequantizes(kind):
+    data = np.random.default_rng(0).standard_normal((8, 512)).astype(np.float32)
+    raw = quantize(data, kind)
+    weight = decode(raw, 8, 512, kind)
+    assert (type(weight), weight.group_size) == QUANTIZED[kind]
+    assert torch.equal(weight.dequantize(), _dequantized(raw, kind))
+
+
+def test_any_q6_k_bytes_decode_to_what_gguf_dequantizes():
+    """Every bit of ``ql`` / ``qh`` and negative int8 scales, which the writer never makes."""
+    raw = np.random.default_rng(3).integers(0, 256, (4, 2, 210), dtype=np.uint8)
+    raw[..., 208:210] = np.float16(0.01).reshape(1).view(np.uint8)  # a finite d
+    weight = decode(raw.reshape(4, -1), 4, 512, "Q6_K")
+    assert (weight.scales < 0).any() and weight.q.min() == -32 and weight.q.max() == 31
+    assert torch.equal(weight.dequantize(), _dequantized(raw.reshape(4, -1), "Q6_K"))
+
+
+# the largest and mean error of the test writers' K-quant blocks on standard normal weights
+@pytest.mark.parametrize("kind, largest, mean", [
+    ("Q4_K", 0.35, 0.1),  # 16 levels over a ~6-sigma range
+    ("Q6_K", 0.08, 0.025),  # 64 levels over twice a sub-block of 16's largest magnitude
+])
+def test_k_quant_writers_are_close_to_their_input(kind, largest, mean):
+    data = np.random.default_rng(1).standard_normal((4, 256)).astype(np.float32)
+    error = (_dequantized(quantize(data, kind), kind) - torch.from_numpy(data)).abs()
+    assert error.max() < largest and error.mean() < mean
+
+
+@pytest.mark.parametrize("kind", ["Q5_0", "Q5_1", "Q5_K", "F16"])
+def test_types_that_fit_no_kernel_group_are_left_dense(kind):
+    assert decode(np.zeros((4, 256), np.uint8), 4, 256, kind) is None
+
+
+def _permute(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's rotary interleave of q/k rows (``convert_hf_to_gguf.py``'s ``permute``)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, -1).swapaxes(1, 2).reshape(w.shape)
+
+
+@pytest.mark.parametrize("kind", sorted(QUANTIZED))
+def test_q_and_k_rows_come_back_in_hugging_face_order_for_every_type(tmp_path, kind):
+    import gguf
+
+    rng, heads = np.random.default_rng(2), {"attn_q": 4, "attn_k": 2}
+    hf = {name: torch.from_numpy(rng.standard_normal((16 * n, 256)).astype(np.float32))
+          for name, n in heads.items()}
+    path = str(tmp_path / "tiny.gguf")
+    writer = gguf.GGUFWriter(path, "llama")
+    raws = {}
+    for name, w in hf.items():
+        raws[name] = quantize(_permute(w, heads[name]).numpy(), kind)
+        writer.add_tensor(f"blk.0.{name}.weight", raws[name],
+                          raw_dtype=gguf.GGMLQuantizationType[kind])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    weights = gguf_weights(path, num_heads=4, num_kv_heads=2)
+    for name, module in (("attn_q", "q_proj"), ("attn_k", "k_proj")):
+        ours = weights[f"model.layers.0.self_attn.{module}"].dequantize()
+        assert torch.equal(_permute(ours, heads[name]), _dequantized(raws[name], kind))
+    assert f"{kind} 0 quantized / 2 dense" in log_served(path, set())
+
+
+def _kinds(num_layers: int = 30) -> dict[str, str]:
+    """Down projections (the only input width, 1536, that is whole super-blocks of 256) Q6_K
+    in every third layer from 0, as llama.cpp's Q4_K_M gives some of them more bits, Q4_K in
+    the others; even layers all-Q8_0 attention; odd layers Q8_0 q beside Q4_1 k/v (one linear
+    per kind) and Q8_0 gate beside Q4_1 up; layer 1's v Q5_0, so its q/k/v is served dense."""
+    kinds = {}
+    for i in range(num_layers):
+        kinds[f"blk.{i}.ffn_down.weight"] = "Q6_K" if i % 3 == 0 else "Q4_K"
+        names = ("attn_q", "attn_k", "attn_v", "attn_output") if i % 2 == 0 \
+            else ("attn_q", "ffn_gate")
+        kinds.update({f"blk.{i}.{n}.weight": "Q8_0" for n in names})
+    kinds["blk.1.attn_v.weight"] = "Q5_0"
+    return kinds
+
+
+@pytest.fixture(scope="module")
+def mixed_gguf(tmp_path_factory):
+    """The requantized file, with the conversion cache in a fresh folder."""
+    folder = tmp_path_factory.mktemp("mixed")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PAGED_CORE_CACHE_DIR", str(folder / "cache"))
+        path = str(folder / "SmolLM2-mixed.gguf")
+        requantized_copy(embedded_gguf_path(), path, _kinds())
+        converted_folder_for(path)
+        yield path
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_mixed_gguf_engine_is_close_to_transformers(mixed_gguf, tokenizer, dtype, caplog):
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(
+        converted_folder_for(mixed_gguf), dtype=getattr(torch, dtype)).eval()
+    prompts = [passage_token_ids(tokenizer, n, offset=7 * i) for i, n in enumerate([5, 40, 17])]
+    expected = [hf_greedy_top_logprobs(reference, p, 16, 5) for p in prompts]
+    with caplog.at_level(logging.INFO, logger="paged_core.quantization.gguf_weights"):
+        llm = LLM(model=mixed_gguf, dtype=dtype, quantization="gguf", num_kv_blocks=64)
+    assert "Q4_K 20 quantized / 0 dense" in caplog.text
+    assert "Q6_K 10 quantized / 0 dense" in caplog.text
+    assert "Q5_0 0 quantized / 1 dense" in caplog.text
+    # layer 1's q (Q8_0) and k (Q4_1) are served dense with its Q5_0 v
+    assert "Q8_0 89 quantized / 1 dense" in caplog.text
+    assert "Q4_1 88 quantized / 1 dense" in caplog.text
+    layers = llm.engine.core.executor.runner.model.layers
+    assert type(layers[0].self_attn.qkv_proj) is Int8Linear
+    assert type(layers[0].mlp.down_proj) is Int8Linear  # Q6_K: groups of 16
+    assert layers[0].mlp.down_proj.group_size == 16
+    assert type(layers[1].mlp.down_proj) is Int4Linear  # Q4_K
+    assert type(layers[3].self_attn.qkv_proj) is ConcatLinear
+    assert not isinstance(layers[1].self_attn.qkv_proj, (Int8Linear, Int4Linear, ConcatLinear))
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=5)
+    for out, (tokens, tops) in zip(llm.generate(prompts, params, use_tqdm=False), expected):
+        completion = out.outputs[0]
+        assert_greedy_close(completion.token_ids, engine_top_logprobs(completion), tokens, tops)
+    llm.shutdown()

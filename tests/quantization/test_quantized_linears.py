@@ -1,0 +1,100 @@
+"""The weight-only quantized linears: the C++ kernels of every CPU level this machine runs,
+the many-rows dense path and the plain-torch path all equal the product with the
+dequantized weight; W8A8 equals its integer arithmetic done in float64."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from paged_core.quantization.int4_linear import Int4Linear, Int4Weight, pack_nibbles, \
+    unpack_nibbles
+from paged_core.quantization.int8_linear import Int8Linear, Int8Weight
+from paged_core.quantization.projections import ConcatLinear, quantized_linear
+from paged_core.quantization.quantized_linear import DENSE_ROWS_SETTING
+from paged_core.quantization.w8a8_linear import W8A8Linear
+
+
+def int4_weight(out, width, group_size, gen):
+    q = torch.randint(0, 16, (out, width), generator=gen, dtype=torch.uint8)
+    scales = torch.rand(out, width // group_size, generator=gen) * 0.02
+    zeros = torch.randn(out, width // group_size, generator=gen) * 0.01
+    return Int4Weight(q, scales, zeros, group_size)
+
+
+def int8_weight(out, width, group_size, gen):
+    q = torch.randint(-128, 128, (out, width), generator=gen, dtype=torch.int8)
+    return Int8Weight(q, torch.rand(out, width // group_size, generator=gen) * 0.01, group_size)
+
+
+def test_nibbles_pack_and_unpack_exactly():
+    q = torch.randint(0, 16, (6, 128), generator=torch.Generator().manual_seed(0),
+                      dtype=torch.uint8)
+    packed = pack_nibbles(q, 32)
+    assert packed.shape == (6, 64) and torch.equal(unpack_nibbles(packed, 32), q)
+    assert packed[0, 0] == q[0, 0] | (q[0, 16] << 4)  # feature j and j + 16 of group 0
+
+
+# out 40: not a multiple of the threads' row split; groups of 16 (GGUF Q6_K), 32, 64, one per
+# channel; rows below and past the dense threshold; float32 and bfloat16 inputs
+@pytest.mark.parametrize("kind,group_size", [("int4", 32), ("int4", 64), ("int4", 16),
+                                             ("int8", 16), ("int8", 32), ("int8", 128)])
+@pytest.mark.parametrize("rows", [1, 3, 5, 9])
+def test_kernels_equal_the_dequantized_product(cpu_isa, monkeypatch, kind, group_size, rows):
+    gen = torch.Generator().manual_seed(rows)
+    make, linear = (int4_weight, Int4Linear) if kind == "int4" else (int8_weight, Int8Linear)
+    weight = make(40, 128, group_size, gen)
+    x = torch.randn(rows, 128, generator=gen)
+    expected = F.linear(x, weight.dequantize())
+    layer = linear(weight, False, torch.float32)
+    assert layer.kernels is not None  # the C++ kernels of this level
+    torch.testing.assert_close(layer(x), expected, atol=1e-4, rtol=1e-4)
+    monkeypatch.setenv(DENSE_ROWS_SETTING, str(rows))  # the many-rows path, same rows
+    dense = linear(weight, False, torch.float32)
+    assert torch.equal(dense.dequantized_weight(), weight.dequantize())
+    torch.testing.assert_close(dense(x), expected, atol=1e-5, rtol=1e-5)
+    bf16 = linear(weight, False, torch.bfloat16)
+    out = bf16(x.bfloat16())
+    assert out.dtype is torch.bfloat16
+    expected = F.linear(x.bfloat16().float(), weight.dequantize())
+    assert (out.float() - expected).abs().max() <= 1e-2 * expected.abs().max()  # bf16 rounding
+
+
+def test_without_the_cpp_kernels_every_call_is_dense():
+    gen = torch.Generator().manual_seed(0)
+    weight = int4_weight(8, 64, 32, gen)
+    layer = Int4Linear(weight, True, torch.float32)
+    layer.kernels = None  # as on a machine where the extension does not build
+    layer.bias.data.normal_(generator=gen)
+    x = torch.randn(2, 64, generator=gen)
+    torch.testing.assert_close(layer(x), F.linear(x, weight.dequantize(), layer.bias))
+
+
+def test_w8a8_is_the_integer_product_of_per_token_levels():
+    gen = torch.Generator().manual_seed(0)
+    weight = int8_weight(24, 64, 64, gen)
+    weight.activations_int8 = True
+    x = torch.randn(5, 64, generator=gen)
+    x[2] = 0  # a zero row: scale 1, levels 0
+    layer = quantized_linear([weight], False, torch.float32)
+    assert type(layer) is W8A8Linear
+    scale = (x.abs().amax(1, keepdim=True) / 127).double()
+    scale[2] = 1
+    levels = torch.round(x.double() / scale).clamp(-128, 127)
+    expected = (levels @ weight.q.double().T) * scale * weight.scales[:, 0].double()
+    torch.testing.assert_close(layer(x).double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_parts_of_different_kinds_run_side_by_side():
+    gen = torch.Generator().manual_seed(0)
+    parts = [int4_weight(16, 64, 32, gen), int8_weight(8, 64, 16, gen)]
+    layer = quantized_linear(parts, True, torch.float32)
+    assert type(layer) is ConcatLinear
+    layer.bias.data.normal_(generator=gen)
+    x = torch.randn(3, 64, generator=gen)
+    dense = torch.cat([p.dequantize() for p in parts])
+    torch.testing.assert_close(layer(x), F.linear(x, dense, layer.bias), atol=1e-4, rtol=1e-4)
+
+
+def test_group_sizes_the_kernels_cannot_take_are_refused():
+    gen = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        Int4Linear(int4_weight(8, 96, 24, gen), False, torch.float32)
