@@ -82,7 +82,7 @@ def quantized_linear(parts: list[QuantizedWeight], has_bias: bool, dtype: torch.
     if isinstance(weight, Int4Weight):
         return Int4Linear(weight, has_bias, dtype, dense_dtype)
     if weight.activations_int8:
-        return W8A8Linear(weight, has_bias, dtype)
+        return W8A8Linear(weight, has_bias, dtype, dense_dtype)
     return Int8Linear(weight, has_bias, dtype, dense_dtype)
 
 

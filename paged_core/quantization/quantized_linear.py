@@ -24,9 +24,9 @@ from torch import nn
 from ..cpu.extension import cpu_extension_available, cpu_ops
 from ..cpu.isa import selected_cpu_isa
 
-# Rows from which one dequantization per call beats the per-row kernels (measured on a
-# 2-core AVX2 EPYC: the kernel's time grows with the rows, a dense GEMM's far slower);
-# overridable for tests and tuning
+# Rows from which one dequantization per call beats the kernels (default 24: between 16 and
+# 32 rows on a 2-core AVX2 EPYC, where the kernels' time grows with the rows and a dense
+# GEMM's much slower); overridable for tuning and tests
 DENSE_ROWS_SETTING = "PAGED_CORE_QUANTIZED_DENSE_ROWS"
 
 
@@ -40,7 +40,7 @@ class QuantizedLinear(nn.Module):
         self.out_features, self.in_features = out_features, in_features
         self.dtype = dtype
         self.dense_dtype = dense_dtype or dtype
-        self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING, "128"))
+        self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING, "24"))
         level = selected_cpu_isa()
         self.kernels = cpu_ops(level) if cpu_extension_available(level) else None
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype),
@@ -55,12 +55,14 @@ class QuantizedLinear(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
-        if self.kernels is None or rows.shape[0] >= self.dense_rows:
-            weight = self.dequantized_weight().to(self.dense_dtype)
-            y = F.linear(rows.to(self.dense_dtype), weight).to(x.dtype)
-        else:
-            y = self.quantized_product(rows.float().contiguous()).to(x.dtype)
+        y = self.product(x.reshape(-1, self.in_features)).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
+
+    def product(self, rows: torch.Tensor) -> torch.Tensor:
+        """``rows @ W.T`` (no bias), by the kernel or, for many rows, densely."""
+        if self.kernels is None or rows.shape[0] >= self.dense_rows:
+            weight = self.dequantized_weight().to(self.dense_dtype)
+            return F.linear(rows.to(self.dense_dtype), weight)
+        return self.quantized_product(rows.float().contiguous())
