@@ -17,7 +17,7 @@ from paged_core.quantization.int4_linear import Int4Linear
 from paged_core.quantization.int8_linear import Int8Linear
 from paged_core.quantization.w8a8_linear import W8A8Linear
 
-from ..quantized_checkpoints import quantize_activations_per_token
+from ..w8a8_reference import quantize_activations_per_token
 from ..reference import assert_close_with_cached_prefix, assert_greedy_close, \
     engine_top_logprobs, hf_greedy_top_logprobs, passage_token_ids
 from ..tiny_models import build_tiny_model
