@@ -44,8 +44,16 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _tiles(is_decode: bool, group_pad: int, dim_pad: int, elem_size: int) -> tuple[int, int]:
-    """``(BLOCK_M, TILE_N)``, both >= 16 so ``tl.dot`` shapes are valid on GPU.
+# Launch shape of prefill programs, ``(BLOCK_M, TILE_N, num_warps, num_stages)`` for 16-bit
+# dtypes with head_dim <= 128; ``None``: the defaults of ``_launch``. The GPU suite
+# (``benchmarks/gpu_suite.py``) sets it to time candidate shapes.
+PREFILL_SHAPE_OVERRIDE: tuple[int, int, int, int] | None = None
+
+
+def _launch(is_decode: bool, group_pad: int, dim_pad: int,
+            elem_size: int) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, TILE_N, num_warps, num_stages)``; tiles >= 16 so ``tl.dot`` shapes are
+    valid on GPU.
 
     Sized so that, compiled for sm_90 with 4 warps, the usual shapes (16-bit
     dtypes, head_dim <= 256) need no register spills; K/V rows of ``row_bytes``
@@ -53,9 +61,12 @@ def _tiles(is_decode: bool, group_pad: int, dim_pad: int, elem_size: int) -> tup
     """
     row_bytes = dim_pad * elem_size
     if is_decode:
-        return max(16, group_pad), (64 if row_bytes <= 256 else 32)
+        return max(16, group_pad), (64 if row_bytes <= 256 else 32), 4, 3
+    if PREFILL_SHAPE_OVERRIDE is not None and elem_size == 2 and dim_pad <= 128:
+        block_m, tile_n, warps, stages = PREFILL_SHAPE_OVERRIDE
+        return max(block_m, group_pad), tile_n, warps, stages
     block_m = 64 if elem_size == 2 and dim_pad <= 128 else 32
-    return max(block_m, group_pad), (64 if row_bytes <= 128 else 32)
+    return max(block_m, group_pad), (64 if row_bytes <= 128 else 32), 4, 3
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -110,7 +121,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     group = num_heads // kv_heads
     group_pad, dim_pad = next_pow2(group), next_pow2(head_dim, 16)
     is_decode = (max_query_len if max_query_len is not None else num_tokens - num_seqs + 1) <= 1
-    block_m, tile_n = _tiles(is_decode, group_pad, dim_pad, q.element_size())
+    block_m, tile_n, num_warps, num_stages = _launch(is_decode, group_pad, dim_pad,
+                                                     q.element_size())
     block_q = block_m // group_pad
     if num_splits is None:
         work = max(num_seqs, triton.cdiv(num_tokens, block_q)) * kv_heads
@@ -149,7 +161,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         UPCAST=interpreting() and q.dtype == torch.bfloat16,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         ROW=k_cache.shape[-1], KV_CODE=kv_code, FP8_MBITS=fp8_mbits, FP8_BIAS=fp8_bias,
-        num_warps=4)
+        num_warps=num_warps, num_stages=num_stages)
     if split:
         merge_splits_kernel[(num_tokens, num_heads)](
             partial, lse, out, query_start_loc, num_seqs, num_splits,

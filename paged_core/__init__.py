@@ -24,6 +24,7 @@ from .serving.engine_client import EngineClient
 from .exceptions import (EngineDeadError, EngineOverloadedError, ParamValidationError,
                          RequestFailedError, RequestTimeoutError)
 from .llm import LLM
+from .lora.request import LoRARequest
 from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from .sampling_params import SamplingParams
 from .structured_outputs import StructuredOutputsParams
@@ -33,5 +34,6 @@ __all__ = [
     "StructuredOutputsParams", "EngineDeadError", "EngineOverloadedError", "ParamValidationError",
     "RequestFailedError", "RequestTimeoutError", "RequestOutput", "CompletionOutput", "Logprob",
     "RequestMetrics", "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence", "EngineStats",
+    "LoRARequest",
 ]
 __version__ = "0.1.0"

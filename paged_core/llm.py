@@ -13,6 +13,7 @@ from .core.engine_stats import EngineStats
 from .engine.llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .frontend.prompts import PromptInput, is_single_prompt
+from .lora.request import LoRARequest
 from .sampling_params import SamplingParams
 
 
@@ -45,6 +46,18 @@ class LLM:
         """The engine's ``EngineStats`` (typed; also readable as a flat mapping of numbers)."""
         return self.engine.stats()
 
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Register a PEFT adapter (checked against the model now); True if it is new."""
+        return self.engine.add_lora(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Forget adapter ``lora_id``; False if unknown or a request still uses it."""
+        return self.engine.remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        """The ids of the registered adapters."""
+        return self.engine.list_loras()
+
     def reset_prefix_cache(self) -> None:
         """Forget every prefix-cached block that no request holds (as vLLM's ``LLM`` does).
 
@@ -55,8 +68,12 @@ class LLM:
 
     def generate(self, prompts: PromptInput | Sequence[PromptInput],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate for every prompt; outputs come back in the prompts' order.
+                 use_tqdm: bool = True,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
+                 ) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in the prompts' order. Under
+        ``enable_lora``, ``lora_request`` runs every prompt (or, a list, each prompt) under
+        that PEFT adapter (``None``: the base model).
 
         A request that failed inside the engine comes back with ``error`` set
         (a ``RequestFailedError``) and no ``outputs``; the others are unaffected.
@@ -69,7 +86,14 @@ class LLM:
             if len(params_list) != len(prompt_list):
                 raise ValueError(f"got {len(params_list)} sampling_params for "
                                  f"{len(prompt_list)} prompts; give one, or one per prompt")
-        return self._generate(prompt_list, params_list, use_tqdm)
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            loras = [lora_request] * len(prompt_list)
+        else:
+            loras = list(lora_request)
+            if len(loras) != len(prompt_list):
+                raise ValueError(f"got {len(loras)} lora_request for {len(prompt_list)} "
+                                 f"prompts; give one, or one per prompt")
+        return self._generate(prompt_list, params_list, use_tqdm, loras)
 
     def beam_search(self, prompts: PromptInput | Sequence[PromptInput], params: BeamSearchParams,
                     use_tqdm: bool = False) -> list[BeamSearchOutput]:
@@ -86,10 +110,12 @@ class LLM:
 
     def _generate(self, prompt_list: list[PromptInput],
                   params_list: list[SamplingParams | BeamSearchParams],
-                  use_tqdm: bool) -> list[RequestOutput]:
+                  use_tqdm: bool, loras: list[LoRARequest | None] | None = None
+                  ) -> list[RequestOutput]:
         engine = self.engine
-        requests = [engine.make_request(f"llm-{next(self._ids)}", p, sp)
-                    for p, sp in zip(prompt_list, params_list)]
+        loras = loras or [None] * len(prompt_list)
+        requests = [engine.make_request(f"llm-{next(self._ids)}", p, sp, lora_request=lora)
+                    for p, sp, lora in zip(prompt_list, params_list, loras)]
         for request in requests:
             engine.add_request(request)
         finished: dict[str, RequestOutput] = {}

@@ -61,7 +61,10 @@ def quantize(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Rows ``x`` ``[..., head_dim]`` (any float dtype) as cache rows ``[..., head_dim + 4]``
     of quantized ``dtype`` (see the module doc)."""
     x = x.float()
-    scale = x.abs().amax(dim=-1, keepdim=True) / max_code(dtype)
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    # Divide by a tensor, not a Python number: CUDA's division by a host scalar multiplies by
+    # its reciprocal (1 ulp off at times), so the scales' bits would depend on the device.
+    scale = amax / torch.full_like(amax, max_code(dtype))
     codes = x / torch.where(scale > 0, scale, 1.0)
     if dtype == torch.int8:
         codes = codes.round_().clamp_(-127, 127)

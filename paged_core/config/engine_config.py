@@ -1,7 +1,7 @@
 """``EngineConfig``: every setting of an engine under its flat name, made of typed parts.
 
 Each part owns its settings, their defaults and their checks: ``ModelConfig``,
-``CacheConfig``, ``SchedulerConfig``, ``ParallelConfig``, ``ServingConfig``, plus
+``CacheConfig``, ``SchedulerConfig``, ``ParallelConfig``, ``ServingConfig``, ``LoRAConfig``, plus
 ``speculative_config`` (a ``SpeculativeConfig``). ``EngineConfig`` inherits every part, so
 users keep one flat set of names (``EngineConfig(max_num_seqs=8)``, ``LLM(max_num_seqs=8)``,
 ``PAGED_CORE_MAX_NUM_SEQS=8``, ``--max-num-seqs 8``), and a component that needs one part
@@ -18,19 +18,21 @@ from typing import Any, Mapping
 from ..kv_events.config import KVEventsConfig
 from ..spec_decode.config import SpeculativeConfig
 from .cache_config import CacheConfig
+from .lora_config import LoRAConfig
 from .model_config import ModelConfig
 from .parallel_config import ParallelConfig
 from .scheduler_config import SchedulerConfig
 from .serving_config import ServingConfig
 from .setting_values import parse_setting
 
-_PARTS = (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, ServingConfig)
+_PARTS = (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, ServingConfig, LoRAConfig)
 
 
 # Bases listed last part first: a dataclass takes its bases' fields from the last base on,
 # so the fields run in _PARTS order (``model`` first).
 @dataclass
-class EngineConfig(ServingConfig, ParallelConfig, SchedulerConfig, CacheConfig, ModelConfig):
+class EngineConfig(LoRAConfig, ServingConfig, ParallelConfig, SchedulerConfig, CacheConfig,
+                   ModelConfig):
     """Everything needed to build an engine: the fields of every part (see each part's
     docstring) and ``speculative_config``, which turns on speculative decoding with vLLM's
     dict (``{"method": "ngram", "num_speculative_tokens": 4, ...}`` or ``{"model":

@@ -30,6 +30,11 @@ class ModelConfig:
     ``None`` it is read from the checkpoint (``quantization.checkpoint_format``): a quantized
     folder or a ``.gguf`` file is served quantized, the embedded model dense; a value that
     contradicts the checkpoint is refused.
+
+    ``enforce_eager`` (vLLM's name) runs every step eagerly; by default decode steps replay
+    CUDA graphs on a single CUDA device (``executor.cuda_graphs``: a Llama-3.2-1B-shaped model
+    decodes one sequence in 2.8 ms a step instead of 20 on an H200); MoE models, tensor
+    parallelism and the CPU always run eagerly.
     """
 
     model: str | None = None
@@ -42,12 +47,15 @@ class ModelConfig:
     seed: int = 0
     batch_invariant: bool = field(default_factory=lambda: env_flag("batch_invariant"))
     quantization: str | None = None
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         check_choice("dtype", self.dtype, _DTYPES)
         check_choice("attention_backend", self.attention_backend, _ATTENTION_BACKENDS)
         if self.max_model_len is not None:
             check_positive("max_model_len", self.max_model_len)
+        if not isinstance(self.enforce_eager, bool):
+            raise ValueError(f"enforce_eager must be true or false, got {self.enforce_eager!r}")
         if not isinstance(self.batch_invariant, bool):
             raise ValueError(f"batch_invariant must be true or false, got {self.batch_invariant!r}")
         if self.model is not None and not os.path.exists(self.model):

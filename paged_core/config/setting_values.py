@@ -56,10 +56,11 @@ def check_choice(name: str, value: Any, choices: tuple) -> None:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
 
 
-def env_flag(name: str) -> bool:
-    """The boolean setting ``PAGED_CORE_<NAME>`` from the environment (unset or empty: False)."""
+def env_flag(name: str, default: bool = False) -> bool:
+    """The boolean setting ``PAGED_CORE_<NAME>`` from the environment (unset or empty:
+    ``default``)."""
     raw = os.environ.get(f"PAGED_CORE_{name.upper()}", "")
-    return raw != "" and parse_setting(name, bool, raw)
+    return default if raw == "" else parse_setting(name, bool, raw)
 
 
 def parse_setting(name: str, hint: Any, raw: str) -> Any:

@@ -37,12 +37,16 @@ outside both limits: it costs a step about what one decode does, and on an
 overloaded machine many slow streams of short chat turns beat a few fast ones
 while everyone else waits. A long prompt starts only under the cap (one sequence at
 least runs, so the queue always drains).
+
+With LoRA on, a waiting sequence starts only once its adapter holds a device slot
+(``lora_slots``); until one frees, it and those behind it wait.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from .kv_cache_manager import KVCacheManager
+from .lora_slots import LoRASlotTable
 from .sequence import Sequence, SequenceStatus
 from .waiting_queue import WaitingQueue
 
@@ -91,7 +95,7 @@ class Scheduler:
     def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int,
                  max_num_batched_tokens: int, long_prefill_token_threshold: int = 0,
                  max_num_partial_prefills: int = 0, policy: str = "fcfs",
-                 tenant_fairness: bool = False) -> None:
+                 tenant_fairness: bool = False, lora_slots: LoRASlotTable | None = None) -> None:
         self.kv = kv_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -101,6 +105,7 @@ class Scheduler:
         self.waiting = WaitingQueue(policy, tenant_fairness)
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.lora_slots = lora_slots  # None: LoRA off (every sequence runs the base model)
 
     @property
     def has_unfinished(self) -> bool:
@@ -189,6 +194,8 @@ class Scheduler:
             prompt_left = uncomputed - num_cached_tokens
             if len(self.running) >= self._max_running(step_budget, short):
                 break
+            if not self._lora_resident(seq):
+                break
             num_new = min(prompt_left, budget)
             if limits is not None:
                 untimed = short and len(self.running) < MIN_RUNNING_UNDER_LATENCY_TARGET
@@ -203,6 +210,12 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append(ScheduledSequence(seq, num_new))
             budget -= num_new
+
+    def _lora_resident(self, seq: Sequence) -> bool:
+        """Whether ``seq``'s LoRA adapter has (or now takes) a slot (``lora_slots``)."""
+        if self.lora_slots is None:
+            return True
+        return self.lora_slots.admit(seq.lora_id, {s.lora_id for s in self.running})
 
     def _victim(self) -> Sequence:
         """The running sequence to preempt: the newest (FCFS), or the newest of the lowest

@@ -32,7 +32,8 @@ class Sequence:
     """One stream of tokens: the prompt followed by what was generated for it."""
 
     def __init__(self, seq_id: int, request: SequenceOwner, token_ids: list[int],
-                 num_prompt_tokens: int, sample_index: int, cache_salt: str | None = None) -> None:
+                 num_prompt_tokens: int, sample_index: int, cache_salt: str | None = None,
+                 lora_id: int | None = None) -> None:
         self.seq_id = seq_id
         self.request = request
         self.token_ids = token_ids
@@ -46,6 +47,7 @@ class Sequence:
         # Hashes of this sequence's full blocks (chained from ``block_hash_salt``); extended as
         # it grows.
         self.cache_salt = cache_salt
+        self.lora_id = lora_id  # the LoRA adapter it runs under (None: the base model)
         self.block_hashes: list[bytes] = []
         # LongRoPE: its keys are (to be) rotated with the long factors (set by the engine core)
         self.rotated_long = False
@@ -67,9 +69,11 @@ class Sequence:
     @property
     def block_hash_salt(self) -> str | None:
         """What its block hashes chain from: its request's ``cache_salt``, marked when its keys
-        are rotated with LongRoPE's long factors (they are then shared only with others so
-        rotated)."""
-        return json.dumps([self.cache_salt, "long-rope"]) if self.rotated_long else self.cache_salt
+        are rotated with LongRoPE's long factors and with its LoRA adapter (its blocks are then
+        shared only with sequences alike)."""
+        marks = (["long-rope"] if self.rotated_long else []) + \
+            ([f"lora:{self.lora_id}"] if self.lora_id is not None else [])
+        return json.dumps([self.cache_salt, *marks]) if marks else self.cache_salt
 
     @property
     def is_finished(self) -> bool:

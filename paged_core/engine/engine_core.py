@@ -28,12 +28,14 @@ from ..config import EngineConfig
 from ..core.engine_stats import EngineStats
 from ..core.group_decision import GroupDecision, SequenceGroup
 from ..core.kv_cache_manager import KVCacheManager
+from ..core.lora_slots import LoRASlotTable
 from ..core.scheduler import Scheduler, SchedulerOutput
 from ..core.sequence import Sequence
 from ..core.step_pacer import StepPacer
 from ..executor.executor import make_executor
 from ..executor.packed_batch import PackedBatch, StepInput, bucketed_num_tokens, pack_batch
 from ..executor.rank_worker import RankSpec
+from ..lora.request import LoRARequest
 from ..requests.sampling_request import Request
 from ..sample.sampling_plan import SamplerOutput, SamplingPlan
 from ..spec_decode.proposer import TargetModel
@@ -71,11 +73,15 @@ class EngineCore:
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         if self.kv_events is not None:
             self.kv.record_events()
+        # LoRA adapters by id (registered by the front end) and which of them hold slots
+        self.loras: dict[int, LoRARequest] = {}
+        self.lora_slots = LoRASlotTable(config.max_loras) if config.enable_lora else None
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    long_prefill_token_threshold=config.long_prefill_token_threshold,
                                    max_num_partial_prefills=config.max_num_partial_prefills,
                                    policy=config.scheduling_policy,
-                                   tenant_fairness=config.tenant_fairness)
+                                   tenant_fairness=config.tenant_fairness,
+                                   lora_slots=self.lora_slots)
         self.max_total_tokens = min(model.max_model_len, num_blocks * config.block_size)
         self.requests: dict[str, Request | BeamSearchRequest] = {}
         self.generated_tokens = 0
@@ -179,11 +185,32 @@ class EngineCore:
                            self.kv.block_ids(item.seq),
                            needs_logits=_is_sampled(item),
                            num_spec_tokens=len(item.seq.spec_token_ids),
-                           rotated_long=item.seq.rotated_long)
+                           rotated_long=item.seq.rotated_long,
+                           lora_slot=self._lora_slot(item.seq.lora_id))
                  for item in sched.scheduled]
         long_rows = 0 if self.model.long_rope_switch is None else self.model.max_model_len
-        return pack_batch(batch, self.config.block_size,
-                          bucketed=self.executor.prefers_bucketed_batches, long_rope_rows=long_rows)
+        packed = pack_batch(batch, self.config.block_size,
+                            bucketed=self.executor.prefers_bucketed_batches,
+                            long_rope_rows=long_rows)
+        if self.lora_slots is not None:
+            packed.lora_loads = tuple((slot, self.loras[lora_id])
+                                      for slot, lora_id in self.lora_slots.take_loads())
+        return packed
+
+    def _lora_slot(self, lora_id: int | None) -> int:
+        return -1 if self.lora_slots is None else self.lora_slots.slot(lora_id)
+
+    # -- LoRA adapters (the front end checks them first: ``LLMEngine.add_lora``) ----------
+    def add_lora(self, request: LoRARequest) -> None:
+        self.loras[request.lora_int_id] = request
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Forget adapter ``lora_id`` unless a request still runs or waits under it."""
+        if lora_id not in self.loras or any(r.lora_id == lora_id for r in self.requests.values()):
+            return False
+        del self.loras[lora_id]
+        self.lora_slots.release(lora_id)
+        return True
 
     def plan_sampling(self, sched: SchedulerOutput, packed: PackedBatch) -> StepPlan:
         """Ask the request of every sequence that computes its last token this step what its

@@ -32,6 +32,9 @@ from ..models.spec import long_rope_switch
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from ..requests.engine_io import EngineRequest
+from ..exceptions import ParamValidationError
+from ..lora.peft_checkpoint import load_adapter
+from ..lora.request import LoRARequest
 from .engine_core import EngineCore, ModelPlacement
 
 
@@ -42,7 +45,7 @@ class LLMEngine:
         hf_config = load_hf_config(folder)
         self.tokenizer = load_tokenizer(config.tokenizer or folder)
         self.max_model_len = _max_model_len(config, hf_config)
-        spec = model_spec(hf_config)
+        self.model_spec = spec = model_spec(hf_config)
         ShardPlan(spec, 0, config.tensor_parallel_size)  # refuse a bad size before any process starts
         device = resolve_device(config.device)
         self.core = EngineCore(config, ModelPlacement(
@@ -58,14 +61,47 @@ class LLMEngine:
     def make_request(self, request_id: str, prompt: PromptInput,
                      params: SamplingParams | BeamSearchParams | None = None, *,
                      priority: int = 0, tenant: str | None = None,
-                     deadline: float | None = None) -> EngineRequest:
+                     deadline: float | None = None,
+                     lora_request: LoRARequest | None = None) -> EngineRequest:
         """A validated ``EngineRequest`` for this engine (``InputProcessor.process``), under
-        a request_id not in use; raises ``ValueError`` saying what to change. No side
-        effects on the engine."""
+        a request_id not in use; raises ``ValueError`` saying what to change. Its only side
+        effect: a ``lora_request`` the engine does not know yet is added (``add_lora``)."""
         if self.has_request(request_id):
             raise ValueError(f"request_id {request_id!r} is already in use")
-        return self.input_processor.process(request_id, prompt, params, priority=priority,
-                                            tenant=tenant, deadline=deadline)
+        if lora_request is not None:
+            self.add_lora(lora_request)
+        return self.input_processor.process(
+            request_id, prompt, params, priority=priority, tenant=tenant, deadline=deadline,
+            lora_id=None if lora_request is None else lora_request.lora_int_id)
+
+    # -- LoRA adapters (vLLM's add_lora / remove_lora / list_loras) ---------------------
+    def add_lora(self, request: LoRARequest) -> bool:
+        """Register a PEFT adapter after reading and checking it against the model (raises a
+        ``ParamValidationError`` naming ``lora_request`` when it does not fit); True if it is
+        new. Its weights reach a device slot when a request first runs under it."""
+        if not isinstance(request, LoRARequest):
+            raise ParamValidationError(f"lora_request must be a LoRARequest, got "
+                                       f"{type(request).__name__}", "lora_request")
+        if not self.config.enable_lora:
+            raise ParamValidationError("this engine serves no LoRA adapters: start it with "
+                                       "enable_lora=True", "lora_request")
+        known = self.core.loras.get(request.lora_int_id)
+        if known == request:
+            return False
+        if known is not None:
+            raise ParamValidationError(
+                f"lora_int_id {request.lora_int_id} is already adapter {known.lora_name!r} "
+                f"({known.lora_path}); remove it first or use another id", "lora_request")
+        load_adapter(request, self.model_spec, self.config.max_lora_rank)
+        self.core.add_lora(request)
+        return True
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Forget adapter ``lora_id``; False if unknown or a request still uses it."""
+        return self.core.remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return set(self.core.loras)
 
     def add_request(self, request: EngineRequest) -> None:
         self.core.add_request(request)

@@ -21,6 +21,7 @@ from ..attention import AttentionBackend, AttentionMetadata
 from ..attention.kv_quant import kv_cache_row, kv_cache_row_bytes
 from ..cpu.huge_pages import zeros_on_huge_pages
 from ..models.llama import LlamaForCausalLM
+from .cuda_graphs import DecodeGraphs
 from .packed_batch import PackedBatch
 
 
@@ -54,6 +55,16 @@ class ModelRunner:
         self.kv_caches = [(_zeros_cache(shape, cache_dtype, device),
                            _zeros_cache(shape, cache_dtype, device))
                           for _ in range(model.spec.num_layers)]
+        self.decode_graphs: DecodeGraphs | None = None
+        self.lora = None  # a LoRARuntime when enable_lora (set by the worker)
+
+    def capture_decode_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
+        """Capture the decode forward as CUDA graphs (``cuda_graphs``); decode steps that
+        fit one replay it from then on."""
+        graphs = DecodeGraphs(self.model, self.backend, self.kv_caches, max_num_seqs,
+                              max_model_len, self.block_size, self.device)
+        graphs.capture()
+        self.decode_graphs = graphs
 
     @torch.inference_mode()
     def execute(self, packed: PackedBatch,
@@ -65,8 +76,13 @@ class ModelRunner:
             self.backend.copy_blocks([k for k, _ in self.kv_caches], [v for _, v in self.kv_caches],
                                      torch.tensor(src, device=self.device),
                                      torch.tensor(dst, device=self.device))
-        input_ids, rope_rows, meta = self._device_inputs(packed)  # positions: only rotary reads them
-        hidden = self.model(input_ids, rope_rows, self.kv_caches, meta, self.backend)
+        if self.lora is not None:
+            self.lora.prepare(packed)
+        if self.decode_graphs is not None and self.decode_graphs.fits(packed):
+            hidden = self.decode_graphs.run(packed)
+        else:
+            input_ids, rope_rows, meta = self._device_inputs(packed)  # positions: rotary's
+            hidden = self.model(input_ids, rope_rows, self.kv_caches, meta, self.backend)
         logits = self.model.compute_logits(hidden[self._to_device(packed.logits_indices)])
         return None if logits is None else logits.float()
 

@@ -11,6 +11,8 @@ Layout (the same as :class:`~paged_core.attention.AttentionMetadata`):
 - ``rope_rows`` are the rows of the model's rotary tables each token reads: its position,
   plus ``long_rope_rows`` for every token of a sequence ``rotated_long`` (LongRoPE's long
   factors, ``models.layers.RotaryEmbedding``); the same array as ``positions`` otherwise;
+- ``lora_slots`` is each row's LoRA slot (``None`` when no sequence runs an adapter) and
+  ``lora_loads`` the ``(slot, LoRARequest)`` assignments to apply before the step;
 - ``logits_indices`` are the rows whose logits are sampled (the last new token of
   each sequence whose known tokens are all computed after this step; with ``k``
   draft tokens, its last ``k + 1`` new tokens, in order); the runner returns logits
@@ -36,6 +38,7 @@ class StepInput:
     needs_logits: bool
     num_spec_tokens: int = 0  # drafts at the end of the new tokens: logits at 1 + this many rows
     rotated_long: bool = False  # LongRoPE: its keys are rotated with the long factors
+    lora_slot: int = -1  # the LoRA slot of its adapter (-1: the base model)
 
 
 @dataclass
@@ -51,6 +54,8 @@ class PackedBatch:
     first_logits_row: np.ndarray  # [num_seqs] int64, -1 for a sequence that samples nothing
     num_tokens: int  # real (unpadded) tokens
     rope_rows: np.ndarray | None = None  # [padded] int64; None: the positions
+    lora_slots: np.ndarray | None = None  # [padded] int64 LoRA slot per row (-1: none)
+    lora_loads: tuple = ()  # (slot, LoRARequest): adapters to copy in before this step
 
     def __post_init__(self) -> None:
         if self.rope_rows is None:
@@ -118,7 +123,18 @@ def pack_batch(batch: list[StepInput], block_size: int, bucketed: bool = False,
         query_start_loc=query_start_loc.astype(np.int32),
         logits_indices=first_logit_row + within,
         first_logits_row=np.where(num_logits > 0, np.cumsum(num_logits) - num_logits, -1),
-        num_tokens=num_tokens, rope_rows=_rope_rows(batch, positions, rows, long_rope_rows))
+        num_tokens=num_tokens, rope_rows=_rope_rows(batch, positions, rows, long_rope_rows),
+        lora_slots=_lora_slots(batch, rows, padded))
+
+
+def _lora_slots(batch: list[StepInput], rows: np.ndarray, padded: int) -> np.ndarray | None:
+    """Each row's LoRA slot (-1: the base model, and padding); None when no row has one."""
+    slots = np.fromiter((s.lora_slot for s in batch), dtype=np.int64, count=len(batch))
+    if not (slots >= 0).any():
+        return None
+    per_row = np.full(padded, -1, dtype=np.int64)
+    per_row[:len(rows)] = slots[rows]
+    return per_row
 
 
 def _rope_rows(batch: list[StepInput], positions: np.ndarray, rows: np.ndarray,

@@ -32,6 +32,7 @@ from ..attention.torch_backend import TorchAttentionBackend
 from ..config import EngineConfig
 from ..cpu.extension import cpu_extension_available, cpu_extension_error
 from ..models.embedded_model import embedded_gguf_path
+from ..lora.runtime import LoRARuntime
 from ..models.model_loader import load_hf_config, load_model
 from ..sample.sampler import Sampler
 from ..sample.sampling_plan import SamplerOutput, SamplingPlan
@@ -83,6 +84,11 @@ class Worker:
         num_blocks = _agree_on_min(tp, kv_cache_num_blocks(config, model, spec.device, kv_dtype))
         self.runner = ModelRunner(model, backend, num_blocks, config.block_size, spec.device,
                                   kv_dtype)
+        if config.enable_lora:
+            self.runner.lora = LoRARuntime(model, config.max_loras, config.max_lora_rank,
+                                           config.max_cpu_loras)
+        if uses_cuda_graphs(config, spec.device, tp, model):
+            self.runner.capture_decode_graphs(config.max_num_seqs, spec.max_model_len)
         self.num_blocks = num_blocks
         self.sampler = Sampler(torch.Generator().manual_seed(config.seed))  # draws on the CPU
         all_ranks_loaded(tp)
@@ -108,11 +114,40 @@ def _require_invariant_attention(backend, device: torch.device, dtype: torch.dty
         f"{str(dtype).removeprefix('torch.')}, attention backend {backend.name}{reason}")
 
 
+def uses_cuda_graphs(config: EngineConfig, device: torch.device, tp: TensorParallelGroup,
+                     model) -> bool:
+    """Decode runs as CUDA graphs on one CUDA rank unless ``enforce_eager``, for models a
+    graph can capture (``LlamaForCausalLM.capturable``; MoE models run eagerly) without LoRA
+    (its rows per adapter change every step)."""
+    wanted = device.type == "cuda" and not config.enforce_eager
+    possible = tp.size == 1 and model.capturable and not config.enable_lora
+    if wanted and not possible:
+        logger.info("decode runs eagerly: CUDA graphs need one rank (tensor_parallel_size=%d), "
+                    "no LoRA and a model without MoE routing on the host", tp.size)
+    return wanted and possible
+
+
+def activation_reserve(config: EngineConfig, model) -> int:
+    """Bytes kept out of the GPU KV budget for one step's activations, an upper estimate:
+    twice the widest live tensors of a layer over ``max_num_batched_tokens`` rows (residual,
+    normed input, q/k/v, attention output, gate/up and their product), float32 logits of
+    ``max_num_seqs`` rows three times over (logits, their float copy, the sampler's), and
+    256 MiB for the CUDA graph pool and allocator rounding."""
+    shard, spec = model.shard, model.spec
+    q_kv = (shard.num_heads + 2 * shard.num_kv_heads) * spec.head_dim
+    per_token = 4 * spec.hidden_size + 2 * q_kv + 3 * shard.intermediate_size
+    element = model.embed_tokens.weight.element_size()
+    logits = 3 * config.max_num_seqs * spec.vocab_size * 4
+    return 2 * config.max_num_batched_tokens * per_token * element + logits + (256 << 20)
+
+
 def kv_cache_num_blocks(config: EngineConfig, model, device: torch.device,
                         dtype: torch.dtype) -> int:
     """Blocks for this rank: ``num_kv_blocks``, else ``kv_cache_memory`` (per rank) over the
     bytes of one block of this rank's KV heads in cache ``dtype`` (quantized rows with their
-    scales: int8 fits ~2x the blocks of bfloat16), else the free GPU memory share, else 1 GiB."""
+    scales: int8 fits ~2x the blocks of bfloat16), else on a GPU the share of its memory that
+    ``gpu_memory_utilization`` leaves once the weights are loaded and one step's activations
+    are set aside (``activation_reserve``), else 1 GiB."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     per_block = kv_cache_bytes_per_block(model, config.block_size, dtype)
@@ -120,7 +155,8 @@ def kv_cache_num_blocks(config: EngineConfig, model, device: torch.device,
         budget = config.kv_cache_memory
     elif device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        budget = int(free - total * (1 - config.gpu_memory_utilization))
+        budget = int(free - total * (1 - config.gpu_memory_utilization)
+                     - activation_reserve(config, model))
     else:
         budget = _CPU_DEFAULT_KV_BYTES
     num_blocks = budget // per_block

@@ -34,11 +34,12 @@ class InputProcessor:
     def process(self, request_id: str, prompt: PromptInput,
                 params: SamplingParams | BeamSearchParams | None = None, *,
                 priority: int = 0, tenant: str | None = None,
-                deadline: float | None = None) -> EngineRequest:
+                deadline: float | None = None, lora_id: int | None = None) -> EngineRequest:
         """The ``EngineRequest`` of a sampling request (``SamplingParams``, the default) or a
         beam search (``BeamSearchParams``); ``priority`` (vLLM's), ``tenant`` and
-        ``deadline`` (``time.monotonic()``'s clock) whatever its kind. A prompt dict may
-        carry ``cache_salt`` (vLLM's)."""
+        ``deadline`` (``time.monotonic()``'s clock) whatever its kind, and the LoRA adapter
+        ``lora_id`` it runs under (registered by the engine). A prompt dict may carry
+        ``cache_salt`` (vLLM's)."""
         params = params or SamplingParams()
         if not isinstance(params, (SamplingParams, BeamSearchParams)):
             raise ValueError(f"sampling_params must be a SamplingParams or BeamSearchParams, "
@@ -53,7 +54,8 @@ class InputProcessor:
             compiled = self.grammar_compiler.compile(params.structured_outputs)
         return EngineRequest(request_id, tuple(token_ids), params, self.eos_token_ids,
                              compiled, priority=priority, tenant=tenant, deadline=deadline,
-                             cache_salt=prompt_cache_salt(prompt), prompt=text)
+                             cache_salt=prompt_cache_salt(prompt), lora_id=lora_id,
+                             prompt=text)
 
     def _check_room(self, prompt_len: int) -> None:
         """A prompt must leave room for at least one generated token."""

@@ -3,13 +3,15 @@ embedding, the MLP's SiLU-and-multiply.
 
 ``TORCH_OPS`` is plain torch, computed as Hugging Face's Llama computes them:
 the reference, and the path wherever the C++ kernels cannot run.
+``TritonOps`` does the same on GPUs with the Triton kernels of
+``paged_core.kernels.elementwise`` (``PAGED_CORE_GPU_FUSED_OPS=0`` turns them off).
 ``FusedCpuOps(level)`` does each step in one pass over the rows with the C++ kernels
 of one CPU path (``paged_core/cpu/csrc/fused_ops.cpp``), rounding where torch rounds, so both give
 the same numbers up to the last bit of RMSNorm's float32 sum of squares and of
 SiLU's exp. CPU models in float32 or bfloat16 use it when the kernels build
 (``select_ops``).
 
-Both implement:
+All three implement:
 
 - ``rms_norm(x, weight, eps)``: ``weight * dtype(x * rsqrt(mean(x^2) + eps))``, float32 inside;
 - ``add_rms_norm(residual, x, weight, eps)``: ``(r, rms_norm(r))`` with ``r = residual + x``;
@@ -68,7 +70,15 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-class FusedCpuOps:
+class _TablesByRow:
+    """Fused rotary kernels read the whole tables and each token's row: ``rope_tables`` is
+    ``(positions, cos, sin)``, no per-step gather."""
+
+    def rope_tables(self, rotary, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return positions, rotary.cos, rotary.sin
+
+
+class FusedCpuOps(_TablesByRow):
     """The fused C++ ops of one CPU kernel build (``cpu_isa``, a ``paged_core.cpu.isa`` level)."""
 
     name = "fused-cpu"
@@ -91,9 +101,6 @@ class FusedCpuOps:
         self._ops.add_rms_norm(residual, x.contiguous(), weight, eps, out)
         return residual, out
 
-    def rope_tables(self, rotary, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return positions, rotary.cos, rotary.sin
-
     def rotate(self, q: torch.Tensor, k: torch.Tensor,
                tables: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         self._ops.rotary_embedding(q, k, *tables)
@@ -105,14 +112,45 @@ class FusedCpuOps:
         return out
 
 
+class TritonOps(_TablesByRow):
+    """The fused Triton kernels of ``paged_core.kernels.elementwise``: one launch per step
+    (GPU models; on CPU only in Triton's interpreter, for tests)."""
+
+    name = "triton"
+
+    def __init__(self) -> None:
+        from paged_core.kernels import elementwise
+
+        self._kernels = elementwise
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return self._kernels.rms_norm(x, weight, eps)
+
+    def add_rms_norm(self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return residual, self._kernels.rms_norm(x, weight, eps, residual=residual)
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor,
+               tables: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        self._kernels.rotate_(q, k, *tables)
+        return q, k
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return self._kernels.silu_and_mul(gate_up)
+
+
 TORCH_OPS = TorchOps()
 
 
-def select_ops(device: torch.device, dtype: torch.dtype) -> TorchOps | FusedCpuOps:
-    """The fused C++ ops for CPU float32/bfloat16 models when they build here, else plain torch."""
+def select_ops(device: torch.device, dtype: torch.dtype) -> TorchOps | FusedCpuOps | TritonOps:
+    """CUDA models: the fused Triton ops (unless ``PAGED_CORE_GPU_FUSED_OPS=0``); CPU
+    float32/bfloat16 models: the fused C++ ops when they build here; else plain torch."""
     from ..cpu.extension import cpu_extension_available
     from ..cpu.isa import selected_cpu_isa
+    from ..config.setting_values import env_flag
 
+    if device.type == "cuda":
+        return TritonOps() if env_flag("gpu_fused_ops", default=True) else TORCH_OPS
     if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         return TORCH_OPS
     cpu_isa = selected_cpu_isa()

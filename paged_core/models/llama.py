@@ -149,6 +149,12 @@ class LlamaForCausalLM(nn.Module):
                 module.ops = ops
         self.decoder_stack = CpuDecoderStack.for_model(self) if self.rotary is not None else None
 
+    @property
+    def capturable(self) -> bool:
+        """Whether a CUDA graph can capture the forward: no step reads a device value on the
+        host (MoE routing does: it counts each expert's tokens on the host)."""
+        return self.spec.moe is None
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Logits ``[rows, vocab_size]`` on rank 0; ``None`` on the other ranks."""
         if self.lm_head is None:  # tied to the embedding

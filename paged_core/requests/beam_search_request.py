@@ -72,7 +72,8 @@ class BeamSearchRequest(CoreRequest):
         self._eos = sorted(source.eos_token_ids)
         self._num_candidates = max(2, 1 + len(self._eos)) * self.params.beam_width
         prompt_seq = Sequence(next_seq_id(), self, list(self.prompt_token_ids),
-                              len(self.prompt_token_ids), 0, self.cache_salt)
+                              len(self.prompt_token_ids), 0, self.cache_salt,
+                              lora_id=self.lora_id)
         self.beams: list[Beam] = [Beam(prompt_seq, 0.0, [])]
         self.hypotheses: list[Hypothesis] = []  # best first, at most beam_width
         self._logits: dict[int, torch.Tensor] = {}  # seq_id -> logits of its next token
@@ -138,7 +139,8 @@ class BeamSearchRequest(CoreRequest):
         logprobs = torch.log_softmax(logits, dim=-1)
         if self.params.ignore_eos:
             logprobs[:, self._eos] = float("-inf")
-        cum = torch.tensor([b.cum_logprob for b in self.beams], dtype=torch.float32)
+        cum = torch.tensor([b.cum_logprob for b in self.beams], dtype=torch.float32,
+                           device=logits.device)
         scores = (logprobs + cum[:, None]).view(-1)
         values, index = scores.topk(min(self._num_candidates, scores.numel()))
         vocab = logprobs.shape[1]
@@ -181,7 +183,8 @@ class BeamSearchRequest(CoreRequest):
                 seq = parent.seq
             else:
                 seq = Sequence(next_seq_id(), self, parent.seq.token_ids + [c.token],
-                               len(self.prompt_token_ids), 0, self.cache_salt)
+                               len(self.prompt_token_ids), 0, self.cache_salt,
+                               lora_id=self.lora_id)
                 decision.forks.append((parent.seq, seq))
             beams.append(Beam(seq, c.cum_logprob, parent.records + [c.record]))
         for index, beam in enumerate(self.beams):

@@ -3,7 +3,7 @@
 
 The scheduler reads ``request_id``, ``priority``, ``tenant`` (the waiting queue and the
 preemption victim choice are keyed by them; ``core.sequence.SequenceOwner``), the KV cache
-manager its sequences' ``cache_salt``; none of them ever changes.
+manager its sequences' ``cache_salt`` and ``lora_id``; none of them ever changes.
 What the core learns while running the request (prefix-cache hits, when it was first
 scheduled, its first token) goes out with each ``EngineCoreOutput``.
 """
@@ -32,6 +32,7 @@ class CoreRequest:
         self.priority = source.priority
         self.tenant = source.tenant
         self.cache_salt = source.cache_salt
+        self.lora_id = source.lora_id
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None

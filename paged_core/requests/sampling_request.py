@@ -145,7 +145,7 @@ class Request(CoreRequest):
     def _new_sample(self, token_ids: list[int], index: int,
                     grammar: SequenceGrammar | None) -> Sample:
         seq = Sequence(next_seq_id(), self, token_ids, len(self.prompt_token_ids), index,
-                       self.cache_salt)
+                       self.cache_salt, self.lora_id)
         seed = self.params.sample_seed(index)
         generator = None if seed is None else torch.Generator().manual_seed(seed)
         return Sample(seq, generator, grammar)

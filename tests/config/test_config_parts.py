@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 
 from paged_core import LLM
-from paged_core.config import (CacheConfig, EngineConfig, ModelConfig, ParallelConfig,
-                               SchedulerConfig, ServingConfig)
+from paged_core.config import (CacheConfig, EngineConfig, LoRAConfig, ModelConfig,
+                               ParallelConfig, SchedulerConfig, ServingConfig)
 
-PARTS = (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, ServingConfig)
+PARTS = (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, ServingConfig, LoRAConfig)
 
 
 def test_every_flat_setting_belongs_to_exactly_one_part():
@@ -38,6 +38,9 @@ def test_an_engine_config_is_each_part_with_the_values_given():
     (ModelConfig, {"dtype": "int3"}, "dtype must be one of"),
     (ParallelConfig, {"tensor_parallel_size": -1}, "tensor_parallel_size must be a positive"),
     (ServingConfig, {"drain_timeout": -1.0}, "drain_timeout must be >= 0"),
+    (LoRAConfig, {"max_loras": 0}, "max_loras must be a positive integer"),
+    (LoRAConfig, {"max_loras": 4, "max_cpu_loras": 2},
+     r"max_cpu_loras \(2\) must be at least max_loras \(4\)"),
 ])
 def test_each_part_checks_its_own_settings_alone_and_inside_engine_config(part, settings, message):
     with pytest.raises(ValueError, match=message):

@@ -30,7 +30,7 @@ except ImportError as exc:  # pragma: no cover - depends on the Triton version
     print(f"unsupported Triton internals: {exc}", file=sys.stderr)
     sys.exit(3)
 
-from paged_core.kernels import attention, attention_kernels, cache_ops  # noqa: E402
+from paged_core.kernels import attention, attention_kernels, cache_ops, elementwise  # noqa: E402
 from paged_core.kernels import copy_blocks, paged_attention, write_kv_cache  # noqa: E402
 
 ARCHS = (80, 90)
@@ -91,7 +91,9 @@ def main() -> None:
     if triton.knobs.runtime.interpret:
         sys.exit("run with TRITON_INTERPRET=0: interpreted kernels cannot be compiled")
     for fn in (attention_kernels.paged_attention_kernel, attention_kernels.merge_splits_kernel,
-               cache_ops._write_kv_kernel, cache_ops._copy_blocks_kernel):
+               cache_ops._write_kv_kernel, cache_ops._copy_blocks_kernel,
+               elementwise._rms_norm_kernel, elementwise._rotary_kernel,
+               elementwise._silu_and_mul_kernel):
         fn.run = lambda *a, _fn=fn, **kw: _compile_instead_of_launch(_fn, *a, **kw)
     attention.check_device = cache_ops.check_device = lambda *tensors: None  # CPU tensors
     f16, b16, f32 = torch.float16, torch.bfloat16, torch.float32
@@ -117,6 +119,23 @@ def main() -> None:
     kv = torch.zeros(3, 8, 128, dtype=b16)
     write_kv_cache(kv, kv, cache, cache, torch.zeros(3, dtype=torch.long))
     copy_blocks(cache, cache, torch.tensor([0]), torch.tensor([1]))
+    _elementwise_cases()
+
+
+def _elementwise_cases() -> None:
+    """Llama-3-8B's and Phi-4-mini's shapes (partial rotary), in both 16-bit dtypes and float32."""
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for hidden, heads, kv_heads, dim, rotary_dim in ((4096, 32, 8, 128, 128),
+                                                          (3072, 24, 8, 128, 96)):
+            x = torch.zeros(3, hidden, dtype=dtype)
+            elementwise.rms_norm(x, torch.ones(hidden, dtype=dtype), 1e-5, residual=x.clone())
+            elementwise.rms_norm(x, torch.ones(hidden, dtype=dtype), 1e-5)
+            qkv = torch.zeros(3, (heads + 2 * kv_heads) * dim, dtype=dtype)
+            q = qkv[:, :heads * dim].view(3, heads, dim)
+            k = qkv[:, heads * dim:(heads + kv_heads) * dim].view(3, kv_heads, dim)
+            table = torch.zeros(64, rotary_dim, dtype=dtype)
+            elementwise.rotate_(q, k, torch.zeros(3, dtype=torch.long), table, table)
+            elementwise.silu_and_mul(torch.zeros(3, 2 * 14336, dtype=dtype))
 
 
 if __name__ == "__main__":

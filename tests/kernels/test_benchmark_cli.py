@@ -4,6 +4,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels.py"
 
 
@@ -14,3 +17,14 @@ def test_benchmark_refuses_without_gpu_kernels(tmp_path):
                           text=True, env=env, timeout=300, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "needs a CUDA device" in proc.stderr
+
+
+SUITE = BENCH.with_name("gpu_suite.py")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the suite would run in full")
+def test_gpu_suite_refuses_without_cuda(tmp_path):
+    proc = subprocess.run([sys.executable, str(SUITE), "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "needs a CUDA GPU" in proc.stderr and not list(tmp_path.iterdir())

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from paged_core.attention.kv_quant import QUANTIZED_DTYPES, SCALE_BYTES, quantize, written_codes
+from paged_core.attention.kv_quant import QUANTIZED_DTYPES, SCALE_BYTES, as_bytes, max_code, \
+    quantize, written_codes
 from paged_core.kernels import copy_blocks, paged_attention, reference, write_kv_cache
 
 
@@ -65,3 +66,14 @@ def test_every_code_decodes_exactly(device, kv_dtype):
         torch.ones(seqs, dtype=torch.int32, device=device),
         torch.arange(seqs + 1, dtype=torch.int32, device=device), dim ** -0.5)
     assert torch.equal(out.cpu(), values * 0.75)
+
+
+@pytest.mark.parametrize("kv_dtype", QUANTIZED_DTYPES, ids=str)
+def test_scales_are_correctly_rounded_quotients(device, kv_dtype):
+    """A row's scale is absmax / max_code rounded once, on every device, so caches written on
+    a GPU hold the bits the CPU reference does (CUDA divides by a host scalar through its
+    reciprocal, which once put some GPU scales 1 ulp off)."""
+    x = torch.randn(4096, 32, device=device) * 3
+    scales = as_bytes(quantize(x, kv_dtype))[..., -4:].contiguous().view(torch.float32)
+    amax = x.abs().amax(dim=-1, keepdim=True).cpu()
+    assert torch.equal(scales.cpu(), (amax.double() / max_code(kv_dtype)).float())

@@ -1,0 +1,213 @@
+"""Engine timings on a GPU for ``benchmarks/gpu_suite.py``: random-weight Llama-3.2-1B- and
+Llama-3.1-8B-shaped models in bfloat16 (no hub on the GPU machine; random weights drawn on
+the card, never zeros).
+
+- ``decode_step_times``: one decode step at batches 1/16/64/256 (prompts of ``context``
+  tokens), eagerly and replaying CUDA graphs, against the HBM roofline: the weight bytes plus
+  the KV bytes a step reads, over the measured copy bandwidth. A step's time is the
+  difference of two ``generate`` calls, ``max_tokens`` 8 and 8 + ``steps``, over ``steps``
+  (the prefill, and its absent prefix cache, cancel out);
+- ``offline_mix``: a long-tailed mix of 512 requests (``bench.workload.LONG_TAIL``) through
+  paged-core, transformers' static batching (``generate`` over padded batches) and
+  transformers' continuous batching (``generate_batch``'s manager), output tokens per second.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+
+import torch
+
+SHAPES = {
+    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                         tie_word_embeddings=True),
+    "llama-3.1-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                         tie_word_embeddings=False),
+}
+_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def random_model(shape: str, folder: str, tokenizer) -> str:
+    """A ``shape`` Llama with weights drawn on the GPU (transformers' own init), saved as a
+    bfloat16 safetensors folder with ``tokenizer``."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                         rope_parameters=_ROPE, bos_token_id=128000, eos_token_id=128001,
+                         **SHAPES[shape])
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    del model
+    _release()
+    return folder
+
+
+def _release() -> None:
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def _weight_bytes(llm) -> int:
+    model = llm.engine.core.executor.runner.model
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _replay_ms(llm, batch: int) -> float | None:
+    """GPU time of one replay of the decode graph serving ``batch`` (its buffers still hold the
+    last step's inputs): the step's time less this is host work."""
+    import triton.testing
+
+    graphs = llm.engine.core.executor.runner.decode_graphs
+    if graphs is None:
+        return None
+    size = next(s for s in graphs.sizes if s >= batch)
+    return float(triton.testing.do_bench(graphs.graphs[size].replay, warmup=10, rep=50,
+                                         return_mode="median"))
+
+
+def decode_step_times(folder: str, copy_gb_per_s: float, *, batches=(1, 16, 64, 256),
+                      context: int = 512, steps: int = 64, eager_modes=(True, False)) -> list[dict]:
+    from paged_core import LLM, SamplingParams
+
+    rows = []
+    for eager in eager_modes:
+        llm = LLM(model=folder, device="cuda", dtype="bfloat16", enforce_eager=eager,
+                  enable_prefix_caching=False, max_num_seqs=max(batches), max_model_len=4096,
+                  max_num_batched_tokens=8192, gpu_memory_utilization=0.85)
+        spec = llm.engine.core.executor.runner.model.spec
+        kv_per_token = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 2
+        weights = _weight_bytes(llm)
+        for batch in batches:
+            prompts = [{"prompt_token_ids": [1000 + (7 * i + j) % 30000 for j in range(context)]}
+                       for i in range(batch)]
+            times = {}
+            for new in (8, 8 + steps):
+                params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
+                llm.generate(prompts, params, use_tqdm=False)  # warm-up at this shape
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                llm.generate(prompts, params, use_tqdm=False)
+                torch.cuda.synchronize()
+                times[new] = time.perf_counter() - start
+            step_ms = (times[8 + steps] - times[8]) / steps * 1e3
+            step_bytes = weights + batch * (context + 8 + steps // 2) * kv_per_token
+            roofline_ms = step_bytes / copy_gb_per_s / 1e6
+            rows.append({"enforce_eager": eager, "batch": batch, "step_ms": step_ms,
+                         "roofline_ms": roofline_ms, "over_roofline": step_ms / roofline_ms,
+                         "graph_replay_ms": _replay_ms(llm, batch)})
+        stats = {"kv_blocks_total": llm.stats()["kv_blocks_total"],
+                 "max_memory_reserved_gb": torch.cuda.max_memory_reserved() / 1e9}
+        rows.append({"enforce_eager": eager, "engine": stats})
+        llm.shutdown()
+        del llm
+        _release()
+    return rows
+
+
+def _paged_core_mix(folder: str, requests) -> dict:
+    from paged_core import LLM, SamplingParams
+
+    llm = LLM(model=folder, device="cuda", dtype="bfloat16", enforce_eager=False,
+              max_num_seqs=256, max_model_len=4096, max_num_batched_tokens=8192)
+    prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
+    params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True)
+              for r in requests]
+    llm.generate(prompts[:8], params[:8], use_tqdm=False)  # warm-up
+    llm.reset_prefix_cache()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+    memory = {"gpu_memory_utilization": llm.engine.config.gpu_memory_utilization,
+              "peak_fraction_of_card": _peak_fraction()}
+    llm.shutdown()
+    del llm
+    _release()
+    return {"seconds": seconds, "output_tokens": generated, **memory}
+
+
+def _peak_fraction() -> float:
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / total
+
+
+def _hf_static(model, requests, batch_size: int) -> dict:
+    """Padded batches of ``batch_size`` in arrival order, each to its longest output."""
+    generated, start = 0, time.perf_counter()
+    for first in range(0, len(requests), batch_size):
+        chunk = requests[first:first + batch_size]
+        width = max(r.prompt_len for r in chunk)
+        ids = torch.zeros(len(chunk), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, r in enumerate(chunk):  # left padding
+            ids[row, width - r.prompt_len:] = torch.tensor(r.prompt_token_ids)
+            mask[row, width - r.prompt_len:] = 1
+        longest = max(r.output_len for r in chunk)
+        with torch.no_grad():
+            model.generate(ids.cuda(), attention_mask=mask.cuda(), do_sample=False,
+                           max_new_tokens=longest, min_new_tokens=longest, pad_token_id=0)
+        generated += sum(r.output_len for r in chunk)  # only the tokens asked for count
+    torch.cuda.synchronize()
+    return {"seconds": time.perf_counter() - start, "output_tokens": generated,
+            "batch_size": batch_size}
+
+
+def _hf_continuous(model, requests) -> dict:
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(do_sample=False, max_new_tokens=max(r.output_len for r in requests),
+                              pad_token_id=0)
+    manager = model.init_continuous_batching(generation_config=config)
+    manager.start()
+    start = time.perf_counter()
+    for i, r in enumerate(requests):
+        manager.add_request(r.prompt_token_ids, request_id=str(i), max_new_tokens=r.output_len)
+    generated, done = 0, 0
+    while done < len(requests):
+        result = manager.get_result(timeout=60)
+        if result is None:
+            raise TimeoutError(f"transformers continuous batching stalled after {done} requests")
+        if result.is_finished():
+            done += 1
+            generated += len(result.generated_tokens)
+    seconds = time.perf_counter() - start
+    manager.stop(block=True)
+    return {"seconds": seconds, "output_tokens": generated}
+
+
+def offline_mix(folder: str, tokenizer, num_requests: int = 512, hf_static_batch: int = 256,
+                baselines=("transformers-static", "transformers-continuous")) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    from .workload import LONG_TAIL, sharegpt_like, summarize
+
+    requests = sharegpt_like(dataclasses.replace(LONG_TAIL, num_requests=num_requests), tokenizer)
+    results = {"workload": summarize(requests), "paged-core": _paged_core_mix(folder, requests)}
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16,
+                                                 device_map="cuda").eval() if baselines else None
+    runners = {"transformers-static": lambda m: _hf_static(m, requests, hf_static_batch),
+               "transformers-continuous": lambda m: _hf_continuous(m, requests)}
+    for name in baselines:
+        try:
+            results[name] = runners[name](model)
+        except Exception as exc:  # noqa: BLE001 - a baseline's failure is reported, not fatal
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    del model
+    _release()
+    for result in results.values():
+        if "seconds" in result:
+            result["output_tok_per_s"] = result["output_tokens"] / result["seconds"]
+    ours = results["paged-core"]["output_tok_per_s"]
+    for name in baselines:
+        if "output_tok_per_s" in results[name]:
+            results[name]["paged_core_speedup"] = ours / results[name]["output_tok_per_s"]
+    return results

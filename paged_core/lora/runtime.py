@@ -1,0 +1,122 @@
+"""``LoRARuntime``: one rank's LoRA state: the wrapped projections, the ``max_loras`` slots they
+hold, and a host cache of ``max_cpu_loras`` adapters read from disk (least recently used out).
+
+``attach`` wraps every decoder layer's ``qkv_proj``, ``o_proj`` and (dense layers')
+``gate_up_proj`` / ``down_proj`` in ``LoRALinear`` and turns the CPU's one-call decoder
+stack off (it would bypass the wrappers). Before each step ``prepare`` copies the adapters
+the core assigned to slots in (``PackedBatch.lora_loads``) and groups the step's rows by slot
+(``PackedBatch.lora_slots``). Fused checkpoint modules (Phi-3's ``qkv_proj``, ``gate_up_proj``)
+are split into the modules they fuse, sharing one ``lora_A``, so every module is sharded like
+the base weight it adapts (``ShardPlan.slice_of``).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import torch
+
+from ..executor.packed_batch import PackedBatch
+from .layers import LoRABatch, LoRALinear, ModulePart
+from .peft_checkpoint import LoRAAdapter, LoRAModule, load_adapter, module_shapes
+from .request import LoRARequest
+
+# a fused checkpoint module -> the modules it fuses, in output order
+_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+class LoRARuntime:
+    def __init__(self, model, max_loras: int, max_lora_rank: int, max_cpu_loras: int) -> None:
+        self.model = model
+        self.max_lora_rank = max_lora_rank
+        self.max_cpu_loras = max_cpu_loras
+        self.batch = LoRABatch()
+        self.device = model.embed_tokens.weight.device
+        self.wrappers: list[tuple[int, LoRALinear]] = []  # (layer index, wrapper)
+        self._cache: OrderedDict[LoRARequest, LoRAAdapter] = OrderedDict()
+        self._attach(max_loras)
+
+    def _attach(self, max_loras: int) -> None:
+        model = self.model
+        shard, tp, dtype = model.shard, model.tp, model.embed_tokens.weight.dtype
+        hidden = model.spec.hidden_size
+        row_parallel = tp.size > 1
+
+        def wrap(owner, attr: str, parts: list[ModulePart], width_in: int, row: bool) -> None:
+            wrapper = LoRALinear(getattr(owner, attr), parts, width_in, self.batch, max_loras,
+                                 self.max_lora_rank, tp, row and row_parallel, dtype,
+                                 self.device)
+            setattr(owner, attr, wrapper)
+            self.wrappers.append((index, wrapper))
+
+        for index, layer in enumerate(model.layers):
+            attn = layer.self_attn
+            q, kv = attn.q_size, attn.kv_size
+            wrap(attn, "qkv_proj", [ModulePart("q_proj", 0, q), ModulePart("k_proj", q, kv),
+                                    ModulePart("v_proj", q + kv, kv)], hidden, row=False)
+            wrap(attn, "o_proj", [ModulePart("o_proj", 0, hidden)], q, row=True)
+            if not model.spec.is_sparse(index):
+                width = shard.intermediate_size
+                wrap(layer.mlp, "gate_up_proj", [ModulePart("gate_proj", 0, width),
+                                                 ModulePart("up_proj", width, width)],
+                     hidden, row=False)
+                wrap(layer.mlp, "down_proj", [ModulePart("down_proj", 0, hidden)], width,
+                     row=True)
+        model.decoder_stack = None
+
+    def adapter(self, request: LoRARequest) -> LoRAAdapter:
+        """``request``'s adapter from the host cache, read from disk on a miss."""
+        if request in self._cache:
+            self._cache.move_to_end(request)
+            return self._cache[request]
+        adapter = load_adapter(request, self.model.spec, self.max_lora_rank)
+        self._cache[request] = adapter
+        while len(self._cache) > self.max_cpu_loras:
+            self._cache.popitem(last=False)
+        return adapter
+
+    def prepare(self, packed: PackedBatch) -> None:
+        """Load the step's newly assigned adapters into their slots; group its rows by slot."""
+        for slot, request in packed.lora_loads:
+            self._load(slot, _unfused(self.adapter(request), self.model.spec))
+        self.batch.segments = _segments(packed.lora_slots, self.device)
+
+    def _load(self, slot: int, modules: dict[tuple[int, str], LoRAModule]) -> None:
+        shard = self.model.shard
+        for index, wrapper in self.wrappers:
+            for name in wrapper.parts:
+                module = modules.get((index, name))
+                if module is None:
+                    wrapper.set_slot(slot, name, None, None)
+                    continue
+                a, b = module.a, module.b
+                cut = shard.slice_of(f"layers.{index}.{name}.weight", tuple(
+                    (a if wrapper.row_parallel else b).shape))
+                if cut is not None:  # column-parallel: b's rows; row-parallel: a's columns
+                    a, b = (a[cut], b) if wrapper.row_parallel else (a, b[cut])
+                wrapper.set_slot(slot, name, a.to(self.device), b.to(self.device),
+                                 module.scaling)
+
+
+def _unfused(adapter: LoRAAdapter, spec) -> dict[tuple[int, str], LoRAModule]:
+    """The adapter's modules with fused ones split (each part keeps the shared ``a``)."""
+    widths = module_shapes(spec)
+    modules = {}
+    for (layer, name), module in adapter.modules.items():
+        parts = _FUSED.get(name, (name,))
+        rows = module.b.split([widths[part][1] for part in parts])
+        for part, b in zip(parts, rows):
+            modules[(layer, part)] = LoRAModule(module.a, b.contiguous(), module.scaling)
+    return modules
+
+
+def _segments(token_slots: np.ndarray | None,
+              device: torch.device) -> list[tuple[int, torch.Tensor | None]]:
+    if token_slots is None:
+        return []
+    segments = []
+    for slot in np.unique(token_slots[token_slots >= 0]).tolist():
+        rows = np.flatnonzero(token_slots == slot)
+        segments.append((slot, None if len(rows) == len(token_slots) else
+                         torch.from_numpy(rows).to(device)))
+    return segments

@@ -1,0 +1,74 @@
+"""What decides CUDA graph use, checked without a GPU (``tests/gpu`` runs the graphs): the
+captured batch sizes, which steps a graph serves, the ``enforce_eager`` setting, the memory
+set aside for activations, and that the CPU always runs eagerly with the same tokens."""
+import pytest
+import torch
+
+from paged_core import LLM, EngineConfig, SamplingParams
+from paged_core.executor.cuda_graphs import DecodeGraphs, capture_sizes
+from paged_core.executor.packed_batch import StepInput, pack_batch
+from paged_core.executor.rank_worker import activation_reserve
+
+from ..reference import passage_token_ids
+from ..tiny_models import build_tiny_model
+
+
+def test_capture_sizes_cover_every_batch_up_to_the_cap():
+    assert capture_sizes(1) == [1]
+    assert capture_sizes(8) == [1, 2, 4, 8]
+    assert capture_sizes(20) == [1, 2, 4, 8, 16, 20]
+    sizes = capture_sizes(1024)
+    assert sizes[-1] == 256 and all(b % 8 == 0 for b in sizes[3:])
+    assert all(any(s >= n for s in sizes) for n in range(1, 257))
+
+
+def _step(query_lens: list[int], context: int = 40) -> object:
+    blocks = -(-context // 16)
+    batch = [StepInput(token_ids=list(range(context)), num_computed_tokens=context - q,
+                       num_new_tokens=q, block_ids=list(range(i * blocks, (i + 1) * blocks)),
+                       needs_logits=True) for i, q in enumerate(query_lens)]
+    return pack_batch(batch, block_size=16)
+
+
+def test_graphs_serve_decode_steps_that_fit_and_nothing_else(tmp_path, tokenizer):
+    from paged_core.models.model_loader import load_hf_config, load_model
+
+    folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
+    model = load_model(folder, load_hf_config(folder), 128, torch.float32, torch.device("cpu"))
+    graphs = DecodeGraphs(model, None, [], max_num_seqs=4, max_model_len=128, block_size=16,
+                          device=torch.device("cpu"))
+    assert graphs.sizes == [1, 2, 4]
+    assert graphs.fits(_step([1, 1, 1]))
+    assert not graphs.fits(_step([1, 3]))  # a chunk of prefill
+    assert not graphs.fits(_step([1] * 5))  # more sequences than the largest graph
+    assert not graphs.fits(_step([1], context=200))  # a wider block table than captured
+
+
+def test_enforce_eager_is_a_checked_boolean_setting():
+    assert EngineConfig().enforce_eager is False
+    assert EngineConfig.from_env({"PAGED_CORE_ENFORCE_EAGER": "1"}).enforce_eager is True
+    with pytest.raises(ValueError, match="enforce_eager"):
+        EngineConfig(enforce_eager="sometimes")
+
+
+def test_activation_reserve_grows_with_the_step_budget(tmp_path, tokenizer):
+    from paged_core.models.model_loader import load_hf_config, load_model
+
+    folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
+    model = load_model(folder, load_hf_config(folder), 128, torch.float32, torch.device("cpu"))
+    small, large = (activation_reserve(EngineConfig(max_num_batched_tokens=n), model)
+                    for n in (512, 8192))
+    assert 256 << 20 < small < large
+
+
+def test_the_cpu_runs_eagerly_without_graphs(tmp_path, tokenizer):
+    folder = build_tiny_model("qwen2", str(tmp_path / "qwen2"), tokenizer)
+    prompts = [passage_token_ids(tokenizer, n, offset=5 * i) for i, n in enumerate([4, 21])]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    outputs = {}
+    for eager in (True, False):
+        llm = LLM(model=folder, dtype="float32", num_kv_blocks=32, enforce_eager=eager)
+        assert llm.engine.core.executor.runner.decode_graphs is None
+        outputs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params,
+                                                                        use_tqdm=False)]
+    assert outputs[True] == outputs[False]
