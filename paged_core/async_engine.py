@@ -35,6 +35,7 @@ failure) it reaps the engine's worker processes.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 import threading
@@ -50,8 +51,10 @@ from .core.engine_stats import EngineStats
 from .requests.engine_io import EngineRequest
 from .serving.deadlines import Deadlines, check_timeout
 from .engine.llm_engine import LLMEngine
-from .serving.engine_commands import AbortRequest, AddRequest, EngineCommand
-from .exceptions import EngineDeadError, RequestTimeoutError
+from .serving.engine_commands import AbortRequest, AddRequest, EngineCommand, RemoveLora
+from .exceptions import EngineDeadError, ParamValidationError, RequestTimeoutError
+from .lora.modules import parse_lora_modules
+from .lora.request import LoRARequest
 from .outputs import RequestOutput
 from .frontend.prompts import PromptInput
 from .sampling_params import SamplingParams
@@ -76,6 +79,9 @@ class AsyncEngine:
         self._dead: BaseException | None = None
         self._stopping = False
         self._draining: float | None = None  # drain_timeout once a drain began
+        self._loras: dict[str, LoRARequest] = {}  # served adapters by name (OpenAI ``model``)
+        for name, path in parse_lora_modules(self.config.lora_modules or ""):
+            self._register_lora(LoRARequest(name, len(self._loras) + 1, path))
         self._thread = threading.Thread(target=self._run_loop, name="paged-core-engine", daemon=True)
         self._thread.start()
 
@@ -114,18 +120,59 @@ class AsyncEngine:
     def apply_chat_template(self, messages: list[dict], tools: list | None = None) -> list[int]:
         return chat_prompt_token_ids(self.engine.tokenizer, messages, tools)
 
+    # -- LoRA adapters (vLLM's names) ------------------------------------------------
+    @property
+    def lora_requests(self) -> list[LoRARequest]:
+        """The adapters served by name (``lora_modules`` and ``load_lora_adapter``), in id
+        order."""
+        return sorted(self._loras.values(), key=lambda r: r.lora_int_id)
+
+    @property
+    def allow_runtime_lora_updating(self) -> bool:
+        return self.config.allow_runtime_lora_updating
+
+    def _register_lora(self, request: LoRARequest) -> None:
+        self.engine.add_lora(request)
+        self._loras[request.lora_name] = request
+
+    async def load_lora_adapter(self, lora_name: str, lora_path: str) -> LoRARequest:
+        """Serve the PEFT adapter at ``lora_path`` as ``lora_name`` (read and checked off the
+        event loop); ``ParamValidationError`` if the name is taken or the adapter is refused."""
+        if lora_name in self._loras:
+            raise ParamValidationError(f"The lora adapter '{lora_name}' has already been "
+                                       f"loaded", "lora_name")
+        next_id = max([r.lora_int_id for r in self._loras.values()] + [0]) + 1
+        request = LoRARequest(lora_name, next_id, lora_path)
+        await asyncio.to_thread(self._register_lora, request)
+        return request
+
+    async def unload_lora_adapter(self, lora_name: str) -> bool:
+        """Stop serving ``lora_name``; False if no such adapter is served or a request still
+        runs or waits under it (removal happens between steps, on the step loop)."""
+        request = self._loras.get(lora_name)
+        if request is None:
+            return False
+        self._check_alive()
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._submit(RemoveLora(request.lora_int_id, done))
+        removed = await asyncio.wrap_future(done)
+        if removed:
+            self._loras.pop(lora_name, None)
+        return removed
+
     # -- requests --------------------------------------------------------------------
     async def generate(self, prompt: PromptInput,
                        sampling_params: SamplingParams | BeamSearchParams | None = None,
                        request_id: str | None = None, *, priority: int = 0,
-                       timeout: float | None = None, tenant: str | None = None
+                       timeout: float | None = None, tenant: str | None = None,
+                       lora_request: LoRARequest | None = None
                        ) -> AsyncIterator[RequestOutput]:
         """Stream outputs of one request (a beam search request has one output, its last).
 
         ``priority`` is vLLM's (lower runs first under ``scheduling_policy="priority"``);
         ``timeout`` (seconds, default ``EngineConfig.request_timeout``) is the request's
         deadline; ``tenant`` (e.g. the OpenAI ``user``) groups requests for
-        ``tenant_fairness``.
+        ``tenant_fairness``; ``lora_request`` runs it under that adapter (``enable_lora``).
 
         Raises ``ValueError`` before the first output for bad input,
         ``EngineOverloadedError`` (before anything is queued) when
@@ -138,7 +185,7 @@ class AsyncEngine:
         deadline = None if timeout is None else time.monotonic() + timeout
         request_id = request_id or uuid.uuid4().hex
         request = await self._admit(request_id, prompt, sampling_params, priority, tenant,
-                                    deadline)
+                                    deadline, lora_request)
         waiting = True  # holds an admission slot until its first output
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), queue)
@@ -164,7 +211,8 @@ class AsyncEngine:
 
     async def _admit(self, request_id: str, prompt: PromptInput,
                      params: SamplingParams | BeamSearchParams | None, priority: int,
-                     tenant: str | None, deadline: float | None) -> EngineRequest:
+                     tenant: str | None, deadline: float | None,
+                     lora_request: LoRARequest | None = None) -> EngineRequest:
         """Take an admission slot (``EngineOverloadedError`` if none is left), then validate
         and tokenize off the event loop (``make_request``); the slot is given back if that
         raises, and otherwise held until the request's first output."""
@@ -172,7 +220,7 @@ class AsyncEngine:
         try:
             request = await asyncio.to_thread(self.engine.make_request, request_id, prompt,
                                               params, priority=priority, tenant=tenant,
-                                              deadline=deadline)
+                                              deadline=deadline, lora_request=lora_request)
             if request_id in self._streams:
                 raise ValueError(f"request_id {request_id!r} is already in use")
             return request
@@ -289,6 +337,8 @@ class AsyncEngine:
         for command in commands:
             if isinstance(command, AddRequest):
                 self._add(command)
+            elif isinstance(command, RemoveLora):
+                command.done.set_result(self.engine.remove_lora(command.lora_id))
             else:
                 self._abort(command.request_id)
 

@@ -51,7 +51,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from paged_core import (AsyncEngine, EngineConfig, EngineDeadError, EngineOverloadedError,
-                        RequestOutput, SamplingParams)
+                        LoRARequest, RequestOutput, SamplingParams)
 
 from .metrics import TritonMetrics
 from .request_parsing import parse_request
@@ -123,14 +123,15 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                prompt, stream, params = parse_request(
+                prompt, stream, params, lora_name = parse_request(
                     *(self._input(request, name)
                       for name in ("text_input", "stream", "sampling_parameters")))
+                lora = self._lora(lora_name)
             except ValueError as exc:
                 sender.send(_error_response(str(exc)), flags=FINAL)
                 continue
             future = asyncio.run_coroutine_threadsafe(
-                self._serve(sender, prompt, stream, params), self.loop)
+                self._serve(sender, prompt, stream, params, lora), self.loop)
             future.add_done_callback(_log_failure)
         return None
 
@@ -152,9 +153,21 @@ class TritonPythonModel:
         tensor = pb_utils.get_input_tensor_by_name(request, name)
         return None if tensor is None else tensor.as_numpy()
 
-    async def _serve(self, sender: Any, prompt: str, stream: bool, params: SamplingParams) -> None:
+    def _lora(self, lora_name: str | None) -> LoRARequest | None:
+        """The served adapter named ``lora_name`` (``None``: the base model); ``ValueError``
+        naming the served ones otherwise."""
+        if lora_name is None:
+            return None
+        served = {r.lora_name: r for r in self.engine.lora_requests}
+        if lora_name not in served:
+            raise ValueError(f"lora_name {lora_name!r} is not served here; served adapters: "
+                             f"{sorted(served)} (PAGED_CORE_LORA_MODULES)")
+        return served[lora_name]
+
+    async def _serve(self, sender: Any, prompt: str, stream: bool, params: SamplingParams,
+                     lora: LoRARequest | None = None) -> None:
         """Run one request to its FINAL response, racing it against client cancellation."""
-        work = asyncio.ensure_future(self._generate(sender, prompt, stream, params))
+        work = asyncio.ensure_future(self._generate(sender, prompt, stream, params, lora))
         while not work.done():
             await asyncio.wait([work], timeout=CANCEL_POLL_S)
             if not work.done() and sender.is_cancelled():
@@ -171,10 +184,11 @@ class TritonPythonModel:
             sender.send(_error_response(message), flags=FINAL)
 
     async def _generate(self, sender: Any, prompt: str, stream: bool,
-                        params: SamplingParams) -> None:
+                        params: SamplingParams, lora: LoRARequest | None = None) -> None:
         request_id = f"triton-{uuid.uuid4().hex}"
         last: RequestOutput | None = None
-        async for out in self.engine.generate(prompt, params, request_id=request_id):
+        async for out in self.engine.generate(prompt, params, request_id=request_id,
+                                              lora_request=lora):
             last = out
             if stream and (out.finished or any(c.delta_text for c in out.outputs)):
                 sender.send(_text_response([c.delta_text for c in out.outputs]),

@@ -4,7 +4,8 @@ Inputs (``config.pbtxt``): ``text_input`` (TYPE_STRING, one element),
 ``stream`` (TYPE_BOOL, optional, default false), ``sampling_parameters``
 (TYPE_STRING holding a JSON object of ``SamplingParams`` fields, optional;
 ``structured_outputs`` is an object of ``StructuredOutputsParams`` fields, e.g.
-``{"structured_outputs": {"json": {...schema...}}}``).
+``{"structured_outputs": {"json": {...schema...}}}``; ``lora_name``, as in Triton's
+vllm_backend, names the LoRA adapter to run under).
 Every bad input raises ``ValueError`` naming the input and what to change.
 """
 from __future__ import annotations
@@ -28,8 +29,10 @@ def _scalar(array: np.ndarray | None, name: str) -> Any:
 
 
 def parse_request(text_input: np.ndarray | None, stream: np.ndarray | None,
-                  sampling_parameters: np.ndarray | None) -> tuple[str, bool, SamplingParams]:
-    """Decode one request's tensors (``None`` for an absent optional input)."""
+                  sampling_parameters: np.ndarray | None
+                  ) -> tuple[str, bool, SamplingParams, str | None]:
+    """Decode one request's tensors (``None`` for an absent optional input): the prompt,
+    whether to stream, its ``SamplingParams`` and its ``lora_name`` (``None``: the base)."""
     prompt = _scalar(text_input, "text_input")
     if prompt is None:
         raise ValueError("text_input is required")
@@ -45,4 +48,7 @@ def parse_request(text_input: np.ndarray | None, stream: np.ndarray | None,
             raise ValueError(f"sampling_parameters must be a JSON object: {exc}") from None
         if not isinstance(values, dict):
             raise ValueError("sampling_parameters must be a JSON object of SamplingParams fields")
-    return prompt, want_stream, SamplingParams.from_dict(values)
+    lora_name = values.pop("lora_name", None)
+    if lora_name is not None and (not isinstance(lora_name, str) or not lora_name):
+        raise ValueError(f"lora_name must be a non-empty string, got {lora_name!r}")
+    return prompt, want_stream, SamplingParams.from_dict(values), lora_name

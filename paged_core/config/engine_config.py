@@ -49,6 +49,8 @@ class EngineConfig(LoRAConfig, ServingConfig, ParallelConfig, SchedulerConfig, C
             part.__post_init__(self)
         self.speculative_config = SpeculativeConfig.from_value(self.speculative_config)
         self.kv_events_config = KVEventsConfig.from_value(self.kv_events_config)
+        if (self.lora_modules or self.allow_runtime_lora_updating) and not self.enable_lora:
+            raise ValueError("lora_modules and allow_runtime_lora_updating need enable_lora=True")
         if self.speculative_config and self.speculative_config.method == "draft_model" \
                 and self.tensor_parallel_size > 1:
             raise ValueError("speculative_config with a draft model needs tensor_parallel_size=1; "

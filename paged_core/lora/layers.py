@@ -1,16 +1,19 @@
 """``LoRALinear``: a base projection plus, for each row, the product of its adapter.
 
-One wrapped projection holds, per module it serves (``q_proj`` of the fused ``qkv_proj``,
-...), stacked weights of the ``max_loras`` slots: ``a`` ``[slots, max_rank, in]`` and ``b``
-``[slots, out, max_rank]`` in this rank's shard, of which slot ``s`` uses the first
-``rank[s]`` ranks. A step's ``LoRABatch`` groups its token rows by slot; for each group
-the wrapper runs two GEMMs over the group's rows (Punica's segment idea: the adapters of
-one batch cost one pair of small GEMMs each, on top of the one base GEMM), scaled by the
-adapter's ``scaling``, and adds the result to the module's output columns:
+A wrapped projection serves ``parts``: the modules whose outputs it holds side by side
+(``q_proj``, ``k_proj``, ``v_proj`` of the fused ``qkv_proj``; one part for ``o_proj``).
+Each of the ``max_loras`` slots keeps its adapter's parts stacked so that one pair of GEMMs
+covers them all: with ``r`` the adapter's largest rank over this projection,
 
-    y[rows, cols] += scaling * (x[rows] @ a[s, :r].T) @ b[s, :, :r].T
+- ``a[slot, p*r:(p+1)*r]`` is part ``p``'s ``lora_A`` (rows past its own rank are zero);
+- ``b[slot, part columns, p*r:(p+1)*r]`` is part ``p``'s ``lora_B`` times its ``scaling``
+  (block-diagonal: every other entry is zero),
 
-Under tensor parallelism a column-parallel module's ``b`` holds this rank's output rows
+so ``y[rows] += (x[rows] @ a[slot, :P*r].T) @ b[slot, :, :P*r].T``. A step's ``LoRABatch``
+groups its token rows by slot; each group costs one such pair on top of the one base GEMM
+(Punica's segment idea), whatever the mix of adapters.
+
+Under tensor parallelism a column-parallel projection's ``b`` holds this rank's output rows
 (``a`` whole); a row-parallel one (``o_proj``, ``down_proj``) holds this rank's input
 columns of ``a`` and the whole ``b``: the rank's ``x @ a.T`` is a partial sum, all-reduced
 before ``b`` (the base output is already reduced), so every rank adds the same product.
@@ -35,12 +38,20 @@ class LoRABatch:
 
 @dataclass(frozen=True)
 class ModulePart:
-    """Module ``name``'s output columns ``[start, start + size)`` of the wrapped projection
-    (whole projection: ``start`` 0, ``size`` its width)."""
+    """Module ``name``'s output columns ``[start, start + size)`` of the wrapped projection."""
 
     name: str
     start: int
     size: int
+
+
+@dataclass(frozen=True)
+class PartWeights:
+    """One part's shard for a slot: ``a`` ``[r, in]``, ``b`` ``[size, r]``, ``scaling``."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    scaling: float
 
 
 class LoRALinear(nn.Module):
@@ -52,52 +63,42 @@ class LoRALinear(nn.Module):
                  row_parallel: bool, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.base = base
-        self.parts = {p.name: p for p in parts}
-        self.in_features = in_features
+        self.parts = parts
         self.batch = batch
-        self.num_slots, self.max_rank = num_slots, max_rank
         self.tp, self.row_parallel = tp, row_parallel
-        self.dtype, self.device = dtype, device
-        self.weights: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # allocated on use
-        # per slot: module name -> (rank, scaling) of the adapter it holds
-        self.active: list[dict[str, tuple[int, float]]] = [{} for _ in range(num_slots)]
+        width = len(parts) * max_rank
+        out_features = max(p.start + p.size for p in parts)
+        self.a = torch.zeros(num_slots, width, in_features, dtype=dtype, device=device)
+        self.b = torch.zeros(num_slots, out_features, width, dtype=dtype, device=device)
+        self.width = [0] * num_slots  # columns of a/b the slot's adapter uses (0: none)
 
-    def set_slot(self, slot: int, name: str, a: torch.Tensor | None, b: torch.Tensor | None,
-                 scaling: float = 0.0) -> None:
-        """Put module ``name``'s shard ``a`` ``[r, in]``, ``b`` ``[out, r]`` in ``slot``
-        (``a`` None: the slot's adapter leaves that module alone)."""
-        if a is None:
-            self.active[slot].pop(name, None)
-            return
-        if name not in self.weights:
-            shapes = ((self.num_slots, self.max_rank, self.in_features),
-                      (self.num_slots, self.parts[name].size, self.max_rank))
-            self.weights[name] = tuple(torch.zeros(shape, dtype=self.dtype, device=self.device)
-                                       for shape in shapes)
-        stack_a, stack_b = self.weights[name]
-        rank = a.shape[0]
-        stack_a[slot, :rank].copy_(a)
-        stack_b[slot, :, :rank].copy_(b)
-        self.active[slot][name] = (rank, scaling)
+    def set_slot(self, slot: int, weights: dict[str, PartWeights]) -> None:
+        """Hold in ``slot`` the given parts' shards (parts not given stay zero)."""
+        self.a[slot].zero_()
+        self.b[slot].zero_()
+        rank = max((w.a.shape[0] for w in weights.values()), default=0)
+        for index, part in enumerate(self.parts):
+            w = weights.get(part.name)
+            if w is None:
+                continue
+            cols = slice(index * rank, index * rank + w.a.shape[0])
+            self.a[slot, cols].copy_(w.a)
+            self.b[slot, part.start:part.start + part.size, cols].copy_(w.b * w.scaling)
+        self.width[slot] = len(self.parts) * rank if weights else 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
         for slot, rows in self.batch.segments:
-            modules = self.active[slot]
-            if not modules:
+            width = self.width[slot]
+            if not width:
                 continue
             xs = x if rows is None else x.index_select(0, rows)
-            for name, (rank, scaling) in modules.items():
-                stack_a, stack_b = self.weights[name]
-                shrunk = xs @ stack_a[slot, :rank].T
-                if self.row_parallel:
-                    self.tp.all_reduce(shrunk)
-                delta = (shrunk @ stack_b[slot, :, :rank].T) * scaling
-                part = self.parts[name]
-                columns = y[:, part.start:part.start + part.size]
-                if rows is None:
-                    columns += delta
-                else:
-                    columns.index_add_(0, rows, delta.to(y.dtype))
+            shrunk = xs @ self.a[slot, :width].T
+            if self.row_parallel:
+                self.tp.all_reduce(shrunk)
+            expand = self.b[slot, :, :width].T
+            if rows is None:
+                y.addmm_(shrunk, expand)
+            else:
+                y.index_add_(0, rows, shrunk @ expand)
         return y
-

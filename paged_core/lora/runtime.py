@@ -2,10 +2,10 @@
 hold, and a host cache of ``max_cpu_loras`` adapters read from disk (least recently used out).
 
 ``attach`` wraps every decoder layer's ``qkv_proj``, ``o_proj`` and (dense layers')
-``gate_up_proj`` / ``down_proj`` in ``LoRALinear`` and turns the CPU's one-call decoder
-stack off (it would bypass the wrappers). Before each step ``prepare`` copies the adapters
-the core assigned to slots in (``PackedBatch.lora_loads``) and groups the step's rows by slot
-(``PackedBatch.lora_slots``). Fused checkpoint modules (Phi-3's ``qkv_proj``, ``gate_up_proj``)
+``gate_up_proj`` / ``down_proj`` in ``LoRALinear``. Before each step ``prepare`` copies the
+adapters the core assigned to slots in (``PackedBatch.lora_loads``) and groups the step's rows
+by slot (``PackedBatch.lora_slots``); the CPU's one-call decoder stack (which holds the base
+weights, not the wrappers) runs only the steps where no row has an adapter. Fused checkpoint modules (Phi-3's ``qkv_proj``, ``gate_up_proj``)
 are split into the modules they fuse, sharing one ``lora_A``, so every module is sharded like
 the base weight it adapts (``ShardPlan.slice_of``).
 """
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..executor.packed_batch import PackedBatch
-from .layers import LoRABatch, LoRALinear, ModulePart
+from .layers import LoRABatch, LoRALinear, ModulePart, PartWeights
 from .peft_checkpoint import LoRAAdapter, LoRAModule, load_adapter, module_shapes
 from .request import LoRARequest
 
@@ -34,6 +34,7 @@ class LoRARuntime:
         self.device = model.embed_tokens.weight.device
         self.wrappers: list[tuple[int, LoRALinear]] = []  # (layer index, wrapper)
         self._cache: OrderedDict[LoRARequest, LoRAAdapter] = OrderedDict()
+        self._stack = model.decoder_stack  # the base model's one-call CPU path, if any
         self._attach(max_loras)
 
     def _attach(self, max_loras: int) -> None:
@@ -62,7 +63,6 @@ class LoRARuntime:
                      hidden, row=False)
                 wrap(layer.mlp, "down_proj", [ModulePart("down_proj", 0, hidden)], width,
                      row=True)
-        model.decoder_stack = None
 
     def adapter(self, request: LoRARequest) -> LoRAAdapter:
         """``request``'s adapter from the host cache, read from disk on a miss."""
@@ -80,22 +80,24 @@ class LoRARuntime:
         for slot, request in packed.lora_loads:
             self._load(slot, _unfused(self.adapter(request), self.model.spec))
         self.batch.segments = _segments(packed.lora_slots, self.device)
+        self.model.decoder_stack = None if self.batch.segments else self._stack
 
     def _load(self, slot: int, modules: dict[tuple[int, str], LoRAModule]) -> None:
         shard = self.model.shard
         for index, wrapper in self.wrappers:
-            for name in wrapper.parts:
-                module = modules.get((index, name))
+            weights = {}
+            for part in wrapper.parts:
+                module = modules.get((index, part.name))
                 if module is None:
-                    wrapper.set_slot(slot, name, None, None)
                     continue
                 a, b = module.a, module.b
-                cut = shard.slice_of(f"layers.{index}.{name}.weight", tuple(
+                cut = shard.slice_of(f"layers.{index}.{part.name}.weight", tuple(
                     (a if wrapper.row_parallel else b).shape))
                 if cut is not None:  # column-parallel: b's rows; row-parallel: a's columns
                     a, b = (a[cut], b) if wrapper.row_parallel else (a, b[cut])
-                wrapper.set_slot(slot, name, a.to(self.device), b.to(self.device),
-                                 module.scaling)
+                weights[part.name] = PartWeights(a.to(self.device), b.to(self.device),
+                                                 module.scaling)
+            wrapper.set_slot(slot, weights)
 
 
 def _unfused(adapter: LoRAAdapter, spec) -> dict[tuple[int, str], LoRAModule]:

@@ -10,6 +10,7 @@ import asyncio
 from functools import partial
 from typing import Any
 
+from paged_core.lora.request import LoRARequest
 from paged_core.serving.engine_client import EngineClient
 from paged_core.outputs import CompletionOutput
 
@@ -60,9 +61,10 @@ class ChatFormatter(Formatter):
                 "finish_reason": finish_reason}
 
 
-async def chat_job(engine: EngineClient, metrics: ServingMetrics,
-                   req: ChatCompletionRequest) -> Job:
-    """The job of a chat request; the template is rendered and tokenized in a worker thread."""
+async def chat_job(engine: EngineClient, metrics: ServingMetrics, req: ChatCompletionRequest,
+                   lora: LoRARequest | None = None) -> Job:
+    """The job of a chat request (under ``lora``, when its ``model`` names an adapter); the
+    template is rendered and tokenized in a worker thread."""
     params = chat_params(req)
     mode, name = tool_choice_mode(req.tools, req.tool_choice)
     template = getattr(engine.tokenizer, "chat_template", None)
@@ -79,4 +81,4 @@ async def chat_job(engine: EngineClient, metrics: ServingMetrics,
                formatter=ChatFormatter(req.logprobs, req.top_logprobs, tools),
                prompts=salted_prompts([{"prompt_token_ids": prompt_ids}], req), params=params,
                refusal=partial(engine_refusal, req=req, prompt_param="messages"),
-               include_usage=include_usage, options=generate_options(req))
+               include_usage=include_usage, options=generate_options(req, lora), lora=lora)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from paged_core.lora.request import LoRARequest
 from paged_core.serving.engine_client import EngineClient
 from paged_core.outputs import CompletionOutput
 
@@ -48,10 +49,12 @@ def _prompts(prompt: Any) -> list[Any]:
     return [p if isinstance(p, str) else {"prompt_token_ids": list(p)} for p in prompt]
 
 
-def completion_job(engine: EngineClient, metrics: ServingMetrics, req: CompletionRequest) -> Job:
+def completion_job(engine: EngineClient, metrics: ServingMetrics, req: CompletionRequest,
+                   lora: LoRARequest | None = None) -> Job:
+    """The job of a completion request (under ``lora``, when its ``model`` names an adapter)."""
     params = completion_params(req)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return Job(engine=engine, metrics=metrics, formatter=CompletionFormatter(req.logprobs),
                prompts=salted_prompts(_prompts(req.prompt), req), params=params,
                refusal=partial(engine_refusal, req=req, prompt_param="prompt"),
-               include_usage=include_usage, options=generate_options(req))
+               include_usage=include_usage, options=generate_options(req, lora), lora=lora)

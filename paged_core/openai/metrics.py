@@ -6,7 +6,8 @@ speculative decoding's draft / accepted tokens and mean acceptance length) are
 the rows of the engine metrics table (``paged_core/serving/engine_metrics.py``, shared
 with the Triton adapter), read from ``engine.stats()`` at scrape time, so they
 can never drift from the engine; latency histograms (time to first token,
-inter-token latency) are observed by the OpenAI layer as it streams;
+inter-token latency) and the requests and generated tokens per served model or LoRA
+adapter are observed by the OpenAI layer as it streams;
 ``process_*`` metrics (RSS, CPU) describe the process that holds the engine.
 Each ``ServingMetrics`` owns its registry, so several apps in one process never
 collide.
@@ -16,7 +17,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
+from prometheus_client import (CollectorRegistry, Counter, Histogram, ProcessCollector,
+                               generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -53,6 +55,17 @@ class ServingMetrics:
         self.itl = Histogram(f"{PREFIX}_inter_token_latency_seconds",
                              "Time between consecutive generated tokens of a request",
                              buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.model_requests = Counter(f"{PREFIX}_model_requests",
+                                      "Completed requests per served model or LoRA adapter",
+                                      ["model"], registry=self.registry)
+        self.model_tokens = Counter(f"{PREFIX}_model_generation_tokens",
+                                    "Generated tokens per served model or LoRA adapter",
+                                    ["model"], registry=self.registry)
+
+    def count_model_usage(self, model: str, completion_tokens: int) -> None:
+        """One completed request of ``model`` (the base model or an adapter's name)."""
+        self.model_requests.labels(model=model).inc()
+        self.model_tokens.labels(model=model).inc(completion_tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

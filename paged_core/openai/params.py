@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from paged_core.lora.request import LoRARequest
+
 from paged_core.beam_search.params import BeamSearchParams
 from paged_core.sampling_params import SamplingParams
 
@@ -43,10 +45,12 @@ def engine_refusal(exc: ValueError, req: SamplingFields, prompt_param: str) -> O
     return bad_request(exc, rename=request_field_names(req), default_param=prompt_param)
 
 
-def generate_options(req: SamplingFields) -> dict[str, Any]:
+def generate_options(req: SamplingFields, lora: LoRARequest | None = None) -> dict[str, Any]:
     """Keyword arguments of ``engine.generate`` beside the prompt and ``SamplingParams``:
-    ``priority``, ``timeout`` and the ``user`` as the tenant (checked by the engine)."""
-    return {"priority": req.priority, "timeout": req.timeout, "tenant": req.user}
+    ``priority``, ``timeout`` and the ``user`` as the tenant (checked by the engine), and
+    the ``lora_request`` its ``model`` names."""
+    options = {"priority": req.priority, "timeout": req.timeout, "tenant": req.user}
+    return options if lora is None else {**options, "lora_request": lora}
 
 
 def salted_prompts(prompts: list[Any], req: SamplingFields) -> list[Any]:

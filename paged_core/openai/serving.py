@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from paged_core.lora.request import LoRARequest
 from paged_core.serving.engine_client import EngineClient
 from paged_core.outputs import CompletionOutput, RequestOutput
 from paged_core.sampling_params import SamplingParams
@@ -59,15 +60,21 @@ class Job:
     refusal: generation.Refusal  # the engine's ValueError -> a 400 naming the request field
     include_usage: bool = False
     options: dict[str, Any] = field(default_factory=dict)  # engine.generate keywords
+    lora: LoRARequest | None = None  # the adapter the request's ``model`` named
     response_id: str = field(default="")
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
         self.response_id = generation.new_id(self.formatter.id_prefix)
 
+    @property
+    def model_name(self) -> str:
+        """What the reply calls the model: the adapter's name, or the base model's."""
+        return self.engine.model_name if self.lora is None else self.lora.lora_name
+
     def envelope(self, object_name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.response_id, "object": object_name, "created": self.created,
-                "model": self.engine.model_name, "choices": choices}
+                "model": self.model_name, "choices": choices}
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -101,6 +108,7 @@ async def run(request: Request, job: Job, stream: bool) -> Response:
                for i, out in sorted(finals.items()) for c in out.outputs]
     body = job.envelope(job.formatter.object_name, choices)
     body["usage"] = _usage_of(finals)
+    job.metrics.count_model_usage(job.model_name, body["usage"]["completion_tokens"])
     return JSONResponse(body)
 
 
@@ -137,9 +145,11 @@ async def _events(job: Job, streams: list[AsyncIterator[RequestOutput]]) -> Asyn
                 choice = job.formatter.delta_choice(index, comp, offsets.get(index, 0))
                 offsets[index] = offsets.get(index, 0) + len(comp.delta_text)
                 yield _sse(job.envelope(job.formatter.chunk_object_name, [choice]))
+        usage = _usage_of(finals)
+        job.metrics.count_model_usage(job.model_name, usage["completion_tokens"])
         if job.include_usage:
             chunk = job.envelope(job.formatter.chunk_object_name, [])
-            chunk["usage"] = _usage_of(finals)
+            chunk["usage"] = usage
             yield _sse(chunk)
     except OpenAIError as exc:
         yield _sse(exc.body(), ensure_ascii=True)

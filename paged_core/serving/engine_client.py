@@ -18,6 +18,7 @@ from ..core.engine_stats import EngineStats
 from ..outputs import RequestOutput
 from ..frontend.prompts import PromptInput
 from ..beam_search.params import BeamSearchParams
+from ..lora.request import LoRARequest
 from ..sampling_params import SamplingParams
 
 
@@ -55,7 +56,22 @@ class EngineClient(Protocol):
     def generate(self, prompt: PromptInput,
                  sampling_params: SamplingParams | BeamSearchParams | None = None,
                  request_id: str | None = None, *, priority: int = 0,
-                 timeout: float | None = None, tenant: str | None = None
+                 timeout: float | None = None, tenant: str | None = None,
+                 lora_request: LoRARequest | None = None
                  ) -> AsyncIterator[RequestOutput]: ...
+
+    @property
+    def lora_requests(self) -> list[LoRARequest]:
+        """The LoRA adapters served by name (the OpenAI ``model`` picks one)."""
+
+    @property
+    def allow_runtime_lora_updating(self) -> bool:
+        """Whether adapters may be loaded and unloaded while serving."""
+
+    async def load_lora_adapter(self, lora_name: str, lora_path: str) -> LoRARequest:
+        """Serve a PEFT adapter by name (``ParamValidationError`` if refused)."""
+
+    async def unload_lora_adapter(self, lora_name: str) -> bool:
+        """Stop serving an adapter; False if unknown or still in use."""
 
     async def abort(self, request_id: str) -> None: ...

@@ -6,6 +6,7 @@ frozen: once handed over, the caller keeps no way to change them.
 """
 from __future__ import annotations
 
+import concurrent.futures
 from dataclasses import dataclass
 
 from ..requests.engine_io import EngineRequest
@@ -28,4 +29,12 @@ class AbortRequest:
     request_id: str
 
 
-EngineCommand = AddRequest | AbortRequest
+@dataclass(frozen=True)
+class RemoveLora:
+    """Forget LoRA adapter ``lora_id`` unless a request uses it; ``done`` gets the answer."""
+
+    lora_id: int
+    done: concurrent.futures.Future
+
+
+EngineCommand = AddRequest | AbortRequest | RemoveLora

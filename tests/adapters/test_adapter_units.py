@@ -49,10 +49,16 @@ def test_triton_request_parsing():
 
     text = np.array([b"hello"], dtype=np.object_)
     params = np.array([json.dumps({"max_tokens": 3, "temperature": 0}).encode()], dtype=np.object_)
-    prompt, stream, sp = parse_request(text, np.array([True]), params)
-    assert (prompt, stream, sp.max_tokens, sp.temperature) == ("hello", True, 3, 0)
-    _, stream, sp = parse_request(text, None, None)
+    prompt, stream, sp, lora = parse_request(text, np.array([True]), params)
+    assert (prompt, stream, sp.max_tokens, sp.temperature, lora) == ("hello", True, 3, 0, None)
+    _, stream, sp, _ = parse_request(text, None, None)
     assert stream is False and sp == SamplingParams()
+    with_lora = np.array([json.dumps({"max_tokens": 2, "lora_name": "sql"}).encode()],
+                         dtype=np.object_)
+    _, _, sp, lora = parse_request(text, None, with_lora)  # vllm_backend's key
+    assert lora == "sql" and sp.max_tokens == 2
+    with pytest.raises(ValueError, match="lora_name must be a non-empty string"):
+        parse_request(text, None, np.array([b'{"lora_name": 3}'], dtype=np.object_))
     for bad, fragment in ((np.array([b'{"max_tokens": '], dtype=np.object_), "JSON"),
                           (np.array([b"[1]"], dtype=np.object_), "JSON object"),
                           (np.array([b'{"max_tokens": -1}'], dtype=np.object_), "max_tokens"),
@@ -70,7 +76,7 @@ def test_triton_sampling_parameters_take_structured_outputs():
     text = np.array([b"hello"], dtype=np.object_)
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     raw = json.dumps({"max_tokens": 8, "structured_outputs": {"json": schema}}).encode()
-    _, _, sp = parse_request(text, None, np.array([raw], dtype=np.object_))
+    _, _, sp, _ = parse_request(text, None, np.array([raw], dtype=np.object_))
     assert sp.structured_outputs == StructuredOutputsParams(json=schema)
     bad = json.dumps({"structured_outputs": {"regex": "("}}).encode()
     with pytest.raises(ValueError, match=r"structured_outputs\.regex"):

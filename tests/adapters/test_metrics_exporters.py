@@ -52,12 +52,13 @@ class FakeMetricFamily:
 
 def openai_exported(stats: dict) -> dict[str, tuple[str, str, float]]:
     """``{name: (kind, help, value)}`` of the engine metrics in the OpenAI layer's text (not
-    its latency histograms, nor their ``_created`` timestamps, nor ``process_*``)."""
+    its latency histograms, nor their ``_created`` timestamps, nor ``process_*``, nor its
+    per-model request counters, which the OpenAI layer counts itself)."""
     text = ServingMetrics(lambda: stats).render().decode()
     return {f.name: (f.type, f.documentation, f.samples[0].value)
             for f in text_string_to_metric_families(text)
             if f.name.startswith("paged_core_") and f.type in ("gauge", "counter")
-            and not f.name.endswith("_created")}
+            and not f.name.endswith("_created") and not f.name.startswith("paged_core_model_")}
 
 
 def triton_exported(triton: TritonMetrics) -> dict[str, tuple[str, str, float]]:

@@ -1,29 +1,19 @@
-"""PEFT LoRA adapters for the tests, made with PEFT itself: random ``lora_A`` (PEFT's init)
-and random non-zero ``lora_B`` (PEFT starts it at zero, which would change nothing)."""
+"""Test adapters (``paged_core.bench.lora_adapters``) and the oracle: PEFT over transformers."""
 from __future__ import annotations
+
+import os
+import shutil
 
 import torch
 
-ALL_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+from paged_core.bench.lora_adapters import make_adapters
 
 
-def make_adapter(base_folder: str, folder: str, rank: int, seed: int,
-                 target_modules: list[str] | None = None, alpha: int | None = None,
-                 use_rslora: bool = False, scale: float = 0.3) -> str:
-    """Save a PEFT adapter of ``rank`` over the model in ``base_folder`` into ``folder``."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(base_folder, dtype=torch.float32)
-    config = LoraConfig(r=rank, lora_alpha=alpha or 2 * rank, use_rslora=use_rslora,
-                        target_modules=target_modules or ALL_MODULES, lora_dropout=0.0)
-    torch.manual_seed(seed)
-    model = get_peft_model(base, config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0.0, scale)
-    model.save_pretrained(folder)
+def make_adapter(base_folder: str, folder: str, rank: int, seed: int, **options) -> str:
+    """One PEFT adapter of ``rank`` over the model in ``base_folder``, saved in ``folder``."""
+    (made,) = make_adapters(base_folder, folder + ".parts", rank, [seed], **options)
+    shutil.move(made, folder)
+    os.rmdir(folder + ".parts")
     return folder
 
 

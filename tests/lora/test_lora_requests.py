@@ -95,3 +95,18 @@ def test_slot_table_never_evicts_an_adapter_in_use():
     assert table.admit(2, {3}) and table.take_loads() == []  # resident: nothing to load
     table.release(3)
     assert table.admit(4, {2}) and table.take_loads() == [(0, 4)]
+
+
+def test_lora_modules_setting_parses_vllm_forms():
+    from paged_core import EngineConfig
+    from paged_core.lora.modules import parse_lora_modules
+
+    assert parse_lora_modules("sql=/a/sql, math=/a/math") == [("sql", "/a/sql"),
+                                                               ("math", "/a/math")]
+    assert parse_lora_modules('[{"name": "sql", "path": "/a/sql"}]') == [("sql", "/a/sql")]
+    for bad, message in (("sql", "not name=path"), ("a=/x a=/y", "unique"),
+                         ('[{"name": "a"}]', "JSON list")):
+        with pytest.raises(ValueError, match=message):
+            parse_lora_modules(bad)
+    with pytest.raises(ValueError, match="need enable_lora=True"):
+        EngineConfig(lora_modules="sql=/a/sql")

@@ -21,6 +21,8 @@ class FakeEngine:
     max_model_len = 128
     tokenizer = None
     tool_call_parser = None
+    lora_requests: list = []
+    allow_runtime_lora_updating = False
 
     def __init__(self, script: list[Any]) -> None:
         self.script = script
@@ -50,6 +52,12 @@ class FakeEngine:
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
+
+    async def load_lora_adapter(self, lora_name: str, lora_path: str):
+        raise AssertionError("runtime LoRA updating is off")
+
+    async def unload_lora_adapter(self, lora_name: str) -> bool:
+        raise AssertionError("runtime LoRA updating is off")
 
 
 async def post(engine: FakeEngine, path: str, body: dict) -> httpx.Response:
