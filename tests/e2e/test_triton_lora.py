@@ -13,7 +13,8 @@ from .conftest import free_port, python_cmd, running_server
 from .test_lora_server import SETTINGS, model, offline, prompt  # noqa: F401 - shared fixtures
 
 pytest.importorskip("tritonclient.grpc")
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# a second tritonserver (~2 min here): `make test-all`, not CI's `make test`
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.extended]
 
 
 @pytest.fixture(scope="module")
