@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from paged_core import EngineConfig, LLMEngine, RequestOutput, SamplingParams
+from paged_core import EngineConfig, LLMEngine, LoRARequest, RequestOutput, SamplingParams
 
 from .workload import BenchRequest
 
@@ -26,9 +26,10 @@ def exact_params(request: BenchRequest, **overrides: Any) -> SamplingParams:
 
 
 def submit(engine: LLMEngine, request_id: str, request: BenchRequest,
-           params: SamplingParams | None = None) -> None:
+           params: SamplingParams | None = None, lora_request: LoRARequest | None = None) -> None:
     prompt = {"prompt_token_ids": request.prompt_token_ids}
-    engine.add_request(engine.make_request(request_id, prompt, params or exact_params(request)))
+    engine.add_request(engine.make_request(request_id, prompt, params or exact_params(request),
+                                           lora_request=lora_request))
 
 
 def run_until_done(engine: LLMEngine,

@@ -16,7 +16,7 @@ import tempfile
 import time
 from typing import Any
 
-from .engine_driver import exact_params, make_engine, run_until_done
+from .engine_driver import make_engine, run_until_done, submit
 from .report import new_figure, save_plot
 from .workload import LONG_TAIL, QUICK, WARMUP, embedded_tokenizer, sharegpt_like
 
@@ -59,21 +59,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _tok_per_s(engine, requests, loras) -> float:
     for i, request in enumerate(WARMUP):
-        _submit(engine, f"warmup-{i}", request, loras[0])
+        submit(engine, f"warmup-{i}", request, lora_request=loras[0])
     run_until_done(engine)
     engine.reset_prefix_cache()
     start = time.perf_counter()
     for i, (request, lora) in enumerate(zip(requests, loras)):
-        _submit(engine, str(i), request, lora)
+        submit(engine, str(i), request, lora_request=lora)
     finished = run_until_done(engine)
     seconds = time.perf_counter() - start
     return sum(len(out.outputs[0].token_ids) for out in finished.values()) / seconds
-
-
-def _submit(engine, request_id: str, request, lora) -> None:
-    prompt = {"prompt_token_ids": request.prompt_token_ids}
-    engine.add_request(engine.make_request(request_id, prompt, exact_params(request),
-                                           lora_request=lora))
 
 
 def print_summary(results: dict[str, Any]) -> None:

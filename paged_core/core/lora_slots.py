@@ -11,6 +11,7 @@ that step's forward). Invariants: an adapter in use by a running sequence keeps 
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Callable, Collection
 
 
 class LoRASlotTable:
@@ -19,9 +20,10 @@ class LoRASlotTable:
         self.slot_of: OrderedDict[int, int] = OrderedDict()  # lora_id -> slot, LRU first
         self.pending_loads: list[tuple[int, int]] = []  # (slot, lora_id) not yet sent
 
-    def admit(self, lora_id: int | None, in_use: set[int | None]) -> bool:
+    def admit(self, lora_id: int | None, in_use: Callable[[], Collection[int | None]]) -> bool:
         """Make ``lora_id`` resident if it is not (``None``: the base model, always); False
-        when every slot holds an adapter in ``in_use``."""
+        when every slot holds an adapter in ``in_use()`` (the adapters of running sequences,
+        asked for only when a slot must be taken from another adapter)."""
         if lora_id is None:
             return True
         if lora_id in self.slot_of:
@@ -30,7 +32,8 @@ class LoRASlotTable:
         if self.free:
             slot = self.free.pop(0)
         else:
-            victim = next((held for held in self.slot_of if held not in in_use), None)
+            busy = in_use()
+            victim = next((held for held in self.slot_of if held not in busy), None)
             if victim is None:
                 return False
             slot = self.slot_of.pop(victim)

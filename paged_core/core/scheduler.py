@@ -215,7 +215,7 @@ class Scheduler:
         """Whether ``seq``'s LoRA adapter has (or now takes) a slot (``lora_slots``)."""
         if self.lora_slots is None:
             return True
-        return self.lora_slots.admit(seq.lora_id, {s.lora_id for s in self.running})
+        return self.lora_slots.admit(seq.lora_id, lambda: {s.lora_id for s in self.running})
 
     def _victim(self) -> Sequence:
         """The running sequence to preempt: the newest (FCFS), or the newest of the lowest

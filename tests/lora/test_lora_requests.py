@@ -86,15 +86,15 @@ def test_add_list_and_remove(llm, adapter, tmp_path):
 
 def test_slot_table_never_evicts_an_adapter_in_use():
     table = LoRASlotTable(max_loras=2)
-    assert table.admit(None, set()) and table.take_loads() == []
-    assert table.admit(1, set()) and table.admit(2, {1})
+    assert table.admit(None, set) and table.take_loads() == []
+    assert table.admit(1, set) and table.admit(2, lambda: {1})
     assert table.take_loads() == [(0, 1), (1, 2)]
-    assert not table.admit(3, {1, 2})  # both in use: 3 waits
-    assert table.admit(3, {2})  # 1 is idle: its slot goes to 3
+    assert not table.admit(3, lambda: {1, 2})  # both in use: 3 waits
+    assert table.admit(3, lambda: {2})  # 1 is idle: its slot goes to 3
     assert table.take_loads() == [(0, 3)] and table.slot(3) == 0 and table.slot(2) == 1
-    assert table.admit(2, {3}) and table.take_loads() == []  # resident: nothing to load
+    assert table.admit(2, lambda: {3}) and table.take_loads() == []  # resident: nothing to load
     table.release(3)
-    assert table.admit(4, {2}) and table.take_loads() == [(0, 4)]
+    assert table.admit(4, lambda: {2}) and table.take_loads() == [(0, 4)]
 
 
 def test_lora_modules_setting_parses_vllm_forms():
