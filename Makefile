@@ -1,4 +1,4 @@
-# The README's commands: `make serve`, `make test`, `make test-all`, `make test-fast`; `make setup` is idempotent.
+# The README's commands: `make serve`, `make serve-cluster`, `make test`, `make test-all`, `make test-fast`; `make setup` is idempotent.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -9,7 +9,7 @@ ADAPTER ?= bentoml
 PORT ?= 8000
 PROMPT ?= The capital of France is
 
-.PHONY: setup serve test test-all test-fast bench clean
+.PHONY: setup serve serve-cluster test test-all test-fast bench clean
 
 setup: $(STAMP)
 
@@ -23,6 +23,13 @@ $(STAMP): pyproject.toml constraints.txt
 
 serve: setup
 	$(VENV)/bin/paged-core serve --adapter $(ADAPTER) --host 127.0.0.1 --port $(PORT)
+
+# REPLICAS engines behind vllm-router's prefix-aware (kv_aware) routing on 127.0.0.1:PORT
+REPLICAS ?= 2
+CLUSTER_ADAPTER ?= litserve
+serve-cluster: setup
+	$(VENV)/bin/paged-core serve-cluster --replicas $(REPLICAS) --adapter $(CLUSTER_ADAPTER) \
+		--host 127.0.0.1 --port $(PORT)
 
 # Two pytest workers, one test file each at a time (a file's servers and fixtures stay in one
 # process): most tests wait on a single thread or on a server, so two share 2 cores well.

@@ -11,8 +11,10 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from dataclasses import fields
 from typing import Mapping, Sequence
 
@@ -98,3 +100,27 @@ def run_foreground(cmd: Sequence[str], env: Mapping[str, str], cwd: str | None =
         signal.signal(signal.SIGTERM, previous)
         if proc.poll() is None:
             stop_child(proc)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    """Poll ``{url}/models`` until it answers 200; raise if the server exits or time runs out."""
+    import httpx  # the bench and router extras' client; serving alone never polls
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with status {proc.returncode} before it was ready")
+        try:
+            if httpx.get(f"{url}/models", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:  # not listening yet: poll again
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the server at {url} was not ready after {timeout_s:.0f} s")

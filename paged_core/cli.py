@@ -65,6 +65,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve_cluster(args: argparse.Namespace) -> int:
+    from .adapters.cluster import serve_cluster
+
+    serve_cluster(engine_config(args), args.replicas, args.adapter, args.policy, args.host,
+                  args.port)
+    return 0
+
+
 def _cmd_triton_repo(args: argparse.Namespace) -> int:
     from .adapters.triton_server import write_repository
 
@@ -96,6 +104,22 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--port", type=int, default=8000)
     _add_engine_flags(srv)
     srv.set_defaults(func=_cmd_serve)
+
+    from .adapters.cluster.router import POLICIES
+
+    cluster = sub.add_parser(
+        "serve-cluster", help="serve N replicas behind vllm-router's prefix-aware routing",
+        description="Start --replicas servers (each publishing its KV-cache events) and "
+                    "vllm-router in front of them (pip install 'paged-core[router]'); the "
+                    "OpenAI API is at the router's --host/--port. Ctrl-C stops everything.")
+    cluster.add_argument("--replicas", type=int, default=2)
+    cluster.add_argument("--adapter", choices=("bentoml", "litserve"), default="litserve")
+    cluster.add_argument("--policy", default="kv_aware", choices=POLICIES,
+                         help="vllm-router's routing policy (kv_aware: by the replicas' KV events)")
+    cluster.add_argument("--host", default="127.0.0.1")
+    cluster.add_argument("--port", type=int, default=8000)
+    _add_engine_flags(cluster)
+    cluster.set_defaults(func=_cmd_serve_cluster)
 
     repo = sub.add_parser("triton-repo", help="write a Triton Inference Server model repository")
     repo.add_argument("--out", required=True)

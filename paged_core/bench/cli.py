@@ -14,13 +14,14 @@ import os
 import sys
 import traceback
 
-from . import (attention, lora, memory, moe, prefix, quality, serve, sharing, soak, spec,
-               steps, structured, throughput, tp)
+from . import (attention, lora, memory, moe, prefix, quality, routing, serve, sharing, soak,
+               spec, steps, structured, throughput, tp)
 from .readme import write_readme
 from .report import DEFAULT_OUT, results_dir, setup_threads, write_result
 
 BENCHMARKS = {m.NAME: m for m in (throughput, steps, serve, memory, prefix, sharing, tp,
-                                        structured, spec, attention, moe, quality, lora)}
+                                        structured, spec, attention, moe, quality, lora,
+                                        routing)}
 STANDALONE = {soak.NAME: soak}  # not part of ``bench all`` (a long server run, no README row)
 
 

@@ -31,11 +31,10 @@ from typing import Any
 
 import httpx
 
-from paged_core.adapters._process import popen_session, stop_child
+from paged_core.adapters._process import free_port, popen_session, stop_child, wait_ready
 
 from .llama_cpp_build import LLAMA_CPP_PYTHON_VERSION, ensure_llama_server
 from .llama_cpp_models import gguf_path
-from .server import free_port, wait_ready
 from .systems import RunResult, make_result
 from .workload import WARMUP, BenchRequest, corpus_text, embedded_tokenizer
 

@@ -12,39 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Iterator
 
-import httpx
-
-from paged_core.adapters._process import popen_session, stop_child
+from paged_core.adapters._process import free_port, popen_session, stop_child, wait_ready
 
 from .vllm_runner import vllm_cpu_env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
-    """Poll ``{url}/models`` until it answers 200; raise if the server exits or time runs out."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with status {proc.returncode} before it was ready")
-        try:
-            if httpx.get(f"{url}/models", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:  # not listening yet: poll again
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the server at {url} was not ready after {timeout_s:.0f} s")
 
 
 @contextlib.contextmanager

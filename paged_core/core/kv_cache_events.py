@@ -7,7 +7,9 @@ the core does not depend on any wire library.
 
 - ``BlockStored``: full blocks of one sequence became cached, in order; ``parent_block_hash``
   is the hash of the block before the first (``None`` at the start of a sequence) and
-  ``token_ids`` the blocks' tokens back to back.
+  ``token_ids`` the blocks' tokens back to back. ``lora_id`` is the adapter the blocks were
+  computed under (``None``: the base model) and ``cache_salt`` the request's salt: both are
+  part of what the hashes chain from, so a router that keys blocks by their tokens needs them.
 - ``BlockRemoved``: cached blocks stopped being cached (evicted for reuse, or reset).
 - ``AllBlocksCleared``: no block is cached any more (a prefix-cache reset emptied it).
 """
@@ -22,6 +24,8 @@ class BlockStored:
     parent_block_hash: bytes | None
     token_ids: list[int]
     block_size: int
+    lora_id: int | None = None
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)

@@ -163,7 +163,8 @@ class KVCacheManager:
             self.pool.events.append(BlockStored(
                 block_hashes=[seq.block_hashes[i] for i in run],
                 parent_block_hash=seq.block_hashes[first - 1] if first > 0 else None,
-                token_ids=list(seq.token_ids[first * size:(last + 1) * size]), block_size=size))
+                token_ids=list(seq.token_ids[first * size:(last + 1) * size]), block_size=size,
+                lora_id=seq.lora_id, cache_salt=seq.cache_salt))
 
     def record_events(self) -> None:
         """From now on, keep the prefix cache's events (``kv_cache_events``) for ``take_events``."""

@@ -67,7 +67,7 @@ class EngineCore:
         self.executor = make_executor(
             RankSpec(config, model.folder, model.max_model_len, model.device, model.dtype),
             config.tensor_parallel_size, config.distributed_executor_backend)
-        self.kv_events = kv_event_publisher(config, model.device)  # None unless configured
+        self.kv_events = kv_event_publisher(config)  # None unless configured
         self._finalizer = weakref.finalize(self, _shut_down, self.executor, self.kv_events)
         num_blocks = self.executor.num_blocks
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
@@ -147,6 +147,9 @@ class EngineCore:
         sched = self.scheduler.schedule(self.pacer.budget(self.scheduler.num_decodes_in_flight))
         if sched.is_empty:
             return []
+        # As vLLM's scheduler does: the blocks this step caches (and evicts) go out before the
+        # forward, so routers learn where a prefix lives while it is still being computed.
+        self.publish_kv_events()
         try:
             packed = self.pack(sched)
             plan = self.plan_sampling(sched, packed)
@@ -203,6 +206,8 @@ class EngineCore:
     # -- LoRA adapters (the front end checks them first: ``LLMEngine.add_lora``) ----------
     def add_lora(self, request: LoRARequest) -> None:
         self.loras[request.lora_int_id] = request
+        if self.kv_events is not None:
+            self.kv_events.name_lora(request.lora_int_id, request.lora_name)
 
     def remove_lora(self, lora_id: int) -> bool:
         """Forget adapter ``lora_id`` unless a request still runs or waits under it."""
@@ -362,7 +367,8 @@ class EngineCore:
         self.publish_kv_events()
 
     def publish_kv_events(self) -> None:
-        """Hand the prefix cache's events since the last call to the publisher, as one batch."""
+        """Hand the prefix cache's events since the last call to the publisher, as one batch
+        (a step publishes after scheduling and, if updating it made more, at its end)."""
         if self.kv_events is not None:
             events = self.kv.take_events()
             if events:

@@ -29,8 +29,10 @@ def _encode(text: Any, tokenizer) -> list[int]:
     return tokenizer.encode(text)
 
 
-def tokenize_prompt(prompt: PromptInput, tokenizer, vocab_size: int) -> tuple[str | None, list[int]]:
-    """Return ``(text or None, token ids)``; raises ``ValueError`` for an unusable prompt."""
+def tokenize_prompt(prompt: PromptInput, tokenizer,
+                    vocab_size: int | None) -> tuple[str | None, list[int]]:
+    """Return ``(text or None, token ids)``; raises ``ValueError`` for an unusable prompt
+    (given token ids must lie in ``[0, vocab_size)``: any non-negative id if it is ``None``)."""
     if isinstance(prompt, str):
         text, token_ids = prompt, _encode(prompt, tokenizer)
     elif isinstance(prompt, dict):
@@ -51,8 +53,10 @@ def tokenize_prompt(prompt: PromptInput, tokenizer, vocab_size: int) -> tuple[st
     if not token_ids:
         raise ValueError("prompt is empty: give at least one token")
     for t in token_ids:
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
-            raise ValueError(f"prompt_token_ids must be integers in [0, {vocab_size}), got {t!r}")
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0 or \
+                (vocab_size is not None and t >= vocab_size):
+            bound = "non-negative" if vocab_size is None else f"in [0, {vocab_size})"
+            raise ValueError(f"prompt_token_ids must be integers {bound}, got {t!r}")
     return text, token_ids
 
 

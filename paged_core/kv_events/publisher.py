@@ -2,10 +2,11 @@
 
 - Every batch is one multipart message on a ZMQ PUB socket: ``[topic, sequence number
   (8 bytes, big-endian, from 0, no gaps), msgpack KVEventBatch]`` (``wire``).
-- With a ``replay_endpoint``, a ROUTER socket answers a request ``[start sequence number
-  (8 bytes big-endian)]`` with every buffered batch from that number on, each as
-  ``[sequence number, payload]``, then the end marker ``[-1 (8 bytes, signed), b""]``; the
-  last ``buffer_steps`` batches are kept.
+- With a ``replay_endpoint``, a ROUTER socket answers a request ``[b"", start sequence
+  number (8 bytes big-endian)]`` (a DEALER's empty delimiter first) with every buffered batch
+  from that number on, each as ``[b"", topic, sequence number, payload]`` like the live
+  stream, then the end marker ``[b"", b"", -1 (8 bytes, signed), b""]``; the last
+  ``buffer_steps`` batches are kept (vLLM 0.32's replay).
 - Converting, encoding and sending happen on the publisher's own thread: the engine only
   puts the step's events (with their time) on a queue of ``max_queue_size``; when that is
   full the batch is dropped and counted (the engine never waits for a slow subscriber or
@@ -30,7 +31,7 @@ import zmq
 from ..core.engine_stats import KvEventStats
 from ..core.kv_cache_events import KVCacheEvent
 from .config import KVEventsConfig
-from .wire import KVEventBatch, to_wire
+from .wire import PRIMARY_MEDIUM, KVEventBatch, to_wire
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +52,12 @@ class PublisherCounters:
 
 
 class ZmqEventPublisher:
-    def __init__(self, config: KVEventsConfig, medium: str, data_parallel_rank: int = 0) -> None:
-        self.config, self.medium, self.data_parallel_rank = config, medium, data_parallel_rank
+    def __init__(self, config: KVEventsConfig, data_parallel_rank: int = 0) -> None:
+        self.config, self.data_parallel_rank = config, data_parallel_rank
         self.counters = PublisherCounters()
+        # Every adapter id the engine has registered, with its name (``lora_name`` in
+        # ``BlockStored``); never shrinks, so a batch queued before a removal still resolves.
+        self.lora_names: dict[int, str] = {}
         self._queue: queue.Queue = queue.Queue(maxsize=config.max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self._encode = msgspec.msgpack.Encoder().encode
@@ -80,6 +84,10 @@ class ZmqEventPublisher:
             self._queue.put_nowait((time.time(), events))
         except queue.Full:
             self.counters.batches_dropped += 1
+
+    def name_lora(self, lora_id: int, lora_name: str) -> None:
+        """Call before the first request under adapter ``lora_id`` runs."""
+        self.lora_names[lora_id] = lora_name
 
     def stats(self) -> KvEventStats:
         return self.counters.snapshot()
@@ -117,7 +125,7 @@ class ZmqEventPublisher:
             seq += 1
 
     def _batch(self, ts: float, events: list[KVCacheEvent]) -> KVEventBatch:
-        return KVEventBatch(ts=ts, events=[to_wire(e, self.medium) for e in events],
+        return KVEventBatch(ts=ts, events=[to_wire(e, PRIMARY_MEDIUM, self.lora_names) for e in events],
                             data_parallel_rank=self.data_parallel_rank)
 
     def _serve_replay(self) -> None:
@@ -127,10 +135,11 @@ class ZmqEventPublisher:
             return
         client, _, start = frames
         first = int.from_bytes(start, "big")
+        topic = self.config.topic.encode()
         for seq, payload in list(self._buffer):
             if seq >= first:
-                self._replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
-        self._replay.send_multipart((client, b"", END_SEQ, b""))
+                self._replay.send_multipart((client, b"", topic, seq.to_bytes(8, "big"), payload))
+        self._replay.send_multipart((client, b"", b"", END_SEQ, b""))
 
 
 def _binds(endpoint: str) -> bool:

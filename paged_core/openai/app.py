@@ -10,7 +10,8 @@ Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST
 /v1/chat/completions``, ``GET /health`` (optional), ``GET /metrics``; the request's
 ``model`` is the base model or one of its LoRA adapters by name; ``POST
 /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` answer when the engine allows
-runtime LoRA updating (404 otherwise).
+runtime LoRA updating (404 otherwise); ``POST /v1/completions/render`` and
+``/v1/chat/completions/render`` give the tokens a request would run with.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from .chat import chat_job
 from .completions import completion_job
 from .errors import OpenAIError, install_error_handlers
 from .lora_routes import lora_router
+from .render_routes import render_router
 from .metrics import ServingMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest
 
@@ -117,11 +119,12 @@ def openai_router(holder: EngineHolder, health_path: str | None = "/health",
 
 def install_openai_routes(app: FastAPI, holder: EngineHolder, health_path: str | None = "/health",
                           metrics_path: str = "/metrics") -> None:
-    """Add the OpenAI routes (with vLLM's LoRA loading routes: ``lora_routes``) and
-    OpenAI-shaped error handlers to ``app``."""
+    """Add the OpenAI routes (with vLLM's LoRA loading routes, ``lora_routes``, and its
+    render routes, ``render_routes``) and OpenAI-shaped error handlers to ``app``."""
     install_error_handlers(app)
     app.include_router(openai_router(holder, health_path, metrics_path))
     app.include_router(lora_router(holder))
+    app.include_router(render_router(holder))
 
 
 def build_openai_app(engine: EngineClient | None = None, *, health_path: str | None = "/health",

@@ -1,8 +1,8 @@
 """KV-cache events in vLLM's wire format: a plain ZMQ SUB socket reads every batch, decoded
-from raw msgpack by vLLM's published layout (``vllm.distributed.kv_events``); the stored /
-removed / cleared events replay the block pool's own transitions exactly (prefix hits,
-eviction under pressure, a reset), sequence numbers have no gaps, and the replay socket
-returns what a late subscriber missed."""
+from raw msgpack by vLLM 0.32's published layout (``vllm.distributed.kv_events``); the stored
+/ removed / cleared events replay the block pool's own transitions exactly (prefix hits,
+eviction under pressure, a reset), sequence numbers have no gaps, the replay socket returns
+what a late subscriber missed, and a block's LoRA adapter and cache salt travel with it."""
 import socket
 import time
 from typing import Any, NamedTuple
@@ -14,14 +14,16 @@ import zmq
 from paged_core import LLM, SamplingParams
 from paged_core.config import EngineConfig
 from paged_core.core.block_hash import hash_block
+from paged_core.lora.request import LoRARequest
 
+from ..lora.adapters import make_adapter
 from ..reference import passage_token_ids
 from ..tiny_models import build_tiny_model
 
 
-# vLLM's wire layout (``vllm.distributed.kv_events``: msgspec structs, ``array_like``, the
-# events tagged with their class name), read from the raw msgpack arrays: a batch is
-# ``[ts, events, data_parallel_rank]``, an event ``[tag, *fields]``.
+# vLLM's wire layout (``vllm.distributed.kv_events``: msgspec structs), read from the raw
+# msgpack: a batch is the array ``[ts, events, data_parallel_rank]``, an event a map tagged
+# with its class name under "type" (optional fields left out when at their defaults).
 class BlockStored(NamedTuple):
     block_hashes: list
     parent_block_hash: Any
@@ -29,6 +31,8 @@ class BlockStored(NamedTuple):
     block_size: int
     lora_id: Any
     medium: Any
+    lora_name: Any
+    extra_keys: Any = None
 
 
 class BlockRemoved(NamedTuple):
@@ -52,7 +56,7 @@ TAGS = {"BlockStored": BlockStored, "BlockRemoved": BlockRemoved,
 
 def decode(payload: bytes) -> Batch:
     ts, events, rank = msgspec.msgpack.decode(payload)
-    return Batch(ts, [TAGS[tag](*fields) for tag, *fields in events], rank)
+    return Batch(ts, [TAGS[e.pop("type")](**e) for e in events], rank)
 
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
@@ -93,7 +97,9 @@ def _apply(cached: set, events, block_size: int) -> None:
     """Track the cached hashes as the events say, checking each stored run's chain."""
     for event in events:
         if isinstance(event, BlockStored):
-            assert event.block_size == block_size and event.medium == "CPU"
+            assert event.block_size == block_size and event.medium == "GPU"  # vLLM's own tier
+            assert event.lora_id is None and event.lora_name is None
+            assert event.extra_keys == [None] * len(event.block_hashes)
             assert len(event.token_ids) == block_size * len(event.block_hashes)
             parent = event.parent_block_hash
             for i, h in enumerate(event.block_hashes):
@@ -153,9 +159,11 @@ def test_events_replay_the_block_pools_transitions(tokenizer, tmp_path):
         replayed = []
         while True:
             assert dealer.poll(10_000)
-            _, seq, payload = dealer.recv_multipart()
+            _, topic, seq, payload = dealer.recv_multipart()
             if seq == (-1).to_bytes(8, "big", signed=True):
+                assert (topic, payload) == (b"", b"")
                 break
+            assert topic == b"kv"
             replayed.append((int.from_bytes(seq, "big"), payload))
         dealer.close(linger=0)
         assert replayed == sub.messages[2:]
@@ -176,3 +184,28 @@ def test_the_setting_is_checked_and_read_from_json(monkeypatch):
         EngineConfig(kv_events_config={"port": 5557})
     with pytest.raises(ValueError, match=r"kv_events_config\['buffer_steps'\] must be a positive"):
         EngineConfig(kv_events_config={"buffer_steps": 0})
+
+
+def test_stored_blocks_carry_their_adapter_and_salt(tokenizer, tmp_path):
+    """vLLM's fields for what a block's hash chains from besides its tokens: ``lora_id`` and
+    ``lora_name``, and ``extra_keys`` per block (the LoRA name; the cache salt on the first)."""
+    folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
+    adapter = make_adapter(folder, str(tmp_path / "r8"), 8, seed=1)
+    config = {"enable_kv_cache_events": True, "endpoint": f"ipc://{tmp_path}/kv-events"}
+    llm = LLM(model=folder, dtype="float32", num_kv_blocks=32, block_size=16, enable_lora=True,
+              max_lora_rank=8, kv_events_config=config)
+    sub = Subscriber(config["endpoint"], "")
+    try:
+        time.sleep(0.5)  # ZMQ's slow joiner
+        prompt = passage_token_ids(tokenizer, 40)
+        greedy = SamplingParams(temperature=0, max_tokens=1)
+        llm.generate([{"prompt_token_ids": prompt, "cache_salt": "tenant-a"}], greedy,
+                     use_tqdm=False, lora_request=LoRARequest("sql", 7, adapter))
+        sub.drain(expect_at_least=1)
+        (stored,) = [e for _, p in sub.messages for e in decode(p).events]
+        assert (stored.lora_id, stored.lora_name, stored.parent_block_hash) == (7, "sql", None)
+        assert stored.token_ids == prompt[:32]
+        assert stored.extra_keys == [["sql", "tenant-a"], ["sql"]]  # msgpack tuples: arrays
+    finally:
+        llm.shutdown()
+        sub.close()
