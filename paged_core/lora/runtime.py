@@ -4,8 +4,9 @@ hold, and a host cache of ``max_cpu_loras`` adapters read from disk (least recen
 ``attach`` wraps every decoder layer's ``qkv_proj``, ``o_proj`` and (dense layers')
 ``gate_up_proj`` / ``down_proj`` in ``LoRALinear``. Before each step ``prepare`` copies the
 adapters the core assigned to slots in (``PackedBatch.lora_loads``) and groups the step's rows
-by slot (``PackedBatch.lora_slots``); the CPU's one-call decoder stack (which holds the base
-weights, not the wrappers) runs only the steps where no row has an adapter. Fused checkpoint modules (Phi-3's ``qkv_proj``, ``gate_up_proj``)
+by slot (``PackedBatch.lora_slots``). The CPU's one-call decoder stack (which holds the base
+weights, not the wrappers) is given every wrapper's slot tables and the step's segments, and
+adds the same products itself. Fused checkpoint modules (Phi-3's ``qkv_proj``, ``gate_up_proj``)
 are split into the modules they fuse, sharing one ``lora_A``, so every module is sharded like
 the base weight it adapts (``ShardPlan.slice_of``).
 """
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 
 from ..executor.packed_batch import PackedBatch
-from .layers import LoRABatch, LoRALinear, ModulePart, PartWeights
+from .layers import LoRABatch, LoRALinear, ModulePart, PartWeights, table_dtype
 from .peft_checkpoint import LoRAAdapter, LoRAModule, load_adapter, module_shapes
 from .request import LoRARequest
 
@@ -32,14 +33,19 @@ class LoRARuntime:
         self.max_cpu_loras = max_cpu_loras
         self.batch = LoRABatch()
         self.device = model.embed_tokens.weight.device
-        self.wrappers: list[tuple[int, LoRALinear]] = []  # (layer index, wrapper)
+        self.wrappers: list[tuple[int, str, LoRALinear]] = []  # (layer, projection, wrapper)
         self._cache: OrderedDict[LoRARequest, LoRAAdapter] = OrderedDict()
         self._stack = model.decoder_stack  # the base model's one-call CPU path, if any
         self._attach(max_loras)
+        if self._stack is not None:
+            for index, name, wrapper in self.wrappers:
+                self._stack.set_lora(index, name, wrapper.a, wrapper.b)
+            self._stack.lora_batch = self.batch
 
     def _attach(self, max_loras: int) -> None:
         model = self.model
-        shard, tp, dtype = model.shard, model.tp, model.embed_tokens.weight.dtype
+        shard, tp = model.shard, model.tp
+        dtype = table_dtype(model.embed_tokens.weight.dtype, self.device)
         hidden = model.spec.hidden_size
         row_parallel = tp.size > 1
 
@@ -48,7 +54,7 @@ class LoRARuntime:
                                  self.max_lora_rank, tp, row and row_parallel, dtype,
                                  self.device)
             setattr(owner, attr, wrapper)
-            self.wrappers.append((index, wrapper))
+            self.wrappers.append((index, attr, wrapper))
 
         for index, layer in enumerate(model.layers):
             attn = layer.self_attn
@@ -80,11 +86,10 @@ class LoRARuntime:
         for slot, request in packed.lora_loads:
             self._load(slot, _unfused(self.adapter(request), self.model.spec))
         self.batch.segments = _segments(packed.lora_slots, self.device)
-        self.model.decoder_stack = None if self.batch.segments else self._stack
 
     def _load(self, slot: int, modules: dict[tuple[int, str], LoRAModule]) -> None:
         shard = self.model.shard
-        for index, wrapper in self.wrappers:
+        for index, name, wrapper in self.wrappers:
             weights = {}
             for part in wrapper.parts:
                 module = modules.get((index, part.name))
@@ -98,6 +103,8 @@ class LoRARuntime:
                 weights[part.name] = PartWeights(a.to(self.device), b.to(self.device),
                                                  module.scaling)
             wrapper.set_slot(slot, weights)
+            if self._stack is not None:
+                self._stack.set_lora_width(index, name, slot, wrapper.width[slot])
 
 
 def _unfused(adapter: LoRAAdapter, spec) -> dict[tuple[int, str], LoRAModule]:

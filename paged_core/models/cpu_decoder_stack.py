@@ -13,6 +13,10 @@ per-head q/k norms at most, every projection a
 plain ``nn.Linear`` or one that ``cpu_linear.packed_linear`` built (batch-invariant
 tiling and tensor-parallel layers keep Python), and per step (``serves``) an attention
 backend that sends these caches to the C++ kernel of the same level.
+
+LoRA adapters run inside it too: ``set_lora`` hands it a projection's slot tables (those of
+``lora.layers.LoRALinear``, shared) and ``lora_batch`` is the runtime's ``LoRABatch``, whose
+segments each step passes along, so the stack adds the very products ``LoRALinear`` would.
 """
 from __future__ import annotations
 
@@ -52,6 +56,7 @@ class CpuDecoderStack:
                 [_bf16_dot_out_features(p) for p in
                  (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)],
                 attn.sliding_window or 0)
+        self.lora_batch = None  # the LoRA runtime's LoRABatch (this step's rows per slot)
 
     @classmethod
     def for_model(cls, model: nn.Module) -> CpuDecoderStack | None:
@@ -69,6 +74,14 @@ class CpuDecoderStack:
             return None
         return cls(model, model.ops.cpu_isa)
 
+    def set_lora(self, layer: int, projection: str, a: torch.Tensor, b: torch.Tensor) -> None:
+        """Give ``projection`` (a name of ``PROJECTIONS``) of ``layer`` its LoRA slot tables."""
+        self._stack.set_lora(layer, PROJECTIONS.index(projection), a, b)
+
+    def set_lora_width(self, layer: int, projection: str, slot: int, width: int) -> None:
+        """The columns of its tables that the adapter now in ``slot`` uses (0: none)."""
+        self._stack.set_lora_width(layer, PROJECTIONS.index(projection), slot, width)
+
     def serves(self, backend: AttentionBackend, kv_caches: list[tuple[torch.Tensor, ...]]) -> bool:
         """True if this step's attention would run the C++ kernel of this stack's level (over
         caches in the model dtype or quantized: the stack stores K/V with the backend's own
@@ -82,10 +95,12 @@ class CpuDecoderStack:
                  meta: AttentionMetadata) -> torch.Tensor:
         """The final-normed hidden states of the step; ``residual`` (the embedded tokens) is
         used as the residual stream (updated in place)."""
+        segments = self.lora_batch.segments if self.lora_batch is not None else []
         return self._stack.forward(residual, positions, [k for k, _ in kv_caches],
                                    [v for _, v in kv_caches], meta.slot_mapping,
                                    meta.num_scheduled_tokens, meta.block_tables, meta.seq_lens,
-                                   meta.query_start_loc)
+                                   meta.query_start_loc, [slot for slot, _ in segments],
+                                   [_EVERY_ROW if rows is None else rows for _, rows in segments])
 
 
 def _weight_and_bias(projection: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -99,6 +114,10 @@ def _bf16_dot_out_features(projection: nn.Module) -> int:
     """What the C++ stack needs to run a ``Bf16DotLinear``: its out_features (else 0)."""
     return projection.out_features if isinstance(projection, Bf16DotLinear) else 0
 
+
+# The projections of a layer, in the C++ stack's order.
+PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+_EVERY_ROW = torch.empty(0, dtype=torch.long)  # a segment of all the step's rows
 
 # Exactly these types (subclasses may compute otherwise); a RowParallelLinear of one rank
 # is a plain nn.Linear.

@@ -68,9 +68,18 @@ def test_adapters_change_the_output(expected):
     assert len({tuple(map(tuple, v)) for v in expected.values()}) == 4
 
 
-def test_one_batch_mixing_adapters_and_the_base_matches_peft(base, adapters, prompts, expected):
+@pytest.mark.parametrize("path", ["cpu_decoder_stack", "python_layers"])
+def test_one_batch_mixing_adapters_and_the_base_matches_peft(base, adapters, prompts, expected,
+                                                             path):
+    """Both CPU paths: the one-call C++ decoder stack adding the adapters' products itself,
+    and the Python layers' ``LoRALinear`` wrappers."""
     llm = LLM(model=base, dtype="float32", num_kv_blocks=96, enable_lora=True, max_loras=3,
               max_lora_rank=16)
+    model = llm.engine.core.executor.runner.model
+    if path == "python_layers":
+        model.decoder_stack = None
+    elif model.decoder_stack is None:
+        pytest.skip("no C++ decoder stack on this device / CPU level (see cpu_decoder_stack)")
     check(llm, prompts, adapters, expected)
     assert llm.list_loras() == {1, 2, 3}
 

@@ -15,6 +15,11 @@
 //     hidden = rms_norm(residual, input_norm[i + 1] or the final norm)
 //   return hidden
 //
+// With LoRA adapters (set_lora: the slot tables of lora/layers.py's LoRALinear, shared, not
+// copied), every projection adds, per adapter segment of the step's rows, the same two
+// products LoRALinear.forward adds: y[rows] += (x[rows] a[slot, :w]^T) b[slot, :, :w]^T, in
+// the tables' dtype (float32 on a CPU), added to y in its own.
+//
 // Each step is the very kernel the Python path (models/llama.py with the fused CPU ops,
 // the torch attention backend and cpu_linear's PackedLinear, Bf16DotLinear or F.linear)
 // calls, so both give bit-identical results. Projections are a oneDNN-packed weight (mkldnn layout:
@@ -46,12 +51,47 @@ namespace {
 #define PAGED_CORE_STR(x) PAGED_CORE_STR_IN(x)
 
 // y = x W^T + b, in x's dtype.
+// This step's token rows per LoRA slot (an empty rows tensor: every row of the step).
+struct LoRASegments {
+  std::vector<int64_t> slots;
+  std::vector<at::Tensor> rows;
+};
+
+// One projection's adapter slots: a [slots, width, in], b [slots, out, width] (LoRALinear's
+// tensors); width[slot] is how many columns the slot's adapter uses (0: none).
+struct LoRASlots {
+  at::Tensor a, b;
+  std::vector<int64_t> width;
+};
+
 struct Projection {
   at::Tensor weight;  // [out, in], oneDNN's packed layout of it, or pack_bf16_dot_weight's
   std::optional<at::Tensor> bias;
   int64_t bf16_dot_out_features;  // > 0: weight is pack_bf16_dot_weight's, of this many outputs
+  std::optional<LoRASlots> lora;
 
-  at::Tensor operator()(const at::Tensor& x) const {
+  // The base product, plus each segment's adapter product (LoRALinear.forward's ops).
+  at::Tensor operator()(const at::Tensor& x, const LoRASegments& segments) const {
+    at::Tensor y = base(x);
+    if (!lora) return y;
+    for (size_t i = 0; i < segments.slots.size(); ++i) {
+      const int64_t slot = segments.slots[i], width = lora->width.at(slot);
+      if (width == 0) continue;
+      const at::Tensor& rows = segments.rows[i];
+      const bool every_row = rows.numel() == 0;
+      const at::Tensor xs = (every_row ? x : x.index_select(0, rows)).to(lora->a.scalar_type());
+      const at::Tensor shrunk = at::matmul(xs, lora->a[slot].narrow(0, 0, width).t());
+      const at::Tensor delta = at::matmul(shrunk, lora->b[slot].narrow(1, 0, width).t());
+      if (every_row) {
+        y.add_(delta);
+      } else {
+        y.index_add_(0, rows, delta.to(y.scalar_type()));
+      }
+    }
+    return y;
+  }
+
+  at::Tensor base(const at::Tensor& x) const {
     if (bf16_dot_out_features > 0) {
 #if defined(__AVX512BF16__)
       return paged_core_cpu::bf16_dot_linear(x, weight, bf16_dot_out_features, bias);
@@ -189,12 +229,33 @@ class DecoderStack : public torch::CustomClassHolder {
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
+  // Give projection `projection` (0 qkv, 1 o, 2 gate_up, 3 down) of layer `layer` the LoRA
+  // slot tables a [slots, width, in] and b [slots, out, width] (shared; every slot unused).
+  void set_lora(int64_t layer, int64_t projection, at::Tensor a, at::Tensor b) {
+    TORCH_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(1) == b.size(2),
+                "LoRA tables must be a [slots, width, in] and b [slots, out, width]");
+    const int64_t slots = a.size(0);
+    projection_at(layer, projection).lora =
+        LoRASlots{std::move(a), std::move(b), std::vector<int64_t>(slots, 0)};
+  }
+
+  // The columns of a / b that the adapter now in `slot` uses there (0: none).
+  void set_lora_width(int64_t layer, int64_t projection, int64_t slot, int64_t width) {
+    Projection& p = projection_at(layer, projection);
+    TORCH_CHECK(p.lora && slot >= 0 && slot < p.lora->a.size(0) && width >= 0 &&
+                    width <= p.lora->a.size(1),
+                "set_lora first; then a slot and a width within its tables");
+    p.lora->width[slot] = width;
+  }
+
   // The final-normed hidden states [tokens, hidden] of a packed step; `residual` (the
   // embedded tokens) becomes the last residual stream. Rows from `real_tokens` on are
-  // padding: their K/V are not stored. The metadata is the step's AttentionMetadata.
+  // padding: their K/V are not stored. The metadata is the step's AttentionMetadata;
+  // lora_slots / lora_rows: the step's token rows (int64 indices; empty: all) per slot.
   at::Tensor forward(at::Tensor residual, at::Tensor positions, std::vector<at::Tensor> k_caches,
                      std::vector<at::Tensor> v_caches, at::Tensor slot_mapping, int64_t real_tokens,
-                     at::Tensor block_tables, at::Tensor seq_lens, at::Tensor query_start_loc) {
+                     at::Tensor block_tables, at::Tensor seq_lens, at::Tensor query_start_loc,
+                     std::vector<int64_t> lora_slots, std::vector<at::Tensor> lora_rows) {
     TORCH_CHECK(!layers_.empty(), "DecoderStack has no layers");
     TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(),
                 "one K and one V cache per layer");
@@ -204,8 +265,10 @@ class DecoderStack : public torch::CustomClassHolder {
                     slot_mapping.numel() == residual.size(0),
                 "slot_mapping must be contiguous int64 [tokens], real_tokens at most that");
     const auto int32 = [](const at::Tensor& t) { return t.to(at::kInt).contiguous(); };
+    TORCH_CHECK(lora_slots.size() == lora_rows.size(), "one rows tensor per LoRA slot");
     const Step step{positions, slot_mapping.const_data_ptr<int64_t>(), real_tokens,
-                    int32(block_tables), int32(seq_lens), int32(query_start_loc)};
+                    int32(block_tables), int32(seq_lens), int32(query_start_loc),
+                    LoRASegments{std::move(lora_slots), std::move(lora_rows)}};
     at::Tensor hidden = at::empty_like(residual);
     paged_core_cpu::rms_norm(residual, layers_[0].input_norm, eps_, hidden);
     for (size_t i = 0; i < layers_.size(); ++i) {
@@ -213,10 +276,10 @@ class DecoderStack : public torch::CustomClassHolder {
       const at::Tensor attention = attend(layer, hidden, k_caches[i], v_caches[i], step);
       at::Tensor normed = at::empty_like(residual);
       paged_core_cpu::add_rms_norm(residual, attention, layer.post_norm, eps_, normed);
-      const at::Tensor gate_up = layer.gate_up(normed);
+      const at::Tensor gate_up = layer.gate_up(normed, step.lora);
       at::Tensor activated = at::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
       paged_core_cpu::silu_and_mul(gate_up, activated);
-      const at::Tensor mlp = layer.down(activated);
+      const at::Tensor mlp = layer.down(activated, step.lora);
       hidden = at::empty_like(residual);
       const at::Tensor& next_norm = i + 1 < layers_.size() ? layers_[i + 1].input_norm : final_norm_;
       paged_core_cpu::add_rms_norm(residual, mlp, next_norm, eps_, hidden);
@@ -230,14 +293,23 @@ class DecoderStack : public torch::CustomClassHolder {
     const int64_t* slots;
     int64_t real_tokens;
     at::Tensor block_tables, seq_lens, query_start_loc;  // int32
+    LoRASegments lora;
   };
+
+  Projection& projection_at(int64_t layer, int64_t projection) {
+    TORCH_CHECK(layer >= 0 && layer < num_layers() && projection >= 0 && projection < 4,
+                "no layer ", layer, " projection ", projection);
+    Layer& l = layers_[layer];
+    Projection* projections[] = {&l.qkv, &l.o, &l.gate_up, &l.down};
+    return *projections[projection];
+  }
 
   // o(attention of the layer's q over its paged cache), after storing this step's K/V.
   at::Tensor attend(const Layer& layer, const at::Tensor& hidden, at::Tensor& k_cache,
                     at::Tensor& v_cache, const Step& step) const {
     const int64_t tokens = hidden.size(0), q_size = num_heads_ * head_dim_,
                   kv_size = num_kv_heads_ * head_dim_;
-    const at::Tensor qkv = layer.qkv(hidden);
+    const at::Tensor qkv = layer.qkv(hidden, step.lora);
     const auto parts = qkv.split_with_sizes({q_size, kv_size, kv_size}, -1);
     at::Tensor q = parts[0].view({tokens, num_heads_, head_dim_});
     at::Tensor k = parts[1].view({tokens, num_kv_heads_, head_dim_});
@@ -264,7 +336,7 @@ class DecoderStack : public torch::CustomClassHolder {
                         at::Tensor&)>();
     paged_attention.call(q, k_cache, v_cache, step.block_tables, step.seq_lens, step.query_start_loc,
                          scale_, layer.sliding_window, /*logits_soft_cap=*/0.0, out);
-    return layer.o(out.view({tokens, q_size}));
+    return layer.o(out.view({tokens, q_size}), step.lora);
   }
 
   // RMSNorm of every head row [tokens, heads, D] (contiguous result).
@@ -290,5 +362,7 @@ PAGED_CORE_LIBRARY_FRAGMENT(m) {
       .def(torch::init<int64_t, int64_t, int64_t, double, double, at::Tensor, at::Tensor, at::Tensor>())
       .def("add_layer", &PAGED_CORE_OPS::DecoderStack::add_layer)
       .def("num_layers", &PAGED_CORE_OPS::DecoderStack::num_layers)
+      .def("set_lora", &PAGED_CORE_OPS::DecoderStack::set_lora)
+      .def("set_lora_width", &PAGED_CORE_OPS::DecoderStack::set_lora_width)
       .def("forward", &PAGED_CORE_OPS::DecoderStack::forward);
 }
