@@ -69,7 +69,7 @@ def _cmd_serve_cluster(args: argparse.Namespace) -> int:
     from .adapters.cluster import serve_cluster
 
     serve_cluster(engine_config(args), args.replicas, args.adapter, args.policy, args.host,
-                  args.port)
+                  args.port, args.session_affinity_ttl)
     return 0
 
 
@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--adapter", choices=("bentoml", "litserve"), default="litserve")
     cluster.add_argument("--policy", default="kv_aware", choices=POLICIES,
                          help="vllm-router's routing policy (kv_aware: by the replicas' KV events)")
+    cluster.add_argument("--session-affinity-ttl", type=int, default=None, metavar="SECONDS",
+                         help="kv_aware only: keep requests with one x-session-id header on "
+                              "one replica while that session is idle less than this")
     cluster.add_argument("--host", default="127.0.0.1")
     cluster.add_argument("--port", type=int, default=8000)
     _add_engine_flags(cluster)

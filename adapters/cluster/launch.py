@@ -18,8 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterator
 
-import httpx
-
 from paged_core.config import EngineConfig
 
 from .._process import free_port, popen_session, stop_child, wait_ready
@@ -41,9 +39,11 @@ class Cluster:
 def running_cluster(config: EngineConfig, replicas: int = 2, adapter: str = "litserve",
                     policy: str = "kv_aware", host: str = "127.0.0.1", port: int | None = None,
                     threads_per_replica: int | None = None, log_dir: str | None = None,
-                    ready_timeout_s: float = 600.0) -> Iterator[Cluster]:
+                    ready_timeout_s: float = 600.0,
+                    session_affinity_ttl_s: int | None = None) -> Iterator[Cluster]:
     """``replicas`` servers of ``config`` through ``adapter`` behind vllm-router's ``policy``
-    on ``host:port`` (a free port if ``None``). Each replica gets ``threads_per_replica``
+    (with ``kv_aware``, optionally its session affinity: ``router``) on ``host:port`` (a free
+    port if ``None``). Each replica gets ``threads_per_replica``
     OpenMP threads (default: the cores shared out). Output goes to files in ``log_dir``
     (``None``: to our own stdout and stderr)."""
     if replicas < 1:
@@ -62,9 +62,9 @@ def running_cluster(config: EngineConfig, replicas: int = 2, adapter: str = "lit
             procs.append((f"replica {i}", member.start(adapter, config, threads, log, home)))
         for member, (name, proc) in zip(members, procs):
             _wait(name, f"{member.url}/v1", proc, ready_timeout_s, log_dir)
-        model_name = httpx.get(f"{members[0].url}/v1/models", timeout=10).json()["data"][0]["id"]
+        model_name = _served_model(members[0].url)
         command = router_command(policy, host, port, metrics_port, members,
-                                 config.block_size, model_name)
+                                 config.block_size, model_name, session_affinity_ttl_s)
         log = _log_file(stack, log_dir, "router")
         router = popen_session(command, stdout=log,
                                stderr=None if log is None else subprocess.STDOUT)
@@ -76,7 +76,7 @@ def running_cluster(config: EngineConfig, replicas: int = 2, adapter: str = "lit
 
 
 def serve_cluster(config: EngineConfig, replicas: int, adapter: str, policy: str, host: str,
-                  port: int) -> None:
+                  port: int, session_affinity_ttl_s: int | None = None) -> None:
     """Serve until Ctrl-C or SIGTERM; raise ``SystemExit`` if the router or a replica stops
     answering first. Either way every process of the cluster is stopped."""
     def _terminate(signum: int, _frame: object) -> None:
@@ -84,7 +84,8 @@ def serve_cluster(config: EngineConfig, replicas: int, adapter: str, policy: str
 
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        with running_cluster(config, replicas, adapter, policy, host, port) as cluster:
+        with running_cluster(config, replicas, adapter, policy, host, port,
+                             session_affinity_ttl_s=session_affinity_ttl_s) as cluster:
             print(f"paged-core cluster: {replicas} {adapter} replicas behind vllm-router "
                   f"({policy}) at {cluster.url}; replicas at {' '.join(cluster.replica_urls)}",
                   flush=True)
@@ -97,7 +98,15 @@ def serve_cluster(config: EngineConfig, replicas: int, adapter: str, policy: str
         signal.signal(signal.SIGTERM, previous)
 
 
+def _served_model(replica_url: str) -> str:
+    import httpx  # the router extra's client: `paged-core --help` must not need it
+
+    return httpx.get(f"{replica_url}/v1/models", timeout=10).json()["data"][0]["id"]
+
+
 def _healthy(cluster: Cluster) -> bool:
+    import httpx
+
     try:
         return httpx.get(f"{cluster.url}/models", timeout=30).status_code == 200 and all(
             httpx.get(f"{url}/models", timeout=30).status_code == 200

@@ -58,7 +58,8 @@ class HTTPClient:
     async def close(self) -> None:
         await self.http.aclose()
 
-    async def send(self, request: BenchRequest) -> RequestRecord:
+    async def send(self, request: BenchRequest,
+                   headers: dict[str, str] | None = None) -> RequestRecord:
         body: dict[str, Any] = {"prompt": request.prompt_token_ids, "max_tokens": request.output_len,
                                 "ignore_eos": True, "temperature": 0, "stream": True,
                                 "stream_options": {"include_usage": True}}
@@ -67,7 +68,8 @@ class HTTPClient:
         record = RequestRecord(request.prompt_len)
         start = time.perf_counter()
         try:
-            async with self.http.stream("POST", f"{self.url}/completions", json=body) as response:
+            async with self.http.stream("POST", f"{self.url}/completions", json=body,
+                                        headers=headers) as response:
                 if response.status_code != 200:
                     record.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
                     return record

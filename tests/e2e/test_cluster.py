@@ -15,10 +15,14 @@ import time
 
 import httpx
 import psutil
+import pytest
 from openai import OpenAI
 
 from ..reference import passage_token_ids
 from .conftest import MAX_TOKENS, free_port, python_cmd, running_server
+
+# Two replicas and a router (~45 s on 2 cores): `make test-all`, keeping CI under its 20 minutes.
+pytestmark = pytest.mark.extended
 
 BLOCK_SIZE = 16  # the engine's default
 PREFIX_TOKENS = 200

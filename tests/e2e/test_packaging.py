@@ -73,7 +73,6 @@ OPTIONAL_IMPORTS = {
         "triton_python_backend_utils": None,
     }),
     "paged_core.bench": ("bench", {"httpx": "httpx"}),
-    "paged_core.adapters.cluster": ("router", {"httpx": "httpx"}),
     "paged_core.kv_events": ("kv-events", {"msgspec": "msgspec", "zmq": "pyzmq"}),
 }
 
