@@ -149,14 +149,24 @@ class BlockPool:
         self.cached_blocks[block_hash] = block
         return True
 
+    def uncache(self, block: Block) -> None:
+        """Drop the hash of a block still in use whose K/V will never be computed (its
+        sequence was preempted after it was scheduled): no prefix lookup finds it any more;
+        reported as ``BlockRemoved``, since its ``BlockStored`` went out at scheduling."""
+        if block.block_hash is not None:
+            self._drop_hash(block)
+
     def _evict(self, block: Block, report: bool = True) -> None:
         assert block.block_hash is not None
+        self._drop_hash(block, report)
+        self.num_cached_free -= 1
+
+    def _drop_hash(self, block: Block, report: bool = True) -> None:
         if self.cached_blocks.get(block.block_hash) is block:
             del self.cached_blocks[block.block_hash]
             if report and self.events is not None:
                 self.events.append(BlockRemoved([block.block_hash]))
         block.block_hash = None
-        self.num_cached_free -= 1
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached-but-unused block (e.g. after weights change); reported as

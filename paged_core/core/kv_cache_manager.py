@@ -97,11 +97,20 @@ class KVCacheManager:
         child.block_hashes = list(parent.block_hashes)
 
     def free(self, seq: Sequence) -> None:
-        """Release a sequence's blocks, tail first so the tail is evicted first."""
+        """Release a sequence's blocks, tail first so the tail is evicted first.
+
+        Blocks are hashed when scheduled, before the step computes them; a sequence freed in
+        between (preempted after it was scheduled in this step) leaves blocks past its
+        ``num_computed_tokens`` that hold no K/V yet: those it alone holds lose their hash, so
+        no prefix hit can ever read them."""
         table = self.block_tables.pop(seq.seq_id, None)
-        self._num_cached.pop(seq.seq_id, None)
-        if table:
-            self.pool.free_blocks(reversed(table))
+        num_hashed = self._num_cached.pop(seq.seq_id, 0)
+        if not table:
+            return
+        for block in table[seq.num_computed_tokens // self.block_size:num_hashed]:
+            if block.ref_cnt == 1:
+                self.pool.uncache(block)
+        self.pool.free_blocks(reversed(table))
 
     def free_blocks_past_computed(self, seq: Sequence) -> None:
         """Drop the tail blocks that hold no computed token (rejected draft slots), tail first.

@@ -155,10 +155,22 @@ def test_eviction_is_lru_tail_first():
     seq = make_seq(0, range(12))
     assert kv.allocate_slots(seq, 12)
     first, second, third = kv.block_tables[0]
+    seq.num_computed_tokens = 12  # the step ran
     kv.free(seq)
     (taken,) = kv.pool.get_new_blocks(2)[1:]  # the never-used block, then the tail block
     assert taken is third and third.block_hash is None
     assert first.block_hash is not None and second.block_hash is not None
+
+
+def test_blocks_freed_before_their_step_ran_lose_their_hash():
+    kv = KVCacheManager(4, BLOCK, enable_prefix_caching=True)
+    seq = make_seq(0, range(12))
+    assert kv.allocate_slots(seq, 12)  # all 3 blocks hashed when scheduled
+    first, second, third = kv.block_tables[0]
+    seq.num_computed_tokens = 4  # only the first block's K/V was computed
+    kv.free(seq)
+    assert first.block_hash is not None and second.block_hash is None and third.block_hash is None
+    assert len(kv.find_cached_prefix(make_seq(1, range(12)))) == 1
 
 
 def test_fork_shares_blocks_and_copies_partial_block_on_write():

@@ -115,6 +115,31 @@ def test_preempting_a_sequence_scheduled_earlier_in_the_same_step():
     assert kv.stats()["kv_blocks_used"] == 2 and low.num_computed_tokens == 0
 
 
+def test_a_preempted_sequence_leaves_no_uncomputed_block_in_the_prefix_cache():
+    """A block a sequence fills in this step is hashed when scheduled; if the sequence is then
+    preempted before the step runs, that block's keys were never computed: no later prompt may
+    find it in the prefix cache (it would read garbage K/V)."""
+    kv = KVCacheManager(7, 4, True)  # 7 blocks of 4 tokens, prefix caching on
+    sched = Scheduler(kv, max_num_seqs=8, max_num_batched_tokens=16,
+                      long_prefill_token_threshold=6, policy="priority")
+    decode = seq(1, priority=0)
+    sched.add(decode)
+    run_step(sched)  # decode: 1 block; from now on a decode is in flight
+    low = Sequence(next(_ids), SimpleNamespace(priority=9, tenant=None),
+                   list(range(1000, 1030)), 30, 0)  # a long prompt, 6 tokens a step
+    sched.add(low)
+    run_step(sched)  # low: tokens 0-5 (2 blocks)
+    high = seq(4, priority=0)
+    sched.add(high)
+    run_step(sched)  # low: tokens 6-11 (3 blocks); high: its 4 prompt tokens (1 block)
+    out = run_step(sched)  # low's chunk 12-17 takes the last 2 blocks (block 3 now full),
+    assert out.preempted == [low]  # then high's next token needs a block: low goes
+    assert [(i.seq, i.num_new_tokens) for i in out.scheduled] == [(decode, 1), (high, 1)]
+    twin = Sequence(next(_ids), SimpleNamespace(priority=0, tenant=None),
+                    list(range(1000, 1017)), 17, 0)
+    assert len(kv.find_cached_prefix(twin)) == 3  # blocks 0-2 were computed; block 3 was not
+
+
 def test_everyone_finishes_under_priority_with_a_tiny_cache():
     kv = KVCacheManager(8, 4, False)
     sched = Scheduler(kv, max_num_seqs=8, max_num_batched_tokens=32, policy="priority",
