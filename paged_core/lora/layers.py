@@ -6,39 +6,33 @@ Each of the ``max_loras`` slots keeps its adapter's parts stacked so that one pa
 covers them all: with ``r`` the adapter's largest rank over this projection,
 
 - ``a[slot, p*r:(p+1)*r]`` is part ``p``'s ``lora_A`` (rows past its own rank are zero);
-- ``b[slot, part columns, p*r:(p+1)*r]`` is part ``p``'s ``lora_B`` times its ``scaling``
-  (block-diagonal: every other entry is zero),
+- ``b_t[slot, p*r:(p+1)*r, part columns]`` is part ``p``'s ``lora_B`` (transposed) times its
+  ``scaling`` (block-diagonal: every other entry is zero),
 
-so ``y[rows] += (x[rows] @ a[slot, :P*r].T) @ b[slot, :, :P*r].T``. A step's ``LoRABatch``
-groups its token rows by slot; each group costs one such pair on top of the one base GEMM
-(Punica's segment idea), whatever the mix of adapters.
+so a row ``t`` of the adapter in ``slot`` gets ``y[t] += (a[slot, :P*r] @ x[t]) @ b_t[slot, :P*r]``.
+A step's ``LoRABatch`` gives each row its slot; the two products run for all of the step's
+rows and adapters at once (``products``: Punica's shrink and expand) on top of the one base
+GEMM, whatever the mix of adapters.
 
-The tables, and so the two products, are in ``table_dtype``: float32 on a CPU (a bf16 GEMM
-with an inner size of a LoRA rank takes a slow path there without native bf16 dot products:
-~20x float32's time measured on an AVX2 EPYC, more than the base GEMM for rank 8), the
-model's dtype on a GPU; the sum is added to the base output in its dtype.
+The tables are in ``table_dtype``: float32 on a CPU (a bf16 GEMM with an inner size of a
+LoRA rank takes a slow path there without native bf16 dot products: ~20x float32's time
+measured on an AVX2 EPYC), the model's dtype on a GPU; the products sum in float32 and
+round once into the base output's dtype.
 
-Under tensor parallelism a column-parallel projection's ``b`` holds this rank's output rows
-(``a`` whole); a row-parallel one (``o_proj``, ``down_proj``) holds this rank's input
-columns of ``a`` and the whole ``b``: the rank's ``x @ a.T`` is a partial sum, all-reduced
-before ``b`` (the base output is already reduced), so every rank adds the same product.
+Under tensor parallelism a column-parallel projection's ``b_t`` holds this rank's output
+columns (``a`` whole); a row-parallel one (``o_proj``, ``down_proj``) holds this rank's input
+columns of ``a`` and the whole ``b_t``: the rank's shrink is a partial sum, all-reduced
+before the expand (the base output is already reduced), so every rank adds the same product.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ..executor.group import TensorParallelGroup
-
-
-@dataclass
-class LoRABatch:
-    """This step's token rows per slot: ``(slot, rows)`` with ``rows`` an index tensor on the
-    model's device, or ``None`` when the slot's rows are all of the step's rows."""
-
-    segments: list[tuple[int, torch.Tensor | None]] = field(default_factory=list)
+from .products import LoRABatch, SlotWidths, TorchLoRAProducts
 
 
 @dataclass(frozen=True)
@@ -61,26 +55,29 @@ class PartWeights:
 
 class LoRALinear(nn.Module):
     """``base`` (any projection module) with LoRA products added (see the module docstring).
-    ``row_parallel``: the base is a row-parallel projection of a group larger than one."""
+    ``row_parallel``: the base is a row-parallel projection of a group larger than one;
+    ``products``: how the LoRA products run (``products.select_products``)."""
 
     def __init__(self, base: nn.Module, parts: list[ModulePart], in_features: int,
                  batch: LoRABatch, num_slots: int, max_rank: int, tp: TensorParallelGroup,
-                 row_parallel: bool, dtype: torch.dtype, device: torch.device) -> None:
+                 row_parallel: bool, dtype: torch.dtype, device: torch.device,
+                 products=None) -> None:
         super().__init__()
         self.base = base
         self.parts = parts
         self.batch = batch
         self.tp, self.row_parallel = tp, row_parallel
+        self.products = products or TorchLoRAProducts()
         width = len(parts) * max_rank
         out_features = max(p.start + p.size for p in parts)
         self.a = torch.zeros(num_slots, width, in_features, dtype=dtype, device=device)
-        self.b = torch.zeros(num_slots, out_features, width, dtype=dtype, device=device)
-        self.width = [0] * num_slots  # columns of a/b the slot's adapter uses (0: none)
+        self.b_t = torch.zeros(num_slots, width, out_features, dtype=dtype, device=device)
+        self.widths = SlotWidths(num_slots, device)  # columns each slot's adapter uses
 
     def set_slot(self, slot: int, weights: dict[str, PartWeights]) -> None:
         """Hold in ``slot`` the given parts' shards (parts not given stay zero)."""
         self.a[slot].zero_()
-        self.b[slot].zero_()
+        self.b_t[slot].zero_()
         rank = max((w.a.shape[0] for w in weights.values()), default=0)
         for index, part in enumerate(self.parts):
             w = weights.get(part.name)
@@ -88,24 +85,17 @@ class LoRALinear(nn.Module):
                 continue
             cols = slice(index * rank, index * rank + w.a.shape[0])
             self.a[slot, cols].copy_(w.a)
-            self.b[slot, part.start:part.start + part.size, cols].copy_(w.b * w.scaling)
-        self.width[slot] = len(self.parts) * rank if weights else 0
+            self.b_t[slot, cols, part.start:part.start + part.size].copy_((w.b * w.scaling).T)
+        self.widths.set(slot, len(self.parts) * rank if weights else 0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
-        for slot, rows in self.batch.segments:
-            width = self.width[slot]
-            if not width:
-                continue
-            xs = x if rows is None else x.index_select(0, rows)
-            shrunk = xs.to(self.a.dtype) @ self.a[slot, :width].T
-            if self.row_parallel:
-                self.tp.all_reduce(shrunk)
-            delta = shrunk @ self.b[slot, :, :width].T
-            if rows is None:
-                y.add_(delta)
-            else:
-                y.index_add_(0, rows, delta.to(y.dtype))
+        if self.batch.token_slots is None:  # no row of this step runs an adapter
+            return y
+        shrunk = self.products.shrink(x, self.a, self.widths, self.batch)
+        if self.row_parallel:
+            self.tp.all_reduce(shrunk)
+        self.products.expand(y, shrunk, self.b_t, self.widths, self.batch)
         return y
 
 

@@ -3,10 +3,11 @@ hold, and a host cache of ``max_cpu_loras`` adapters read from disk (least recen
 
 ``attach`` wraps every decoder layer's ``qkv_proj``, ``o_proj`` and (dense layers')
 ``gate_up_proj`` / ``down_proj`` in ``LoRALinear``. Before each step ``prepare`` copies the
-adapters the core assigned to slots in (``PackedBatch.lora_loads``) and groups the step's rows
-by slot (``PackedBatch.lora_slots``). The CPU's one-call decoder stack (which holds the base
-weights, not the wrappers) is given every wrapper's slot tables and the step's segments, and
-adds the same products itself. Fused checkpoint modules (Phi-3's ``qkv_proj``, ``gate_up_proj``)
+adapters the core assigned to slots in (``PackedBatch.lora_loads``) and gives the wrappers
+each row's slot (``PackedBatch.lora_slots``). The products run as the model's elementwise ops
+do (``products.select_products``: C++ on a CPU, Triton on CUDA). The CPU's one-call decoder
+stack (which holds the base weights, not the wrappers) is given every wrapper's slot tables
+and the step's rows, and calls the same C++ products itself. Fused checkpoint modules (Phi-3's ``qkv_proj``, ``gate_up_proj``)
 are split into the modules they fuse, sharing one ``lora_A``, so every module is sharded like
 the base weight it adapts (``ShardPlan.slice_of``).
 """
@@ -18,8 +19,9 @@ import numpy as np
 import torch
 
 from ..executor.packed_batch import PackedBatch
-from .layers import LoRABatch, LoRALinear, ModulePart, PartWeights, table_dtype
+from .layers import LoRALinear, ModulePart, PartWeights, table_dtype
 from .peft_checkpoint import LoRAAdapter, LoRAModule, load_adapter, module_shapes
+from .products import LoRABatch, select_products
 from .request import LoRARequest
 
 # a fused checkpoint module -> the modules it fuses, in output order
@@ -39,7 +41,7 @@ class LoRARuntime:
         self._attach(max_loras)
         if self._stack is not None:
             for index, name, wrapper in self.wrappers:
-                self._stack.set_lora(index, name, wrapper.a, wrapper.b)
+                self._stack.set_lora(index, name, wrapper.a, wrapper.b_t)
             self._stack.lora_batch = self.batch
 
     def _attach(self, max_loras: int) -> None:
@@ -48,11 +50,12 @@ class LoRARuntime:
         dtype = table_dtype(model.embed_tokens.weight.dtype, self.device)
         hidden = model.spec.hidden_size
         row_parallel = tp.size > 1
+        products = select_products(model.ops)
 
         def wrap(owner, attr: str, parts: list[ModulePart], width_in: int, row: bool) -> None:
             wrapper = LoRALinear(getattr(owner, attr), parts, width_in, self.batch, max_loras,
                                  self.max_lora_rank, tp, row and row_parallel, dtype,
-                                 self.device)
+                                 self.device, products)
             setattr(owner, attr, wrapper)
             self.wrappers.append((index, attr, wrapper))
 
@@ -85,7 +88,10 @@ class LoRARuntime:
         """Load the step's newly assigned adapters into their slots; group its rows by slot."""
         for slot, request in packed.lora_loads:
             self._load(slot, _unfused(self.adapter(request), self.model.spec))
-        self.batch.segments = _segments(packed.lora_slots, self.device)
+        slots = packed.lora_slots
+        self.batch.token_slots = (None if slots is None or not (slots >= 0).any() else
+                                  torch.from_numpy(slots).to(self.device))
+        self.batch.segments = _segments(slots, self.device)
 
     def _load(self, slot: int, modules: dict[tuple[int, str], LoRAModule]) -> None:
         shard = self.model.shard
@@ -104,7 +110,7 @@ class LoRARuntime:
                                                  module.scaling)
             wrapper.set_slot(slot, weights)
             if self._stack is not None:
-                self._stack.set_lora_width(index, name, slot, wrapper.width[slot])
+                self._stack.set_lora_width(index, name, slot, wrapper.widths.values[slot])
 
 
 def _unfused(adapter: LoRAAdapter, spec) -> dict[tuple[int, str], LoRAModule]:

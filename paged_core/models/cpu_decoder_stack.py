@@ -16,7 +16,8 @@ backend that sends these caches to the C++ kernel of the same level.
 
 LoRA adapters run inside it too: ``set_lora`` hands it a projection's slot tables (those of
 ``lora.layers.LoRALinear``, shared) and ``lora_batch`` is the runtime's ``LoRABatch``, whose
-segments each step passes along, so the stack adds the very products ``LoRALinear`` would.
+rows' slots each step passes along, so the stack adds the very products ``LoRALinear`` would
+(the same C++ functions).
 """
 from __future__ import annotations
 
@@ -74,9 +75,9 @@ class CpuDecoderStack:
             return None
         return cls(model, model.ops.cpu_isa)
 
-    def set_lora(self, layer: int, projection: str, a: torch.Tensor, b: torch.Tensor) -> None:
+    def set_lora(self, layer: int, projection: str, a: torch.Tensor, b_t: torch.Tensor) -> None:
         """Give ``projection`` (a name of ``PROJECTIONS``) of ``layer`` its LoRA slot tables."""
-        self._stack.set_lora(layer, PROJECTIONS.index(projection), a, b)
+        self._stack.set_lora(layer, PROJECTIONS.index(projection), a, b_t)
 
     def set_lora_width(self, layer: int, projection: str, slot: int, width: int) -> None:
         """The columns of its tables that the adapter now in ``slot`` uses (0: none)."""
@@ -95,12 +96,11 @@ class CpuDecoderStack:
                  meta: AttentionMetadata) -> torch.Tensor:
         """The final-normed hidden states of the step; ``residual`` (the embedded tokens) is
         used as the residual stream (updated in place)."""
-        segments = self.lora_batch.segments if self.lora_batch is not None else []
+        token_slots = self.lora_batch.token_slots if self.lora_batch is not None else None
         return self._stack.forward(residual, positions, [k for k, _ in kv_caches],
                                    [v for _, v in kv_caches], meta.slot_mapping,
                                    meta.num_scheduled_tokens, meta.block_tables, meta.seq_lens,
-                                   meta.query_start_loc, [slot for slot, _ in segments],
-                                   [_EVERY_ROW if rows is None else rows for _, rows in segments])
+                                   meta.query_start_loc, token_slots)
 
 
 def _weight_and_bias(projection: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -117,7 +117,6 @@ def _bf16_dot_out_features(projection: nn.Module) -> int:
 
 # The projections of a layer, in the C++ stack's order.
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-_EVERY_ROW = torch.empty(0, dtype=torch.long)  # a segment of all the step's rows
 
 # Exactly these types (subclasses may compute otherwise); a RowParallelLinear of one rank
 # is a plain nn.Linear.

@@ -16,9 +16,8 @@
 //   return hidden
 //
 // With LoRA adapters (set_lora: the slot tables of lora/layers.py's LoRALinear, shared, not
-// copied), every projection adds, per adapter segment of the step's rows, the same two
-// products LoRALinear.forward adds: y[rows] += (x[rows] a[slot, :w]^T) b[slot, :, :w]^T, in
-// the tables' dtype (float32 on a CPU), added to y in its own.
+// copied), every projection adds each row's adapter product with the very calls
+// LoRALinear.forward makes on a CPU (lora_products.cpp's lora_shrink, then lora_expand).
 //
 // Each step is the very kernel the Python path (models/llama.py with the fused CPU ops,
 // the torch attention backend and cpu_linear's PackedLinear, Bf16DotLinear or F.linear)
@@ -40,6 +39,7 @@
 #include "cpu_common.h"
 #include "fused_ops.h"
 #include "kv_quant.h"
+#include "lora_products.h"
 
 // The class lives in the build's own namespace: builds of several levels share a process,
 // and torch tells custom classes apart by their C++ type.
@@ -50,17 +50,10 @@ namespace {
 #define PAGED_CORE_STR_IN(x) #x
 #define PAGED_CORE_STR(x) PAGED_CORE_STR_IN(x)
 
-// y = x W^T + b, in x's dtype.
-// This step's token rows per LoRA slot (an empty rows tensor: every row of the step).
-struct LoRASegments {
-  std::vector<int64_t> slots;
-  std::vector<at::Tensor> rows;
-};
-
-// One projection's adapter slots: a [slots, width, in], b [slots, out, width] (LoRALinear's
+// One projection's adapter slots: a [slots, width, in], b_t [slots, width, out] (LoRALinear's
 // tensors); width[slot] is how many columns the slot's adapter uses (0: none).
 struct LoRASlots {
-  at::Tensor a, b;
+  at::Tensor a, b_t;
   std::vector<int64_t> width;
 };
 
@@ -70,24 +63,13 @@ struct Projection {
   int64_t bf16_dot_out_features;  // > 0: weight is pack_bf16_dot_weight's, of this many outputs
   std::optional<LoRASlots> lora;
 
-  // The base product, plus each segment's adapter product (LoRALinear.forward's ops).
-  at::Tensor operator()(const at::Tensor& x, const LoRASegments& segments) const {
+  // The base product, plus each row's adapter product (LoRALinear.forward's ops);
+  // lora_token_slots: each row's slot (-1: none), undefined when no row has an adapter.
+  at::Tensor operator()(const at::Tensor& x, const at::Tensor& lora_token_slots) const {
     at::Tensor y = base(x);
-    if (!lora) return y;
-    for (size_t i = 0; i < segments.slots.size(); ++i) {
-      const int64_t slot = segments.slots[i], width = lora->width.at(slot);
-      if (width == 0) continue;
-      const at::Tensor& rows = segments.rows[i];
-      const bool every_row = rows.numel() == 0;
-      const at::Tensor xs = (every_row ? x : x.index_select(0, rows)).to(lora->a.scalar_type());
-      const at::Tensor shrunk = at::matmul(xs, lora->a[slot].narrow(0, 0, width).t());
-      const at::Tensor delta = at::matmul(shrunk, lora->b[slot].narrow(1, 0, width).t());
-      if (every_row) {
-        y.add_(delta);
-      } else {
-        y.index_add_(0, rows, delta.to(y.scalar_type()));
-      }
-    }
+    if (!lora || !lora_token_slots.defined()) return y;
+    const at::Tensor u = paged_core_cpu::lora_shrink(x, lora->a, lora->width, lora_token_slots);
+    paged_core_cpu::lora_expand(y, u, lora->b_t, lora->width, lora_token_slots);
     return y;
   }
 
@@ -230,13 +212,14 @@ class DecoderStack : public torch::CustomClassHolder {
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
   // Give projection `projection` (0 qkv, 1 o, 2 gate_up, 3 down) of layer `layer` the LoRA
-  // slot tables a [slots, width, in] and b [slots, out, width] (shared; every slot unused).
-  void set_lora(int64_t layer, int64_t projection, at::Tensor a, at::Tensor b) {
-    TORCH_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(1) == b.size(2),
-                "LoRA tables must be a [slots, width, in] and b [slots, out, width]");
+  // slot tables a [slots, width, in] and b_t [slots, width, out] (shared; every slot unused).
+  void set_lora(int64_t layer, int64_t projection, at::Tensor a, at::Tensor b_t) {
+    TORCH_CHECK(a.dim() == 3 && b_t.dim() == 3 && a.size(0) == b_t.size(0) &&
+                    a.size(1) == b_t.size(1),
+                "LoRA tables must be a [slots, width, in] and b_t [slots, width, out]");
     const int64_t slots = a.size(0);
     projection_at(layer, projection).lora =
-        LoRASlots{std::move(a), std::move(b), std::vector<int64_t>(slots, 0)};
+        LoRASlots{std::move(a), std::move(b_t), std::vector<int64_t>(slots, 0)};
   }
 
   // The columns of a / b that the adapter now in `slot` uses there (0: none).
@@ -251,11 +234,11 @@ class DecoderStack : public torch::CustomClassHolder {
   // The final-normed hidden states [tokens, hidden] of a packed step; `residual` (the
   // embedded tokens) becomes the last residual stream. Rows from `real_tokens` on are
   // padding: their K/V are not stored. The metadata is the step's AttentionMetadata;
-  // lora_slots / lora_rows: the step's token rows (int64 indices; empty: all) per slot.
+  // lora_token_slots: each row's LoRA slot (int64, -1: none; None: no row has an adapter).
   at::Tensor forward(at::Tensor residual, at::Tensor positions, std::vector<at::Tensor> k_caches,
                      std::vector<at::Tensor> v_caches, at::Tensor slot_mapping, int64_t real_tokens,
                      at::Tensor block_tables, at::Tensor seq_lens, at::Tensor query_start_loc,
-                     std::vector<int64_t> lora_slots, std::vector<at::Tensor> lora_rows) {
+                     std::optional<at::Tensor> lora_token_slots) {
     TORCH_CHECK(!layers_.empty(), "DecoderStack has no layers");
     TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(),
                 "one K and one V cache per layer");
@@ -265,10 +248,9 @@ class DecoderStack : public torch::CustomClassHolder {
                     slot_mapping.numel() == residual.size(0),
                 "slot_mapping must be contiguous int64 [tokens], real_tokens at most that");
     const auto int32 = [](const at::Tensor& t) { return t.to(at::kInt).contiguous(); };
-    TORCH_CHECK(lora_slots.size() == lora_rows.size(), "one rows tensor per LoRA slot");
     const Step step{positions, slot_mapping.const_data_ptr<int64_t>(), real_tokens,
                     int32(block_tables), int32(seq_lens), int32(query_start_loc),
-                    LoRASegments{std::move(lora_slots), std::move(lora_rows)}};
+                    lora_token_slots.value_or(at::Tensor())};
     at::Tensor hidden = at::empty_like(residual);
     paged_core_cpu::rms_norm(residual, layers_[0].input_norm, eps_, hidden);
     for (size_t i = 0; i < layers_.size(); ++i) {
@@ -293,7 +275,7 @@ class DecoderStack : public torch::CustomClassHolder {
     const int64_t* slots;
     int64_t real_tokens;
     at::Tensor block_tables, seq_lens, query_start_loc;  // int32
-    LoRASegments lora;
+    at::Tensor lora;  // each row's LoRA slot, or undefined
   };
 
   Projection& projection_at(int64_t layer, int64_t projection) {

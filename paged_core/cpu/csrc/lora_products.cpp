@@ -1,0 +1,292 @@
+// LoRA products of a step whose rows run different adapters (Punica's shrink / expand,
+// one call per projection for every adapter in the step):
+//
+//   lora_shrink: u[t, :w] = a[s, :w] . x[t]          (u float32 [T, W], zero elsewhere)
+//   lora_expand: y[t] = dtype(y[t] + sum_k u[t, k] b_t[s, k])   for k < w
+//
+// with s = token_slots[t] the row's adapter slot (-1: none, the row is left alone) and
+// w = widths[s] the columns its adapter uses (0: none). Tables are float32 and
+// contiguous: a [S, W, in] (lora/layers.py's LoRALinear.a), b_t [S, W, out] (its b_t, B
+// transposed so a row's expand is a sum of contiguous output rows). x and y are float32 or
+// bfloat16 rows (contiguous last dim); only the first T rows are read or written (the
+// step's padding rows past token_slots stay as they are). Each y element is rounded once.
+//
+// Rows of one slot are taken up to kRowsPerTask at a time, so every table row loaded from
+// cache serves them all; tasks (and, for expand, blocks of output columns) are shared out
+// between threads only when the step is big enough to pay for waking them.
+// Registered as torch.ops.paged_core_cpu_<level>.lora_shrink / lora_expand; decoder_stack.cpp
+// calls the same functions (lora_products.h), so both paths give the same bits.
+#include "lora_products.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "cpu_common.h"
+#include "cpu_simd.h"
+
+namespace {
+
+using paged_core_cpu::Elem;
+
+constexpr int kRowsPerTask = 4;
+constexpr int64_t kColumnsPerTask = 512;  // expand: output columns of one task
+constexpr int64_t kMinParallelMacs = 1 << 18;  // below this a call stays on one thread
+
+// Up to kRowsPerTask rows of one slot.
+struct Task {
+  int64_t slot;
+  int rows;
+  int64_t row[kRowsPerTask];
+};
+
+// The step's rows grouped by slot, kRowsPerTask at a time (rows with no adapter left out).
+std::vector<Task> make_tasks(const at::Tensor& token_slots, const std::vector<int64_t>& widths) {
+  const int64_t* slots = token_slots.const_data_ptr<int64_t>();
+  const int64_t num_slots = static_cast<int64_t>(widths.size());
+  std::vector<std::vector<int64_t>> by_slot(num_slots);
+  for (int64_t t = 0; t < token_slots.size(0); ++t) {
+    const int64_t s = slots[t];
+    TORCH_CHECK(s >= -1 && s < num_slots, "token_slots[", t, "] = ", s, " is not -1 or a slot < ",
+                num_slots);
+    if (s >= 0 && widths[s] > 0) by_slot[s].push_back(t);
+  }
+  std::vector<Task> tasks;
+  for (int64_t s = 0; s < num_slots; ++s)
+    for (size_t i = 0; i < by_slot[s].size(); i += kRowsPerTask) {
+      Task task{s, static_cast<int>(std::min<size_t>(kRowsPerTask, by_slot[s].size() - i)), {}};
+      for (int r = 0; r < task.rows; ++r) task.row[r] = by_slot[s][i + r];
+      tasks.push_back(task);
+    }
+  return tasks;
+}
+
+void check_tables(const at::Tensor& table, const std::vector<int64_t>& widths, const char* name) {
+  TORCH_CHECK(table.dim() == 3 && table.scalar_type() == at::kFloat && table.is_contiguous(),
+              name, " must be a contiguous float32 [slots, width, features] table");
+  TORCH_CHECK(static_cast<int64_t>(widths.size()) == table.size(0), "one width per slot of ",
+              name);
+  for (int64_t w : widths)
+    TORCH_CHECK(w >= 0 && w <= table.size(1), "a width of ", w, " does not fit ", name, "'s ",
+                table.size(1), " columns");
+}
+
+void check_rows(const at::Tensor& x, int64_t rows, int64_t features, const char* name) {
+  TORCH_CHECK(x.dim() == 2 && x.size(0) >= rows && x.size(1) == features && x.stride(1) == 1,
+              name, " must be [rows >= ", rows, ", ", features, "] with a contiguous last dim");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, name,
+              " must be float32 or bfloat16");
+}
+
+// out[r] = dot(a[0:n], x[r][0:n]) for R rows (float32), each 8 lanes of a loaded once.
+template <int R>
+inline void dots(const float* a, const float* const* x, int64_t n, float* out) {
+  int64_t i = 0;
+  for (int r = 0; r < R; ++r) out[r] = 0.f;
+#if PAGED_CORE_AVX2
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 av = _mm256_loadu_ps(a + i);
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(av, _mm256_loadu_ps(x[r] + i), acc[r]);
+  }
+  for (int r = 0; r < R; ++r) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    out[r] = _mm_cvtss_f32(s);
+  }
+#endif
+  for (; i < n; ++i)
+    for (int r = 0; r < R; ++r) out[r] += a[i] * x[r][i];
+}
+
+#if PAGED_CORE_AVX2
+inline __m256 load8_elems(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8_elems(const uint16_t* p) { return paged_core_cpu::load8(p); }
+inline void store8_elems(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+// 8 float32 -> bfloat16 bits, rounded as float_to_bf16_bits rounds (nearest even, NaN quiet).
+inline void store8_elems(uint16_t* p, __m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  __m256i rounded = _mm256_srli_epi32(
+      _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb)), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  rounded = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), nan);
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(rounded, rounded), 0xD8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+#endif
+
+// y[r][0:n] = T(y[r][0:n] + sum_k u[r][k] * b[k * ld + 0:n]) for k < w, for R rows.
+template <int R, typename T>
+inline void add_combination(const float* b, int64_t ld, const float* const* u, int64_t w,
+                            int64_t n, T* const* y) {
+  int64_t o = 0;
+#if PAGED_CORE_AVX2
+  for (; o + 8 <= n; o += 8) {
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < w; ++k) {
+      const __m256 bv = _mm256_loadu_ps(b + k * ld + o);
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(u[r][k]), bv, acc[r]);
+    }
+    for (int r = 0; r < R; ++r)
+      store8_elems(y[r] + o, _mm256_add_ps(load8_elems(y[r] + o), acc[r]));
+  }
+#endif
+  for (; o < n; ++o)
+    for (int r = 0; r < R; ++r) {
+      float sum = 0.f;
+      for (int64_t k = 0; k < w; ++k) sum += u[r][k] * b[k * ld + o];
+      y[r][o] = Elem<T>::store(Elem<T>::load(y[r][o]) + sum);
+    }
+}
+
+// f<R>(args...) for a task's row count R (1 .. kRowsPerTask), with registers for R rows.
+template <template <int> class F, typename... Args>
+inline void for_rows(int rows, Args&&... args) {
+  static_assert(kRowsPerTask == 4, "one case per row count");
+  switch (rows) {
+    case 1: return F<1>::run(args...);
+    case 2: return F<2>::run(args...);
+    case 3: return F<3>::run(args...);
+    default: return F<4>::run(args...);
+  }
+}
+
+template <int R>
+struct Dots {
+  static void run(const float* a, const float* const* x, int64_t n, float* out) {
+    dots<R>(a, x, n, out);
+  }
+};
+
+template <typename T>
+struct AddCombination {
+  template <int R>
+  struct Rows {
+    static void run(const float* b, int64_t ld, const float* const* u, int64_t w, int64_t n,
+                    T* const* y) {
+      add_combination<R, T>(b, ld, u, w, n, y);
+    }
+  };
+};
+
+template <typename T>
+void shrink_rows(const at::Tensor& x, const at::Tensor& a, const std::vector<int64_t>& widths,
+                 const std::vector<Task>& tasks, at::Tensor& u) {
+  const int64_t in = a.size(2), W = a.size(1);
+  const T* xp = reinterpret_cast<const T*>(x.const_data_ptr());
+  const float* ap = a.const_data_ptr<float>();
+  float* up = u.mutable_data_ptr<float>();
+  const int64_t macs = std::max<int64_t>(1, kRowsPerTask * in * W);
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), std::max<int64_t>(1, kMinParallelMacs / macs),
+                   [&](int64_t begin, int64_t end) {
+    std::vector<float> widened(static_cast<size_t>(kRowsPerTask) * in);
+    const float* rows[kRowsPerTask];
+    float out[kRowsPerTask];
+    for (int64_t i = begin; i < end; ++i) {
+      const Task& task = tasks[i];
+      for (int r = 0; r < task.rows; ++r) {
+        const T* src = xp + task.row[r] * x.stride(0);
+        float* dst = widened.data() + r * in;
+        for (int64_t j = 0; j < in; ++j) dst[j] = Elem<T>::load(src[j]);
+        rows[r] = dst;
+      }
+      const float* slot_a = ap + task.slot * W * in;
+      for (int64_t k = 0; k < widths[task.slot]; ++k) {
+        for_rows<Dots>(task.rows, slot_a + k * in, rows, in, out);
+        for (int r = 0; r < task.rows; ++r) up[task.row[r] * W + k] = out[r];
+      }
+    }
+  });
+}
+
+template <typename T>
+void expand_rows(at::Tensor& y, const at::Tensor& u, const at::Tensor& b_t,
+                 const std::vector<int64_t>& widths, const std::vector<Task>& tasks) {
+  const int64_t out_features = b_t.size(2), W = b_t.size(1);
+  const int64_t blocks = (out_features + kColumnsPerTask - 1) / kColumnsPerTask;
+  T* yp = reinterpret_cast<T*>(y.mutable_data_ptr());
+  const float* up = u.const_data_ptr<float>();
+  const float* bp = b_t.const_data_ptr<float>();
+  const int64_t macs = std::max<int64_t>(1, kRowsPerTask * kColumnsPerTask * W);
+  const int64_t jobs = static_cast<int64_t>(tasks.size()) * blocks;
+  at::parallel_for(0, jobs, std::max<int64_t>(1, kMinParallelMacs / macs),
+                   [&](int64_t begin, int64_t end) {
+    const float* u_rows[kRowsPerTask];
+    T* y_rows[kRowsPerTask];
+    for (int64_t job = begin; job < end; ++job) {
+      const Task& task = tasks[job / blocks];
+      const int64_t c0 = (job % blocks) * kColumnsPerTask;
+      for (int r = 0; r < task.rows; ++r) {
+        u_rows[r] = up + task.row[r] * W;
+        y_rows[r] = yp + task.row[r] * y.stride(0) + c0;
+      }
+      for_rows<AddCombination<T>::template Rows>(
+          task.rows, bp + task.slot * W * out_features + c0, out_features, u_rows,
+          widths[task.slot], std::min(kColumnsPerTask, out_features - c0), y_rows);
+    }
+  });
+}
+
+}  // namespace
+
+namespace paged_core_cpu {
+
+at::Tensor lora_shrink(const at::Tensor& x, const at::Tensor& a, const std::vector<int64_t>& widths,
+                       const at::Tensor& token_slots) {
+  TORCH_CHECK(token_slots.dim() == 1 && token_slots.scalar_type() == at::kLong &&
+                  token_slots.is_contiguous(),
+              "token_slots must be a contiguous int64 [rows] tensor");
+  check_tables(a, widths, "a");
+  check_rows(x, token_slots.size(0), a.size(2), "x");
+  at::Tensor u = at::zeros({token_slots.size(0), a.size(1)}, a.options());
+  const std::vector<Task> tasks = make_tasks(token_slots, widths);
+  if (x.scalar_type() == at::kFloat) {
+    shrink_rows<float>(x, a, widths, tasks, u);
+  } else {
+    shrink_rows<uint16_t>(x, a, widths, tasks, u);
+  }
+  return u;
+}
+
+void lora_expand(at::Tensor& y, const at::Tensor& u, const at::Tensor& b_t,
+                 const std::vector<int64_t>& widths, const at::Tensor& token_slots) {
+  TORCH_CHECK(token_slots.dim() == 1 && token_slots.scalar_type() == at::kLong &&
+                  token_slots.is_contiguous(),
+              "token_slots must be a contiguous int64 [rows] tensor");
+  check_tables(b_t, widths, "b_t");
+  TORCH_CHECK(u.dim() == 2 && u.scalar_type() == at::kFloat && u.is_contiguous() &&
+                  u.size(0) == token_slots.size(0) && u.size(1) == b_t.size(1),
+              "u must be lora_shrink's contiguous float32 [rows, width]");
+  check_rows(y, token_slots.size(0), b_t.size(2), "y");
+  const std::vector<Task> tasks = make_tasks(token_slots, widths);
+  if (y.scalar_type() == at::kFloat) {
+    expand_rows<float>(y, u, b_t, widths, tasks);
+  } else {
+    expand_rows<uint16_t>(y, u, b_t, widths, tasks);
+  }
+}
+
+}  // namespace paged_core_cpu
+
+PAGED_CORE_LIBRARY_FRAGMENT(m) {
+  m.def("lora_shrink(Tensor x, Tensor a, int[] widths, Tensor token_slots) -> Tensor");
+  m.def("lora_expand(Tensor(a!) y, Tensor u, Tensor b_t, int[] widths, Tensor token_slots) -> ()");
+  m.impl("lora_shrink", c10::DispatchKey::CPU,
+         [](const at::Tensor& x, const at::Tensor& a, c10::IntArrayRef widths,
+            const at::Tensor& token_slots) {
+           return paged_core_cpu::lora_shrink(x, a, widths.vec(), token_slots);
+         });
+  m.impl("lora_expand", c10::DispatchKey::CPU,
+         [](at::Tensor& y, const at::Tensor& u, const at::Tensor& b_t, c10::IntArrayRef widths,
+            const at::Tensor& token_slots) {
+           paged_core_cpu::lora_expand(y, u, b_t, widths.vec(), token_slots);
+         });
+}

@@ -1,0 +1,59 @@
+"""The LoRA products of a step (``paged_core.lora.products``) on every CPU path (the C++ ops
+of each ``cpu_isa`` build) and in plain torch: each row gets its own adapter's products (a
+float64 reference within float32 rounding), rows without an adapter, slots without one and
+padding rows past the step are left alone, ``y`` is rounded once."""
+import pytest
+import torch
+
+from paged_core.lora.products import CpuLoRAProducts, TorchLoRAProducts
+
+from ..lora_products_cases import expected_expand, expected_shrink, make_step
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def check_each_row_gets_its_own_adapter(products, dtype: torch.dtype) -> None:
+    step = make_step(dtype)
+    u = products.shrink(step.x, step.a, step.widths, step.batch)
+    assert u.dtype == torch.float32 and u.shape == (10, 24)
+    torch.testing.assert_close(u.double(), expected_shrink(step), rtol=1e-5, atol=1e-5)
+    y_before, expected = step.y.clone(), expected_expand(step, u)
+    products.expand(step.y, u, step.b_t, step.widths, step.batch)
+    if dtype == torch.float32:
+        torch.testing.assert_close(step.y.double(), expected, rtol=1e-5, atol=1e-5)
+    else:  # one rounding of the float32 sum: at most half a bfloat16 unit off the exact sum
+        diff = (step.y.double() - expected).abs()
+        assert bool((diff <= expected.abs() * 2 ** -8 + 1e-6).all()), diff.max()
+    untouched = [1, 9, 10, 11, 12]  # no adapter (-1), and the padding rows
+    assert torch.equal(step.y[untouched], y_before[untouched])
+
+
+def check_a_whole_step_under_one_adapter(products) -> None:
+    step = make_step(torch.float32, token_slots=(1,) * 9, padding=0)
+    u = products.shrink(step.x, step.a, step.widths, step.batch)
+    torch.testing.assert_close(u.double(), expected_shrink(step), rtol=1e-5, atol=1e-5)
+    expected = expected_expand(step, u)
+    products.expand(step.y, u, step.b_t, step.widths, step.batch)
+    torch.testing.assert_close(step.y.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cpu_ops(cpu_isa, dtype):
+    check_each_row_gets_its_own_adapter(CpuLoRAProducts(cpu_isa), dtype)
+    check_a_whole_step_under_one_adapter(CpuLoRAProducts(cpu_isa))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_torch(dtype):
+    check_each_row_gets_its_own_adapter(TorchLoRAProducts(), dtype)
+    check_a_whole_step_under_one_adapter(TorchLoRAProducts())
+
+
+def test_bad_slots_and_tables_are_refused(cpu_isa):
+    products = CpuLoRAProducts(cpu_isa)
+    step = make_step(torch.float32, token_slots=(0, 4))
+    with pytest.raises(RuntimeError, match=r"token_slots\[1\] = 4"):
+        products.shrink(step.x, step.a, step.widths, step.batch)
+    step = make_step(torch.float32, table_dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="contiguous float32"):
+        products.shrink(step.x, step.a, step.widths, step.batch)

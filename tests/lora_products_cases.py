@@ -1,0 +1,64 @@
+"""A step of rows under several LoRA adapters, and the float64 answer of its two products
+(``paged_core.lora.products``), shared by the tests of every implementation of them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from paged_core.lora.products import LoRABatch, SlotWidths
+
+
+@dataclass
+class LoRAStep:
+    x: torch.Tensor  # [rows + padding, in]
+    y: torch.Tensor  # [rows + padding, out], the base output
+    a: torch.Tensor  # [slots, W, in]
+    b_t: torch.Tensor  # [slots, W, out]
+    widths: SlotWidths
+    batch: LoRABatch
+
+
+def make_step(dtype: torch.dtype, in_features: int = 77, out_features: int = 1100,
+              token_slots: tuple[int, ...] = (2, -1, 0, 2, 2, 2, 2, 3, 0, -1),
+              widths: tuple[int, ...] = (24, 7, 16, 0), max_width: int = 24, padding: int = 3,
+              table_dtype: torch.dtype = torch.float32, seed: int = 0) -> LoRAStep:
+    """Rows under slots ``token_slots`` (-1: none; slot 1 holds an adapter no row uses, slot 3
+    none at all), ``padding`` rows past them, feature sizes that are no multiple of 8."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = len(token_slots) + padding
+    slot_widths = SlotWidths(len(widths), torch.device("cpu"))
+    a = torch.zeros(len(widths), max_width, in_features)
+    b_t = torch.zeros(len(widths), max_width, out_features)
+    for slot, width in enumerate(widths):
+        slot_widths.set(slot, width)
+        a[slot, :width] = torch.randn(width, in_features, generator=gen) / in_features ** 0.5
+        b_t[slot, :width] = torch.randn(width, out_features, generator=gen)
+    slots = torch.tensor(token_slots, dtype=torch.int64)
+    segments = []
+    for slot in sorted({s for s in token_slots if s >= 0}):
+        index = torch.nonzero(slots == slot).flatten()
+        segments.append((slot, None if len(index) == len(slots) else index))
+    return LoRAStep(torch.randn(rows, in_features, generator=gen).to(dtype),
+                    torch.randn(rows, out_features, generator=gen).to(dtype),
+                    a.to(table_dtype), b_t.to(table_dtype), slot_widths,
+                    LoRABatch(token_slots=slots, segments=segments))
+
+
+def expected_shrink(step: LoRAStep) -> torch.Tensor:
+    u = torch.zeros(len(step.batch.token_slots), step.a.shape[1], dtype=torch.float64)
+    for t, slot in enumerate(step.batch.token_slots.tolist()):
+        if slot >= 0:
+            width = step.widths.values[slot]
+            u[t, :width] = step.a[slot, :width].double() @ step.x[t].double()
+    return u
+
+
+def expected_expand(step: LoRAStep, u: torch.Tensor) -> torch.Tensor:
+    """The new ``y`` (float64) after the expand of ``u``."""
+    y = step.y.double().clone()
+    for t, slot in enumerate(step.batch.token_slots.tolist()):
+        if slot >= 0:
+            width = step.widths.values[slot]
+            y[t] += u[t, :width].double() @ step.b_t[slot, :width].double()
+    return y
