@@ -37,16 +37,34 @@ def check_a_whole_step_under_one_adapter(products) -> None:
     torch.testing.assert_close(step.y.double(), expected, rtol=1e-5, atol=1e-5)
 
 
+def check_slots_with_many_rows(products, dtype: torch.dtype) -> None:
+    """A prompt chunk under one adapter beside decodes under others (the C++ ops run a slot
+    with 32 rows or more as GEMMs, the rest in their row kernels)."""
+    slots = (0,) * 20 + (2, -1, 2, 1, -1) + (0,) * 17
+    step = make_step(dtype, token_slots=slots, widths=(24, 8, 16, 0))
+    u = products.shrink(step.x, step.a, step.widths, step.batch)
+    torch.testing.assert_close(u.double(), expected_shrink(step), rtol=1e-5, atol=1e-5)
+    y_before, expected = step.y.clone(), expected_expand(step, u)
+    products.expand(step.y, u, step.b_t, step.widths, step.batch)
+    diff = (step.y.double() - expected).abs()
+    ulp = 2 ** -8 if dtype == torch.bfloat16 else 1e-6
+    assert bool((diff <= expected.abs() * ulp + 1e-5).all()), diff.max()
+    untouched = [21, 24, 42, 43, 44]
+    assert torch.equal(step.y[untouched], y_before[untouched])
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_cpu_ops(cpu_isa, dtype):
     check_each_row_gets_its_own_adapter(CpuLoRAProducts(cpu_isa), dtype)
     check_a_whole_step_under_one_adapter(CpuLoRAProducts(cpu_isa))
+    check_slots_with_many_rows(CpuLoRAProducts(cpu_isa), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_torch(dtype):
     check_each_row_gets_its_own_adapter(TorchLoRAProducts(), dtype)
     check_a_whole_step_under_one_adapter(TorchLoRAProducts())
+    check_slots_with_many_rows(TorchLoRAProducts(), dtype)
 
 
 def test_bad_slots_and_tables_are_refused(cpu_isa):

@@ -11,15 +11,18 @@
 // bfloat16 rows (contiguous last dim); only the first T rows are read or written (the
 // step's padding rows past token_slots stay as they are). Each y element is rounded once.
 //
-// Rows of one slot are taken up to kRowsPerTask at a time, so every table row loaded from
-// cache serves them all; tasks (and, for expand, blocks of output columns) are shared out
-// between threads only when the step is big enough to pay for waking them.
+// A slot with few rows in the step (decodes under many adapters) runs in this file's row
+// kernels: its rows up to kRowsPerTask at a time, so every table row loaded from cache serves
+// them all; tasks (and, for expand, blocks of output columns) are shared out between threads
+// only when the step is big enough to pay for waking them. A slot with kGemmRows rows or more
+// (a prompt's chunk, a batch under one adapter) runs as one ATen GEMM pair over its gathered
+// rows instead, whose blocked GEMM is several times faster there.
 // Registered as torch.ops.paged_core_cpu_<level>.lora_shrink / lora_expand; decoder_stack.cpp
 // calls the same functions (lora_products.h), so both paths give the same bits.
 #include "lora_products.h"
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -36,6 +39,7 @@ using paged_core_cpu::Elem;
 constexpr int kRowsPerTask = 4;
 constexpr int64_t kColumnsPerTask = 512;  // expand: output columns of one task
 constexpr int64_t kMinParallelMacs = 1 << 18;  // below this a call stays on one thread
+constexpr size_t kGemmRows = 32;  // a slot with this many rows runs as ATen GEMMs
 
 // Up to kRowsPerTask rows of one slot.
 struct Task {
@@ -44,8 +48,20 @@ struct Task {
   int64_t row[kRowsPerTask];
 };
 
-// The step's rows grouped by slot, kRowsPerTask at a time (rows with no adapter left out).
-std::vector<Task> make_tasks(const at::Tensor& token_slots, const std::vector<int64_t>& widths) {
+// A slot's rows gathered for ATen GEMMs.
+struct GemmSlot {
+  int64_t slot;
+  at::Tensor rows;  // int64 row indices
+};
+
+// How a call runs: row-kernel tasks, and the slots with many rows as GEMMs (rows with no
+// adapter, and slots with no adapter, in neither).
+struct Plan {
+  std::vector<Task> tasks;
+  std::vector<GemmSlot> gemms;
+};
+
+Plan make_plan(const at::Tensor& token_slots, const std::vector<int64_t>& widths) {
   const int64_t* slots = token_slots.const_data_ptr<int64_t>();
   const int64_t num_slots = static_cast<int64_t>(widths.size());
   std::vector<std::vector<int64_t>> by_slot(num_slots);
@@ -55,14 +71,21 @@ std::vector<Task> make_tasks(const at::Tensor& token_slots, const std::vector<in
                 num_slots);
     if (s >= 0 && widths[s] > 0) by_slot[s].push_back(t);
   }
-  std::vector<Task> tasks;
-  for (int64_t s = 0; s < num_slots; ++s)
-    for (size_t i = 0; i < by_slot[s].size(); i += kRowsPerTask) {
-      Task task{s, static_cast<int>(std::min<size_t>(kRowsPerTask, by_slot[s].size() - i)), {}};
-      for (int r = 0; r < task.rows; ++r) task.row[r] = by_slot[s][i + r];
-      tasks.push_back(task);
+  Plan plan;
+  for (int64_t s = 0; s < num_slots; ++s) {
+    std::vector<int64_t>& rows = by_slot[s];
+    if (rows.size() >= kGemmRows) {
+      const int64_t n = static_cast<int64_t>(rows.size());
+      plan.gemms.push_back({s, at::from_blob(rows.data(), {n}, at::kLong).clone()});
+      continue;
     }
-  return tasks;
+    for (size_t i = 0; i < rows.size(); i += kRowsPerTask) {
+      Task task{s, static_cast<int>(std::min<size_t>(kRowsPerTask, rows.size() - i)), {}};
+      for (int r = 0; r < task.rows; ++r) task.row[r] = rows[i + r];
+      plan.tasks.push_back(task);
+    }
+  }
+  return plan;
 }
 
 void check_tables(const at::Tensor& table, const std::vector<int64_t>& widths, const char* name) {
@@ -247,11 +270,16 @@ at::Tensor lora_shrink(const at::Tensor& x, const at::Tensor& a, const std::vect
   check_tables(a, widths, "a");
   check_rows(x, token_slots.size(0), a.size(2), "x");
   at::Tensor u = at::zeros({token_slots.size(0), a.size(1)}, a.options());
-  const std::vector<Task> tasks = make_tasks(token_slots, widths);
+  const Plan plan = make_plan(token_slots, widths);
   if (x.scalar_type() == at::kFloat) {
-    shrink_rows<float>(x, a, widths, tasks, u);
+    shrink_rows<float>(x, a, widths, plan.tasks, u);
   } else {
-    shrink_rows<uint16_t>(x, a, widths, tasks, u);
+    shrink_rows<uint16_t>(x, a, widths, plan.tasks, u);
+  }
+  for (const GemmSlot& g : plan.gemms) {
+    const int64_t w = widths[g.slot];
+    const at::Tensor xs = x.index_select(0, g.rows).to(at::kFloat);
+    u.narrow(1, 0, w).index_copy_(0, g.rows, at::mm(xs, a[g.slot].narrow(0, 0, w).t()));
   }
   return u;
 }
@@ -266,11 +294,18 @@ void lora_expand(at::Tensor& y, const at::Tensor& u, const at::Tensor& b_t,
                   u.size(0) == token_slots.size(0) && u.size(1) == b_t.size(1),
               "u must be lora_shrink's contiguous float32 [rows, width]");
   check_rows(y, token_slots.size(0), b_t.size(2), "y");
-  const std::vector<Task> tasks = make_tasks(token_slots, widths);
+  const Plan plan = make_plan(token_slots, widths);
   if (y.scalar_type() == at::kFloat) {
-    expand_rows<float>(y, u, b_t, widths, tasks);
+    expand_rows<float>(y, u, b_t, widths, plan.tasks);
   } else {
-    expand_rows<uint16_t>(y, u, b_t, widths, tasks);
+    expand_rows<uint16_t>(y, u, b_t, widths, plan.tasks);
+  }
+  for (const GemmSlot& g : plan.gemms) {  // each y element rounded once, as above
+    const int64_t w = widths[g.slot];
+    const at::Tensor delta =
+        at::mm(u.index_select(0, g.rows).narrow(1, 0, w), b_t[g.slot].narrow(0, 0, w));
+    const at::Tensor sum = y.index_select(0, g.rows).to(at::kFloat).add_(delta);
+    y.index_copy_(0, g.rows, sum.to(y.scalar_type()));
   }
 }
 
