@@ -14,17 +14,21 @@ class LoRAStep:
     x: torch.Tensor  # [rows + padding, in]
     y: torch.Tensor  # [rows + padding, out], the base output
     a: torch.Tensor  # [slots, W, in]
-    b_t: torch.Tensor  # [slots, W, out]
+    b_t: torch.Tensor  # [slots, W, out], block-diagonal over the parts
     widths: SlotWidths
+    part_starts: list[int]
     batch: LoRABatch
 
 
 def make_step(dtype: torch.dtype, in_features: int = 77, out_features: int = 1100,
               token_slots: tuple[int, ...] = (2, -1, 0, 2, 2, 2, 2, 3, 0, -1),
-              widths: tuple[int, ...] = (24, 7, 16, 0), max_width: int = 24, padding: int = 3,
+              widths: tuple[int, ...] = (24, 9, 15, 0), max_width: int = 24, padding: int = 3,
+              part_starts: tuple[int, ...] = (0, 400, 750, 1100),
               table_dtype: torch.dtype = torch.float32, seed: int = 0) -> LoRAStep:
     """Rows under slots ``token_slots`` (-1: none; slot 1 holds an adapter no row uses, slot 3
-    none at all), ``padding`` rows past them, feature sizes that are no multiple of 8."""
+    none at all), ``padding`` rows past them, feature sizes that are no multiple of 8; each
+    slot's ``b_t`` block-diagonal over the parts (``part_starts``) as ``LoRALinear`` lays a
+    fused projection's adapter out."""
     gen = torch.Generator().manual_seed(seed)
     rows = len(token_slots) + padding
     slot_widths = SlotWidths(len(widths), torch.device("cpu"))
@@ -33,7 +37,10 @@ def make_step(dtype: torch.dtype, in_features: int = 77, out_features: int = 110
     for slot, width in enumerate(widths):
         slot_widths.set(slot, width)
         a[slot, :width] = torch.randn(width, in_features, generator=gen) / in_features ** 0.5
-        b_t[slot, :width] = torch.randn(width, out_features, generator=gen)
+        rank = width // (len(part_starts) - 1)
+        for part, (start, end) in enumerate(zip(part_starts, part_starts[1:])):
+            b_t[slot, part * rank:(part + 1) * rank, start:end] = torch.randn(
+                rank, end - start, generator=gen)
     slots = torch.tensor(token_slots, dtype=torch.int64)
     segments = []
     for slot in sorted({s for s in token_slots if s >= 0}):
@@ -41,7 +48,7 @@ def make_step(dtype: torch.dtype, in_features: int = 77, out_features: int = 110
         segments.append((slot, None if len(index) == len(slots) else index))
     return LoRAStep(torch.randn(rows, in_features, generator=gen).to(dtype),
                     torch.randn(rows, out_features, generator=gen).to(dtype),
-                    a.to(table_dtype), b_t.to(table_dtype), slot_widths,
+                    a.to(table_dtype), b_t.to(table_dtype), slot_widths, list(part_starts),
                     LoRABatch(token_slots=slots, segments=segments))
 
 

@@ -70,6 +70,7 @@ class LoRALinear(nn.Module):
         self.products = products or TorchLoRAProducts()
         width = len(parts) * max_rank
         out_features = max(p.start + p.size for p in parts)
+        self.part_starts = [p.start for p in parts] + [out_features]  # where b_t's blocks sit
         self.a = torch.zeros(num_slots, width, in_features, dtype=dtype, device=device)
         self.b_t = torch.zeros(num_slots, width, out_features, dtype=dtype, device=device)
         self.widths = SlotWidths(num_slots, device)  # columns each slot's adapter uses
@@ -95,7 +96,7 @@ class LoRALinear(nn.Module):
         shrunk = self.products.shrink(x, self.a, self.widths, self.batch)
         if self.row_parallel:
             self.tp.all_reduce(shrunk)
-        self.products.expand(y, shrunk, self.b_t, self.widths, self.batch)
+        self.products.expand(y, shrunk, self.b_t, self.widths, self.part_starts, self.batch)
         return y
 
 

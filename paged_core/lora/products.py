@@ -3,11 +3,15 @@
 
 - ``shrink(x, a, widths, batch)``: ``u[t, :w] = a[s, :w] @ x[t]``, float32 ``[T, W]``, zero
   past ``w`` and for rows without an adapter;
-- ``expand(y, u, b_t, widths, batch)``: ``y[t] = dtype(y[t] + u[t, :w] @ b_t[s, :w])`` in place,
+- ``expand(y, u, b_t, widths, part_starts, batch)``: ``y[t] = dtype(y[t] + u[t, :w] @ b_t[s, :w])``
+  in place,
 
 where ``s`` is row ``t``'s slot in ``batch.token_slots`` (-1: none), ``w = widths.values[s]`` and
 ``T = len(batch.token_slots)`` (padding rows past it are left alone). Between the two a
-row-parallel projection all-reduces ``u`` (``LoRALinear``).
+row-parallel projection all-reduces ``u`` (``LoRALinear``). ``b_t`` of a fused projection is
+block-diagonal (``layers``): ``part_starts`` (its parts' output column boundaries, ``P + 1`` of
+them) lets the C++ ops multiply only part ``p``'s rows ``[p w/P, (p+1) w/P)`` by its columns;
+the others multiply the whole table, zeros included (the same sums).
 
 ``CpuLoRAProducts`` runs the C++ ops of one CPU kernel build (``cpu/csrc/lora_products.cpp``;
 the one-call decoder stack calls the same functions, so both paths give the same bits),
@@ -59,7 +63,7 @@ class TorchLoRAProducts:
         return u
 
     def expand(self, y: torch.Tensor, u: torch.Tensor, b_t: torch.Tensor, widths: SlotWidths,
-               batch: LoRABatch) -> None:
+               part_starts: list[int], batch: LoRABatch) -> None:
         for slot, rows in _segment_rows(batch, y.device):
             width = widths.values[slot]
             delta = u[rows, :width].to(b_t.dtype) @ b_t[slot, :width]
@@ -81,8 +85,8 @@ class CpuLoRAProducts:
         return self._ops.lora_shrink(x, a, widths.values, batch.token_slots)
 
     def expand(self, y: torch.Tensor, u: torch.Tensor, b_t: torch.Tensor, widths: SlotWidths,
-               batch: LoRABatch) -> None:
-        self._ops.lora_expand(y, u, b_t, widths.values, batch.token_slots)
+               part_starts: list[int], batch: LoRABatch) -> None:
+        self._ops.lora_expand(y, u, b_t, widths.values, part_starts, batch.token_slots)
 
 
 class TritonLoRAProducts:
@@ -101,7 +105,7 @@ class TritonLoRAProducts:
         return self._kernels.lora_shrink(x, a, widths.tensor, batch.token_slots)
 
     def expand(self, y: torch.Tensor, u: torch.Tensor, b_t: torch.Tensor, widths: SlotWidths,
-               batch: LoRABatch) -> None:
+               part_starts: list[int], batch: LoRABatch) -> None:
         self._kernels.lora_expand_(y, u, b_t, widths.tensor, batch.token_slots)
 
 

@@ -41,7 +41,7 @@ class LoRARuntime:
         self._attach(max_loras)
         if self._stack is not None:
             for index, name, wrapper in self.wrappers:
-                self._stack.set_lora(index, name, wrapper.a, wrapper.b_t)
+                self._stack.set_lora(index, name, wrapper.a, wrapper.b_t, wrapper.part_starts)
             self._stack.lora_batch = self.batch
 
     def _attach(self, max_loras: int) -> None:

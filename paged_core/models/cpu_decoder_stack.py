@@ -75,9 +75,11 @@ class CpuDecoderStack:
             return None
         return cls(model, model.ops.cpu_isa)
 
-    def set_lora(self, layer: int, projection: str, a: torch.Tensor, b_t: torch.Tensor) -> None:
-        """Give ``projection`` (a name of ``PROJECTIONS``) of ``layer`` its LoRA slot tables."""
-        self._stack.set_lora(layer, PROJECTIONS.index(projection), a, b_t)
+    def set_lora(self, layer: int, projection: str, a: torch.Tensor, b_t: torch.Tensor,
+                 part_starts: list[int]) -> None:
+        """Give ``projection`` (a name of ``PROJECTIONS``) of ``layer`` its LoRA slot tables
+        and its parts' output column boundaries."""
+        self._stack.set_lora(layer, PROJECTIONS.index(projection), a, b_t, part_starts)
 
     def set_lora_width(self, layer: int, projection: str, slot: int, width: int) -> None:
         """The columns of its tables that the adapter now in ``slot`` uses (0: none)."""

@@ -18,7 +18,7 @@ def check_each_row_gets_its_own_adapter(products, dtype: torch.dtype) -> None:
     assert u.dtype == torch.float32 and u.shape == (10, 24)
     torch.testing.assert_close(u.double(), expected_shrink(step), rtol=1e-5, atol=1e-5)
     y_before, expected = step.y.clone(), expected_expand(step, u)
-    products.expand(step.y, u, step.b_t, step.widths, step.batch)
+    products.expand(step.y, u, step.b_t, step.widths, step.part_starts, step.batch)
     if dtype == torch.float32:
         torch.testing.assert_close(step.y.double(), expected, rtol=1e-5, atol=1e-5)
     else:  # one rounding of the float32 sum: at most half a bfloat16 unit off the exact sum
@@ -29,11 +29,12 @@ def check_each_row_gets_its_own_adapter(products, dtype: torch.dtype) -> None:
 
 
 def check_a_whole_step_under_one_adapter(products) -> None:
-    step = make_step(torch.float32, token_slots=(1,) * 9, padding=0)
+    step = make_step(torch.float32, token_slots=(1,) * 9, padding=0, widths=(24, 7, 16, 0),
+                     part_starts=(0, 1100))  # one part: the whole table
     u = products.shrink(step.x, step.a, step.widths, step.batch)
     torch.testing.assert_close(u.double(), expected_shrink(step), rtol=1e-5, atol=1e-5)
     expected = expected_expand(step, u)
-    products.expand(step.y, u, step.b_t, step.widths, step.batch)
+    products.expand(step.y, u, step.b_t, step.widths, step.part_starts, step.batch)
     torch.testing.assert_close(step.y.double(), expected, rtol=1e-5, atol=1e-5)
 
 
@@ -41,11 +42,11 @@ def check_slots_with_many_rows(products, dtype: torch.dtype) -> None:
     """A prompt chunk under one adapter beside decodes under others (the C++ ops run a slot
     with 32 rows or more as GEMMs, the rest in their row kernels)."""
     slots = (0,) * 20 + (2, -1, 2, 1, -1) + (0,) * 17
-    step = make_step(dtype, token_slots=slots, widths=(24, 8, 16, 0))
+    step = make_step(dtype, token_slots=slots, widths=(24, 8, 16, 0), part_starts=(0, 550, 1100))
     u = products.shrink(step.x, step.a, step.widths, step.batch)
     torch.testing.assert_close(u.double(), expected_shrink(step), rtol=1e-5, atol=1e-5)
     y_before, expected = step.y.clone(), expected_expand(step, u)
-    products.expand(step.y, u, step.b_t, step.widths, step.batch)
+    products.expand(step.y, u, step.b_t, step.widths, step.part_starts, step.batch)
     diff = (step.y.double() - expected).abs()
     ulp = 2 ** -8 if dtype == torch.bfloat16 else 1e-6
     assert bool((diff <= expected.abs() * ulp + 1e-5).all()), diff.max()
@@ -75,3 +76,9 @@ def test_bad_slots_and_tables_are_refused(cpu_isa):
     step = make_step(torch.float32, table_dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="contiguous float32"):
         products.shrink(step.x, step.a, step.widths, step.batch)
+    step = make_step(torch.float32)
+    u = products.shrink(step.x, step.a, step.widths, step.batch)
+    with pytest.raises(RuntimeError, match="part_starts must rise from 0"):
+        products.expand(step.y, u, step.b_t, step.widths, [0, 500], step.batch)
+    with pytest.raises(RuntimeError, match="width of 9 is not a multiple of the 2 parts"):
+        products.expand(step.y, u, step.b_t, step.widths, [0, 500, 1100], step.batch)

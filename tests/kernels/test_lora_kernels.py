@@ -21,7 +21,7 @@ def on(step, device):
     batch = LoRABatch(step.batch.token_slots.to(device),
                       [(s, None if r is None else r.to(device)) for s, r in step.batch.segments])
     return type(step)(step.x.to(device), step.y.to(device), step.a.to(device),
-                      step.b_t.to(device), widths, batch)
+                      step.b_t.to(device), widths, step.part_starts, batch)
 
 
 @pytest.mark.parametrize("dtype,table_dtype,tol", CASES, ids=str)
@@ -32,7 +32,7 @@ def test_each_row_gets_its_own_adapter(device, dtype, table_dtype, tol):
     u = products.shrink(mine.x, mine.a, mine.widths, mine.batch)
     torch.testing.assert_close(u.cpu().double(), expected_shrink(step), rtol=tol, atol=tol)
     y_before, expected = step.y.clone(), expected_expand(step, u.cpu())
-    products.expand(mine.y, u, mine.b_t, mine.widths, mine.batch)
+    products.expand(mine.y, u, mine.b_t, mine.widths, mine.part_starts, mine.batch)
     torch.testing.assert_close(mine.y.cpu().double(), expected, rtol=tol, atol=tol * 10)
     untouched = [1, 9, 10, 11, 12]  # no adapter (-1), and the padding rows
     assert torch.equal(mine.y.cpu()[untouched], y_before[untouched])
@@ -47,4 +47,4 @@ def test_bad_arguments_are_named(device):
         products.shrink(step.x[:, :10], step.a, step.widths, step.batch)
     u = products.shrink(step.x, step.a, step.widths, step.batch)
     with pytest.raises(ValueError, match="u must be"):
-        products.expand(step.y, u.double(), step.b_t, step.widths, step.batch)
+        products.expand(step.y, u.double(), step.b_t, step.widths, step.part_starts, step.batch)

@@ -51,10 +51,11 @@ namespace {
 #define PAGED_CORE_STR(x) PAGED_CORE_STR_IN(x)
 
 // One projection's adapter slots: a [slots, width, in], b_t [slots, width, out] (LoRALinear's
-// tensors); width[slot] is how many columns the slot's adapter uses (0: none).
+// tensors); width[slot] is how many columns the slot's adapter uses (0: none); part_starts
+// the output column boundaries of the projection's parts (lora_products.cpp).
 struct LoRASlots {
   at::Tensor a, b_t;
-  std::vector<int64_t> width;
+  std::vector<int64_t> width, part_starts;
 };
 
 struct Projection {
@@ -69,7 +70,8 @@ struct Projection {
     at::Tensor y = base(x);
     if (!lora || !lora_token_slots.defined()) return y;
     const at::Tensor u = paged_core_cpu::lora_shrink(x, lora->a, lora->width, lora_token_slots);
-    paged_core_cpu::lora_expand(y, u, lora->b_t, lora->width, lora_token_slots);
+    paged_core_cpu::lora_expand(y, u, lora->b_t, lora->width, lora->part_starts,
+                                lora_token_slots);
     return y;
   }
 
@@ -212,14 +214,17 @@ class DecoderStack : public torch::CustomClassHolder {
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
   // Give projection `projection` (0 qkv, 1 o, 2 gate_up, 3 down) of layer `layer` the LoRA
-  // slot tables a [slots, width, in] and b_t [slots, width, out] (shared; every slot unused).
-  void set_lora(int64_t layer, int64_t projection, at::Tensor a, at::Tensor b_t) {
+  // slot tables a [slots, width, in] and b_t [slots, width, out] (shared; every slot unused)
+  // and its parts' output column boundaries.
+  void set_lora(int64_t layer, int64_t projection, at::Tensor a, at::Tensor b_t,
+                std::vector<int64_t> part_starts) {
     TORCH_CHECK(a.dim() == 3 && b_t.dim() == 3 && a.size(0) == b_t.size(0) &&
                     a.size(1) == b_t.size(1),
                 "LoRA tables must be a [slots, width, in] and b_t [slots, width, out]");
     const int64_t slots = a.size(0);
     projection_at(layer, projection).lora =
-        LoRASlots{std::move(a), std::move(b_t), std::vector<int64_t>(slots, 0)};
+        LoRASlots{std::move(a), std::move(b_t), std::vector<int64_t>(slots, 0),
+                  std::move(part_starts)};
   }
 
   // The columns of a / b that the adapter now in `slot` uses there (0: none).

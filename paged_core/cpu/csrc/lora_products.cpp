@@ -11,6 +11,11 @@
 // bfloat16 rows (contiguous last dim); only the first T rows are read or written (the
 // step's padding rows past token_slots stay as they are). Each y element is rounded once.
 //
+// A fused projection's b_t is block-diagonal (LoRALinear stacks its parts, e.g. q, k and v):
+// part_starts (P + 1 output column boundaries) says so, and expand multiplies only part p's
+// columns [part_starts[p], part_starts[p + 1]) by its rows k in [p w/P, (p + 1) w/P), the
+// rest of b_t being zero (one part: the whole table).
+//
 // A slot with few rows in the step (decodes under many adapters) runs in this file's row
 // kernels: its rows up to kRowsPerTask at a time, so every table row loaded from cache serves
 // them all; tasks (and, for expand, blocks of output columns) are shared out between threads
@@ -230,30 +235,47 @@ void shrink_rows(const at::Tensor& x, const at::Tensor& a, const std::vector<int
   });
 }
 
+// Output columns [start, start + size) of part `part`: one expand job's share of a row task.
+struct ColumnBlock {
+  int64_t part, start, size;
+};
+
+std::vector<ColumnBlock> column_blocks(const std::vector<int64_t>& part_starts) {
+  std::vector<ColumnBlock> blocks;
+  for (size_t p = 0; p + 1 < part_starts.size(); ++p)
+    for (int64_t c = part_starts[p]; c < part_starts[p + 1]; c += kColumnsPerTask)
+      blocks.push_back({static_cast<int64_t>(p), c, std::min(kColumnsPerTask, part_starts[p + 1] - c)});
+  return blocks;
+}
+
 template <typename T>
 void expand_rows(at::Tensor& y, const at::Tensor& u, const at::Tensor& b_t,
-                 const std::vector<int64_t>& widths, const std::vector<Task>& tasks) {
+                 const std::vector<int64_t>& widths, const std::vector<int64_t>& part_starts,
+                 const std::vector<Task>& tasks) {
   const int64_t out_features = b_t.size(2), W = b_t.size(1);
-  const int64_t blocks = (out_features + kColumnsPerTask - 1) / kColumnsPerTask;
+  const int64_t parts = static_cast<int64_t>(part_starts.size()) - 1;
+  const std::vector<ColumnBlock> blocks = column_blocks(part_starts);
+  const int64_t num_blocks = static_cast<int64_t>(blocks.size());
   T* yp = reinterpret_cast<T*>(y.mutable_data_ptr());
   const float* up = u.const_data_ptr<float>();
   const float* bp = b_t.const_data_ptr<float>();
-  const int64_t macs = std::max<int64_t>(1, kRowsPerTask * kColumnsPerTask * W);
-  const int64_t jobs = static_cast<int64_t>(tasks.size()) * blocks;
+  const int64_t macs = std::max<int64_t>(1, kRowsPerTask * kColumnsPerTask * W / parts);
+  const int64_t jobs = static_cast<int64_t>(tasks.size()) * num_blocks;
   at::parallel_for(0, jobs, std::max<int64_t>(1, kMinParallelMacs / macs),
                    [&](int64_t begin, int64_t end) {
     const float* u_rows[kRowsPerTask];
     T* y_rows[kRowsPerTask];
     for (int64_t job = begin; job < end; ++job) {
-      const Task& task = tasks[job / blocks];
-      const int64_t c0 = (job % blocks) * kColumnsPerTask;
+      const Task& task = tasks[job / num_blocks];
+      const ColumnBlock& block = blocks[job % num_blocks];
+      const int64_t rank = widths[task.slot] / parts, k0 = block.part * rank;
       for (int r = 0; r < task.rows; ++r) {
-        u_rows[r] = up + task.row[r] * W;
-        y_rows[r] = yp + task.row[r] * y.stride(0) + c0;
+        u_rows[r] = up + task.row[r] * W + k0;
+        y_rows[r] = yp + task.row[r] * y.stride(0) + block.start;
       }
       for_rows<AddCombination<T>::template Rows>(
-          task.rows, bp + task.slot * W * out_features + c0, out_features, u_rows,
-          widths[task.slot], std::min(kColumnsPerTask, out_features - c0), y_rows);
+          task.rows, bp + (task.slot * W + k0) * out_features + block.start, out_features,
+          u_rows, rank, block.size, y_rows);
     }
   });
 }
@@ -285,26 +307,37 @@ at::Tensor lora_shrink(const at::Tensor& x, const at::Tensor& a, const std::vect
 }
 
 void lora_expand(at::Tensor& y, const at::Tensor& u, const at::Tensor& b_t,
-                 const std::vector<int64_t>& widths, const at::Tensor& token_slots) {
+                 const std::vector<int64_t>& widths, const std::vector<int64_t>& part_starts,
+                 const at::Tensor& token_slots) {
   TORCH_CHECK(token_slots.dim() == 1 && token_slots.scalar_type() == at::kLong &&
                   token_slots.is_contiguous(),
               "token_slots must be a contiguous int64 [rows] tensor");
   check_tables(b_t, widths, "b_t");
+  const int64_t parts = static_cast<int64_t>(part_starts.size()) - 1;
+  TORCH_CHECK(parts >= 1 && part_starts.front() == 0 && part_starts.back() == b_t.size(2) &&
+                  std::is_sorted(part_starts.begin(), part_starts.end()),
+              "part_starts must rise from 0 to b_t's ", b_t.size(2), " output columns");
+  for (int64_t w : widths)
+    TORCH_CHECK(w % parts == 0, "a width of ", w, " is not a multiple of the ", parts, " parts");
   TORCH_CHECK(u.dim() == 2 && u.scalar_type() == at::kFloat && u.is_contiguous() &&
                   u.size(0) == token_slots.size(0) && u.size(1) == b_t.size(1),
               "u must be lora_shrink's contiguous float32 [rows, width]");
   check_rows(y, token_slots.size(0), b_t.size(2), "y");
   const Plan plan = make_plan(token_slots, widths);
   if (y.scalar_type() == at::kFloat) {
-    expand_rows<float>(y, u, b_t, widths, plan.tasks);
+    expand_rows<float>(y, u, b_t, widths, part_starts, plan.tasks);
   } else {
-    expand_rows<uint16_t>(y, u, b_t, widths, plan.tasks);
+    expand_rows<uint16_t>(y, u, b_t, widths, part_starts, plan.tasks);
   }
   for (const GemmSlot& g : plan.gemms) {  // each y element rounded once, as above
-    const int64_t w = widths[g.slot];
-    const at::Tensor delta =
-        at::mm(u.index_select(0, g.rows).narrow(1, 0, w), b_t[g.slot].narrow(0, 0, w));
-    const at::Tensor sum = y.index_select(0, g.rows).to(at::kFloat).add_(delta);
+    const int64_t rank = widths[g.slot] / parts;
+    const at::Tensor us = u.index_select(0, g.rows);
+    at::Tensor sum = y.index_select(0, g.rows).to(at::kFloat);
+    for (int64_t p = 0; p < parts; ++p) {
+      const int64_t c0 = part_starts[p], n = part_starts[p + 1] - c0;
+      sum.narrow(1, c0, n).add_(at::mm(us.narrow(1, p * rank, rank),
+                                       b_t[g.slot].narrow(0, p * rank, rank).narrow(1, c0, n)));
+    }
     y.index_copy_(0, g.rows, sum.to(y.scalar_type()));
   }
 }
@@ -313,7 +346,8 @@ void lora_expand(at::Tensor& y, const at::Tensor& u, const at::Tensor& b_t,
 
 PAGED_CORE_LIBRARY_FRAGMENT(m) {
   m.def("lora_shrink(Tensor x, Tensor a, int[] widths, Tensor token_slots) -> Tensor");
-  m.def("lora_expand(Tensor(a!) y, Tensor u, Tensor b_t, int[] widths, Tensor token_slots) -> ()");
+  m.def("lora_expand(Tensor(a!) y, Tensor u, Tensor b_t, int[] widths, int[] part_starts, "
+        "Tensor token_slots) -> ()");
   m.impl("lora_shrink", c10::DispatchKey::CPU,
          [](const at::Tensor& x, const at::Tensor& a, c10::IntArrayRef widths,
             const at::Tensor& token_slots) {
@@ -321,7 +355,7 @@ PAGED_CORE_LIBRARY_FRAGMENT(m) {
          });
   m.impl("lora_expand", c10::DispatchKey::CPU,
          [](at::Tensor& y, const at::Tensor& u, const at::Tensor& b_t, c10::IntArrayRef widths,
-            const at::Tensor& token_slots) {
-           paged_core_cpu::lora_expand(y, u, b_t, widths.vec(), token_slots);
+            c10::IntArrayRef part_starts, const at::Tensor& token_slots) {
+           paged_core_cpu::lora_expand(y, u, b_t, widths.vec(), part_starts.vec(), token_slots);
          });
 }
