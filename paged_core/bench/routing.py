@@ -38,6 +38,7 @@ from typing import Any, Iterator
 import httpx
 
 from .clients import HTTPClient, RequestRecord
+from .metrics_text import scrape
 from .report import new_figure, percentiles, save_plot
 from .workload import BenchRequest
 
@@ -168,16 +169,15 @@ def _router_placements(metrics_url: str) -> dict[str, float]:
         r'^vllm_router_kv_placement_lookups_total\{result="(\w+)"\} (\S+)$', text, re.M)}
 
 
+_COUNTERS = {"queries": "paged_core_prefix_cache_queries_total",
+             "hits": "paged_core_prefix_cache_hits_total",
+             "output_tokens": "paged_core_generation_tokens_total"}
+
+
 def _counters(replica_url: str) -> dict[str, float]:
     """A replica's prefix-cache and generation counters, from its Prometheus ``/metrics``."""
-    text = httpx.get(replica_url.removesuffix("/v1") + "/metrics", timeout=30).text
-    values = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        values[name] = value
-    return {"queries": float(values["paged_core_prefix_cache_queries_total"]),
-            "hits": float(values["paged_core_prefix_cache_hits_total"]),
-            "output_tokens": float(values["paged_core_generation_tokens_total"])}
+    values = scrape(replica_url, list(_COUNTERS.values()))
+    return {key: values[name] for key, name in _COUNTERS.items()}
 
 
 def print_summary(results: dict[str, Any]) -> None:

@@ -23,10 +23,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import re
 import time
 from typing import Any, AsyncIterator
 
+from .metrics_text import sample_value
 from .report import new_figure, percentiles, save_plot
 from .soak_mix import OUTCOMES, make_mix, send
 
@@ -85,7 +85,7 @@ async def _soak(args: argparse.Namespace, mix: list, settings: dict[str, Any]) -
         duration = time.perf_counter() - start
         sampler.cancel()
         final = await _settled_gauges(client)
-        preemptions = _gauge(await _metrics_text(client), "paged_core_num_preemptions_total")
+        preemptions = sample_value(await _metrics_text(client), "paged_core_num_preemptions_total")
         alive = (await client.get("/v1/models")).status_code == 200
     counts = {kind: sum(o.kind == kind for o in outcomes) for kind in OUTCOMES}
     latency = {kind: percentiles([o.latency * 1000 for o in outcomes if o.kind == kind], (50, 99))
@@ -165,11 +165,6 @@ async def _probe_under_load(client: Any, alone: dict[str, str | None],
     return {"checked": checked, "identical": identical}
 
 
-def _gauge(text: str, name: str) -> float | None:
-    match = re.search(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)
-    return float(match.group(1)) if match else None
-
-
 async def _metrics_text(client: Any) -> str:
     for path in ("/metrics", "/engine/metrics"):
         response = await client.get(path)
@@ -181,7 +176,7 @@ async def _metrics_text(client: Any) -> str:
 async def _sample_rss(client: Any, interval: float, out: list[tuple[float, float]]) -> None:
     start = time.perf_counter()
     while True:
-        value = _gauge(await _metrics_text(client), "process_resident_memory_bytes")
+        value = sample_value(await _metrics_text(client), "process_resident_memory_bytes")
         if value is not None:
             out.append((time.perf_counter() - start, value))
         await asyncio.sleep(interval)
@@ -192,7 +187,7 @@ async def _settled_gauges(client: Any, timeout_s: float = 10.0) -> dict[str, flo
     deadline = time.monotonic() + timeout_s
     while True:
         text = await _metrics_text(client)
-        final = {key: _gauge(text, name) for key, name in _FINAL_GAUGES.items()}
+        final = {key: sample_value(text, name) for key, name in _FINAL_GAUGES.items()}
         if all(v == 0 for v in final.values()) or time.monotonic() > deadline:
             return final
         await asyncio.sleep(0.1)

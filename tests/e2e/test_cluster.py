@@ -9,14 +9,14 @@ the router and every replica.
 """
 from __future__ import annotations
 
-import re
 import signal
 import time
 
-import httpx
 import psutil
 import pytest
 from openai import OpenAI
+
+from paged_core.bench.metrics_text import scrape
 
 from ..reference import passage_token_ids
 from .conftest import MAX_TOKENS, free_port, python_cmd, running_server
@@ -30,12 +30,8 @@ REPEATS = 3
 
 
 def _prefix_hits(replica_urls: list[str]) -> float:
-    total = 0.0
-    for url in replica_urls:
-        text = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=30).text
-        (value,) = re.findall(r"^paged_core_prefix_cache_hits_total (\S+)$", text, re.M)
-        total += float(value)
-    return total
+    name = "paged_core_prefix_cache_hits_total"
+    return sum(scrape(url, [name])[name] for url in replica_urls)
 
 
 def _replica_urls(server) -> list[str]:
