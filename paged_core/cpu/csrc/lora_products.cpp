@@ -110,27 +110,35 @@ void check_rows(const at::Tensor& x, int64_t rows, int64_t features, const char*
               " must be float32 or bfloat16");
 }
 
-// out[r] = dot(a[0:n], x[r][0:n]) for R rows (float32), each 8 lanes of a loaded once.
-template <int R>
-inline void dots(const float* a, const float* const* x, int64_t n, float* out) {
+// out[j * R + r] = dot(a[j * lda + 0:n], x[r][0:n]) for J table rows and R rows of x
+// (float32): every 8 lanes loaded serve J * R products.
+template <int J, int R>
+inline void dots(const float* a, int64_t lda, const float* const* x, int64_t n, float* out) {
   int64_t i = 0;
-  for (int r = 0; r < R; ++r) out[r] = 0.f;
+  for (int q = 0; q < J * R; ++q) out[q] = 0.f;
 #if PAGED_CORE_AVX2
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  __m256 acc[J][R];
+  for (int j = 0; j < J; ++j)
+    for (int r = 0; r < R; ++r) acc[j][r] = _mm256_setzero_ps();
   for (; i + 8 <= n; i += 8) {
-    const __m256 av = _mm256_loadu_ps(a + i);
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(av, _mm256_loadu_ps(x[r] + i), acc[r]);
+    __m256 av[J];
+    for (int j = 0; j < J; ++j) av[j] = _mm256_loadu_ps(a + j * lda + i);
+    for (int r = 0; r < R; ++r) {
+      const __m256 xv = _mm256_loadu_ps(x[r] + i);
+      for (int j = 0; j < J; ++j) acc[j][r] = _mm256_fmadd_ps(av[j], xv, acc[j][r]);
+    }
   }
-  for (int r = 0; r < R; ++r) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    out[r] = _mm_cvtss_f32(s);
-  }
+  for (int j = 0; j < J; ++j)
+    for (int r = 0; r < R; ++r) {
+      __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[j][r]), _mm256_extractf128_ps(acc[j][r], 1));
+      s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+      s = _mm_add_ss(s, _mm_movehdup_ps(s));
+      out[j * R + r] = _mm_cvtss_f32(s);
+    }
 #endif
   for (; i < n; ++i)
-    for (int r = 0; r < R; ++r) out[r] += a[i] * x[r][i];
+    for (int j = 0; j < J; ++j)
+      for (int r = 0; r < R; ++r) out[j * R + r] += a[j * lda + i] * x[r][i];
 }
 
 #if PAGED_CORE_AVX2
@@ -156,6 +164,22 @@ inline void add_combination(const float* b, int64_t ld, const float* const* u, i
                             int64_t n, T* const* y) {
   int64_t o = 0;
 #if PAGED_CORE_AVX2
+  for (; o + 16 <= n; o += 16) {  // two column vectors: each broadcast of u serves both
+    __m256 lo[R], hi[R];
+    for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < w; ++k) {
+      const __m256 b0 = _mm256_loadu_ps(b + k * ld + o), b1 = _mm256_loadu_ps(b + k * ld + o + 8);
+      for (int r = 0; r < R; ++r) {
+        const __m256 uk = _mm256_set1_ps(u[r][k]);
+        lo[r] = _mm256_fmadd_ps(uk, b0, lo[r]);
+        hi[r] = _mm256_fmadd_ps(uk, b1, hi[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      store8_elems(y[r] + o, _mm256_add_ps(load8_elems(y[r] + o), lo[r]));
+      store8_elems(y[r] + o + 8, _mm256_add_ps(load8_elems(y[r] + o + 8), hi[r]));
+    }
+  }
   for (; o + 8 <= n; o += 8) {
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -187,11 +211,14 @@ inline void for_rows(int rows, Args&&... args) {
   }
 }
 
-template <int R>
+template <int J>
 struct Dots {
-  static void run(const float* a, const float* const* x, int64_t n, float* out) {
-    dots<R>(a, x, n, out);
-  }
+  template <int R>
+  struct Rows {
+    static void run(const float* a, int64_t lda, const float* const* x, int64_t n, float* out) {
+      dots<J, R>(a, lda, x, n, out);
+    }
+  };
 };
 
 template <typename T>
@@ -217,7 +244,7 @@ void shrink_rows(const at::Tensor& x, const at::Tensor& a, const std::vector<int
                    [&](int64_t begin, int64_t end) {
     std::vector<float> widened(static_cast<size_t>(kRowsPerTask) * in);
     const float* rows[kRowsPerTask];
-    float out[kRowsPerTask];
+    float out[2 * kRowsPerTask];
     for (int64_t i = begin; i < end; ++i) {
       const Task& task = tasks[i];
       for (int r = 0; r < task.rows; ++r) {
@@ -227,9 +254,15 @@ void shrink_rows(const at::Tensor& x, const at::Tensor& a, const std::vector<int
         rows[r] = dst;
       }
       const float* slot_a = ap + task.slot * W * in;
-      for (int64_t k = 0; k < widths[task.slot]; ++k) {
-        for_rows<Dots>(task.rows, slot_a + k * in, rows, in, out);
-        for (int r = 0; r < task.rows; ++r) up[task.row[r] * W + k] = out[r];
+      const int64_t w = widths[task.slot];
+      for (int64_t k = 0; k < w; k += 2) {  // two table rows at a time, then the last one
+        if (k + 1 < w) {
+          for_rows<Dots<2>::template Rows>(task.rows, slot_a + k * in, in, rows, in, out);
+        } else {
+          for_rows<Dots<1>::template Rows>(task.rows, slot_a + k * in, in, rows, in, out);
+        }
+        for (int j = 0; j < std::min<int64_t>(2, w - k); ++j)
+          for (int r = 0; r < task.rows; ++r) up[task.row[r] * W + k + j] = out[j * task.rows + r];
       }
     }
   });
