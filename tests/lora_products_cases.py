@@ -42,14 +42,10 @@ def make_step(dtype: torch.dtype, in_features: int = 77, out_features: int = 110
             b_t[slot, part * rank:(part + 1) * rank, start:end] = torch.randn(
                 rank, end - start, generator=gen)
     slots = torch.tensor(token_slots, dtype=torch.int64)
-    segments = []
-    for slot in sorted({s for s in token_slots if s >= 0}):
-        index = torch.nonzero(slots == slot).flatten()
-        segments.append((slot, None if len(index) == len(slots) else index))
     return LoRAStep(torch.randn(rows, in_features, generator=gen).to(dtype),
                     torch.randn(rows, out_features, generator=gen).to(dtype),
                     a.to(table_dtype), b_t.to(table_dtype), slot_widths, list(part_starts),
-                    LoRABatch(token_slots=slots, segments=segments))
+                    LoRABatch(token_slots=slots))
 
 
 def expected_shrink(step: LoRAStep) -> torch.Tensor:

@@ -22,7 +22,7 @@ chosen by the same rules (``models.elementwise.select_ops``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -44,11 +44,9 @@ class SlotWidths:
 @dataclass
 class LoRABatch:
     """This step's rows by adapter: ``token_slots`` each row's slot (int64 on the model's
-    device; ``None`` when no row runs an adapter) and, for the torch path, ``segments``:
-    ``(slot, rows)`` per slot in the step, ``rows`` an index tensor or ``None`` for every row."""
+    device; ``None`` when no row runs an adapter)."""
 
     token_slots: torch.Tensor | None = None
-    segments: list[tuple[int, torch.Tensor | None]] = field(default_factory=list)
 
 
 class TorchLoRAProducts:
@@ -57,14 +55,14 @@ class TorchLoRAProducts:
     def shrink(self, x: torch.Tensor, a: torch.Tensor, widths: SlotWidths,
                batch: LoRABatch) -> torch.Tensor:
         u = x.new_zeros(len(batch.token_slots), a.shape[1], dtype=torch.float32)
-        for slot, rows in _segment_rows(batch, x.device):
+        for slot, rows in _segment_rows(batch, widths):
             width = widths.values[slot]
             u[rows, :width] = x[rows].to(a.dtype) @ a[slot, :width].T
         return u
 
     def expand(self, y: torch.Tensor, u: torch.Tensor, b_t: torch.Tensor, widths: SlotWidths,
                part_starts: list[int], batch: LoRABatch) -> None:
-        for slot, rows in _segment_rows(batch, y.device):
+        for slot, rows in _segment_rows(batch, widths):
             width = widths.values[slot]
             delta = u[rows, :width].to(b_t.dtype) @ b_t[slot, :width]
             y[rows] = (y[rows].float() + delta.float()).to(y.dtype)
@@ -109,10 +107,13 @@ class TritonLoRAProducts:
         self._kernels.lora_expand_(y, u, b_t, widths.tensor, batch.token_slots)
 
 
-def _segment_rows(batch: LoRABatch, device: torch.device):
-    """``(slot, rows)`` per segment, ``rows`` an index tensor (every row of the step: all)."""
-    for slot, rows in batch.segments:
-        yield slot, torch.arange(len(batch.token_slots), device=device) if rows is None else rows
+def _segment_rows(batch: LoRABatch, widths: SlotWidths):
+    """``(slot, rows)`` for each slot with an adapter that rows of the step run, ``rows`` their
+    index tensor."""
+    slots = batch.token_slots
+    for slot in torch.unique(slots[slots >= 0]).tolist():
+        if widths.values[slot]:
+            yield slot, torch.nonzero(slots == slot).flatten()
 
 
 def select_products(ops) -> TorchLoRAProducts | CpuLoRAProducts | TritonLoRAProducts:

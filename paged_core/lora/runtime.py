@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-import numpy as np
 import torch
 
 from ..executor.packed_batch import PackedBatch
@@ -91,7 +90,6 @@ class LoRARuntime:
         slots = packed.lora_slots
         self.batch.token_slots = (None if slots is None or not (slots >= 0).any() else
                                   torch.from_numpy(slots).to(self.device))
-        self.batch.segments = _segments(slots, self.device)
 
     def _load(self, slot: int, modules: dict[tuple[int, str], LoRAModule]) -> None:
         shard = self.model.shard
@@ -123,15 +121,3 @@ def _unfused(adapter: LoRAAdapter, spec) -> dict[tuple[int, str], LoRAModule]:
         for part, b in zip(parts, rows):
             modules[(layer, part)] = LoRAModule(module.a, b.contiguous(), module.scaling)
     return modules
-
-
-def _segments(token_slots: np.ndarray | None,
-              device: torch.device) -> list[tuple[int, torch.Tensor | None]]:
-    if token_slots is None:
-        return []
-    segments = []
-    for slot in np.unique(token_slots[token_slots >= 0]).tolist():
-        rows = np.flatnonzero(token_slots == slot)
-        segments.append((slot, None if len(rows) == len(token_slots) else
-                         torch.from_numpy(rows).to(device)))
-    return segments

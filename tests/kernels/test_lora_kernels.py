@@ -18,8 +18,7 @@ def on(step, device):
     widths = SlotWidths(len(step.widths.values), device)
     for slot, width in enumerate(step.widths.values):
         widths.set(slot, width)
-    batch = LoRABatch(step.batch.token_slots.to(device),
-                      [(s, None if r is None else r.to(device)) for s, r in step.batch.segments])
+    batch = LoRABatch(step.batch.token_slots.to(device))
     return type(step)(step.x.to(device), step.y.to(device), step.a.to(device),
                       step.b_t.to(device), widths, step.part_starts, batch)
 
