@@ -48,8 +48,10 @@ BASELINES = {"llama-3.2-1b": ("transformers-static", "transformers-continuous"),
              "llama-3.1-8b": ("transformers-static",)}
 EAGER_MODES = {"llama-3.2-1b": (True, False), "llama-3.1-8b": (False,)}
 # What an engine section runs (``--engine-parts``): decode steps with CUDA graphs, eager decode
-# steps, paged-core on the offline mix, the transformers baselines on it.
-ENGINE_PARTS = ("steps", "eager-steps", "mix", "baselines")
+# steps, paged-core on the offline mix, the transformers baselines on it, a cProfile of the
+# host's work in decode steps at batch 256 (``profile``: only when named).
+ENGINE_PARTS = ("steps", "eager-steps", "mix", "baselines", "profile")
+DEFAULT_ENGINE_PARTS = ENGINE_PARTS[:4]
 
 
 def _kernel_benchmarks():
@@ -107,8 +109,6 @@ def kernels(results: dict, out: Path) -> dict:
     for row in decode:
         row["fraction_of_copy"] = row["gbs"] / copy
     prefill = bench.bench_prefill([1, 4], [2048, 4096, 8192], 16, dtype, device)
-    for row in prefill:
-        row["ratio_to_sdpa"] = row["ms"] / row["sdpa_ms"]
     return {"dtype": "bfloat16", "decode": decode, "prefill": prefill}
 
 
@@ -164,7 +164,7 @@ def prefill_shapes(results: dict, out: Path) -> dict:
 
 
 def engine(shape: str):
-    def run(results: dict, out: Path, parts=ENGINE_PARTS) -> dict:
+    def run(results: dict, out: Path, parts=DEFAULT_ENGINE_PARTS) -> dict:
         from paged_core.bench import gpu_engine
         tokenizer = _tokenizer()
         section: dict = {}
@@ -176,6 +176,8 @@ def engine(shape: str):
             if modes:
                 section["decode_steps"] = gpu_engine.decode_step_times(
                     folder, results["machine"]["copy_gb_per_s"], eager_modes=modes)
+            if "profile" in parts:
+                section["host_profile"] = gpu_engine.host_profile(folder)
             if "mix" in parts:
                 baselines = BASELINES[shape] if "baselines" in parts else ()
                 section["offline_mix"] = gpu_engine.offline_mix(folder, tokenizer,
@@ -204,8 +206,10 @@ def table(results: dict) -> str:
         lines.append(f"decode attn b={row['batch']:3d} ctx={row['context']:5d}: "
                      f"{row['gbs']:6.0f} GB/s = {row['fraction_of_copy']:.0%} of copy")
     for row in results.get("kernels", {}).get("prefill", []):
+        ratios = ", ".join(f"{value:.2f}x SDPA {key.removeprefix('ratio_to_')}"
+                           for key, value in row.items() if key.startswith("ratio_to_") and value)
         lines.append(f"prefill attn b={row['batch']} n={row['context']:5d}: {row['ms']:.3f} ms, "
-                     f"{row['ratio_to_sdpa']:.2f}x SDPA flash")
+                     + ratios)
     for row in results.get("prefill-shapes", {}).get("rows", []):
         lines.append(f"prefill shape {row['shape']} b={row['batch']} n={row['context']}: "
                      + (f"{row['ratio_to_sdpa']:.2f}x SDPA, error {row['relative_error']:.1e}"
@@ -218,6 +222,13 @@ def table(results: dict) -> str:
                 lines.append(f"{shape} eager={row['enforce_eager']!s:5} b={row['batch']:3d}: "
                              f"{row['step_ms']:.2f} ms/step, {row['over_roofline']:.2f}x roofline"
                              + (f" (graph replay {replay:.2f} ms)" if replay else ""))
+        profile = section.get("host_profile")
+        if profile:
+            lines.append(f"{shape} host profile b={profile['batch']}: "
+                         f"{profile['profiled_ms_per_step']:.2f} ms/step under cProfile; top: "
+                         + "; ".join(f"{row['function'].rsplit('/', 1)[-1]} "
+                                     f"{row['own_ms_per_step']:.2f}"
+                                     for row in profile["functions"][:6]))
         for name, value in section.get("offline_mix", {}).items():
             if isinstance(value, dict) and "output_tok_per_s" in value:
                 lines.append(f"{shape} mix {name}: {value['output_tok_per_s']:.0f} tok/s")
@@ -233,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     parser.add_argument("--deadline-s", type=float, default=float("inf"))
     parser.add_argument("--engine-parts", nargs="+", choices=ENGINE_PARTS,
-                        default=list(ENGINE_PARTS))
+                        default=list(DEFAULT_ENGINE_PARTS))
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks/gpu_suite.py needs a CUDA GPU; none here, nothing measured.",

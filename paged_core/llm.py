@@ -1,9 +1,10 @@
 """``LLM``: the offline batch API (vLLM-style ``generate`` and ``chat``)."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .beam_search.results import BeamSearchOutput, beam_search_output
 from .beam_search.params import BeamSearchParams
@@ -14,7 +15,7 @@ from .engine.llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .frontend.prompts import PromptInput, is_single_prompt
 from .lora.request import LoRARequest
-from .sampling_params import SamplingParams
+from .sampling_params import RequestOutputKind, SamplingParams
 
 
 class LLM:
@@ -114,7 +115,9 @@ class LLM:
                   ) -> list[RequestOutput]:
         engine = self.engine
         loras = loras or [None] * len(prompt_list)
-        requests = [engine.make_request(f"llm-{next(self._ids)}", p, sp, lora_request=lora)
+        final_only = _final_only(params_list)
+        requests = [engine.make_request(f"llm-{next(self._ids)}", p, final_only(sp),
+                                        lora_request=lora)
                     for p, sp, lora in zip(prompt_list, params_list, loras)]
         for request in requests:
             engine.add_request(request)
@@ -154,3 +157,13 @@ class LLM:
                 bar.set_postfix_str(f"{rate:.1f} tok/s", refresh=False)
         if bar is not None:
             bar.close()
+
+
+def _final_only(params_list: list) -> Callable[[Any], Any]:
+    """Maps each ``SamplingParams`` of ``params_list`` to a copy asking for
+    ``RequestOutputKind.FINAL_ONLY`` (one copy per distinct object; the caller's objects stay
+    as they are): ``LLM`` returns only final outputs, so the engine need not build the others."""
+    copies = {id(sp): dataclasses.replace(sp, output_kind=RequestOutputKind.FINAL_ONLY)
+              for sp in params_list if isinstance(sp, SamplingParams)
+              and sp.output_kind != RequestOutputKind.FINAL_ONLY}
+    return lambda sp: copies.get(id(sp), sp)

@@ -10,6 +10,7 @@ can fail a whole step.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -18,11 +19,24 @@ from .exceptions import ParamValidationError
 from .param_checks import as_list, check_bool, check_int, check_number
 from .structured_outputs.params import StructuredOutputsParams
 
-__all__ = ["BeamSearchParams", "SamplingParams"]  # BeamSearchParams: importable here, as in vLLM
+__all__ = ["BeamSearchParams", "RequestOutputKind", "SamplingParams"]  # BeamSearchParams: importable here, as in vLLM
 
 _GREEDY_EPS = 1e-5
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1  # what torch.Generator.manual_seed takes
 _SEED_MODULUS = 1 << 64
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What each ``RequestOutput`` of a running request holds (vLLM's names and values).
+
+    ``CUMULATIVE``: everything so far (``delta_*`` fields: what is new); ``DELTA``: only
+    what is new since the previous output; ``FINAL_ONLY``: no output until the request
+    finishes, then everything (``LLM.generate`` runs every request so).
+    """
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 @dataclass
@@ -51,6 +65,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsParams | None = None  # a JSON object is accepted too
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE  # its value (0-2) too
 
     def __post_init__(self) -> None:
         if self.structured_outputs is not None:
@@ -59,6 +74,7 @@ class SamplingParams:
         self.stop_token_ids = as_list("stop_token_ids", self.stop_token_ids)
         if self.top_k == -1:
             self.top_k = 0
+        self.output_kind = _output_kind(self.output_kind)
         self._validate()
 
     @classmethod
@@ -148,3 +164,12 @@ class SamplingParams:
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             check_bool(name, getattr(self, name))
 
+
+
+def _output_kind(value: Any) -> RequestOutputKind:
+    kinds = {kind.value: kind for kind in RequestOutputKind}
+    if isinstance(value, bool) or not isinstance(value, int) or value not in kinds:
+        names = ", ".join(f"{kind.value} ({kind.name})" for kind in RequestOutputKind)
+        raise ParamValidationError(f"output_kind must be one of {names}, got {value!r}",
+                                   "output_kind")
+    return kinds[value]

@@ -7,6 +7,8 @@ the card, never zeros).
   the KV bytes a step reads, over the measured copy bandwidth. A step's time is the
   difference of two ``generate`` calls, ``max_tokens`` 8 and 8 + ``steps``, over ``steps``
   (the prefill, and its absent prefix cache, cancel out);
+- ``host_profile``: where the host's time goes in decode steps with CUDA graphs (cProfile's
+  functions by own time), the work that the GPU waits on between graph replays;
 - ``offline_mix``: a long-tailed mix of 512 requests (``bench.workload.LONG_TAIL``) through
   paged-core, transformers' static batching (``generate`` over padded batches) and
   transformers' continuous batching (``generate_batch``'s manager), output tokens per second.
@@ -109,6 +111,42 @@ def decode_step_times(folder: str, copy_gb_per_s: float, *, batches=(1, 16, 64, 
         del llm
         _release()
     return rows
+
+
+def host_profile(folder: str, *, batch: int = 256, context: int = 512, steps: int = 32,
+                 top: int = 40) -> dict:
+    """cProfile of ``steps`` decode steps of ``batch`` sequences (CUDA graphs on): the step
+    time, and the ``top`` functions by own time with their calls and seconds per step."""
+    import cProfile
+    import pstats
+
+    from paged_core import LLM, SamplingParams
+
+    llm = LLM(model=folder, device="cuda", dtype="bfloat16", enforce_eager=False,
+              enable_prefix_caching=False, max_num_seqs=batch, max_model_len=4096,
+              max_num_batched_tokens=8192)
+    prompts = [{"prompt_token_ids": [1000 + (7 * i + j) % 30000 for j in range(context)]}
+               for i in range(batch)]
+    params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True)
+    llm.generate(prompts, params, use_tqdm=False)  # warm-up at this shape
+    profile = cProfile.Profile()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    profile.enable()
+    llm.generate(prompts, params, use_tqdm=False)
+    torch.cuda.synchronize()
+    profile.disable()
+    seconds = time.perf_counter() - start
+    llm.shutdown()
+    del llm
+    _release()
+    stats = pstats.Stats(profile).stats  # (file, line, name) -> (calls, _, own s, cumulative s, _)
+    rows = sorted(stats.items(), key=lambda item: -item[1][2])[:top]
+    return {"batch": batch, "steps": steps, "profiled_ms_per_step": seconds / steps * 1e3,
+            "functions": [{"function": f"{file}:{line}({name})", "calls": calls,
+                           "own_ms_per_step": own / steps * 1e3,
+                           "cumulative_ms_per_step": cumulative / steps * 1e3}
+                          for (file, line, name), (_, calls, own, cumulative, _) in rows]}
 
 
 def _paged_core_mix(folder: str, requests) -> dict:

@@ -183,9 +183,8 @@ class EngineCore:
     def pack(self, sched: SchedulerOutput) -> PackedBatch:
         """The step as the runner reads it (``pack_batch``): rows, positions, slots, block
         tables and the logits layout."""
-        batch = [StepInput(item.seq.token_ids + item.seq.spec_token_ids,
-                           item.seq.num_computed_tokens, item.num_new_tokens,
-                           self.kv.block_ids(item.seq),
+        batch = [StepInput(_known_tokens(item.seq), item.seq.num_computed_tokens,
+                           item.num_new_tokens, self.kv.block_ids(item.seq),
                            needs_logits=_is_sampled(item),
                            num_spec_tokens=len(item.seq.spec_token_ids),
                            rotated_long=item.seq.rotated_long,
@@ -407,6 +406,12 @@ class StepPlan:
     sampling: SamplingPlan = field(default_factory=SamplingPlan)
     decisions: list[GroupDecision] = field(default_factory=list)
     failed: dict[str, tuple[SequenceGroup, Exception]] = field(default_factory=dict)
+
+
+def _known_tokens(seq: Sequence) -> list[int]:
+    """The sequence's tokens then its drafts; without drafts its own list, uncopied (packing
+    only reads it)."""
+    return seq.token_ids + seq.spec_token_ids if seq.spec_token_ids else seq.token_ids
 
 
 def _is_sampled(item) -> bool:

@@ -23,6 +23,7 @@ Layout (the same as :class:`~paged_core.attention.AttentionMetadata`):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -99,12 +100,11 @@ def pack_batch(batch: list[StepInput], block_size: int, bucketed: bool = False,
     padded = bucketed_num_tokens(num_tokens) if bucketed else num_tokens
 
     input_ids = np.zeros(padded, dtype=np.int64)
-    max_blocks = max(len(s.block_ids) for s in batch)
-    block_tables = np.zeros((len(batch), max_blocks), dtype=np.int32)
-    for row, s in enumerate(batch):
-        lo, hi = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
-        input_ids[query_start_loc[row]:query_start_loc[row + 1]] = s.token_ids[lo:hi]
-        block_tables[row, :len(s.block_ids)] = s.block_ids
+    input_ids[:num_tokens] = np.fromiter(
+        chain.from_iterable(s.token_ids[s.num_computed_tokens:s.num_computed_tokens
+                                        + s.num_new_tokens] for s in batch),
+        dtype=np.int64, count=num_tokens)
+    block_tables = _block_tables(batch)
     rows = np.repeat(np.arange(len(batch)), qlens)
     positions = np.zeros(padded, dtype=np.int64)
     positions[:num_tokens] = np.arange(num_tokens) - query_start_loc[:-1][rows] + starts[rows]
@@ -125,6 +125,16 @@ def pack_batch(batch: list[StepInput], block_size: int, bucketed: bool = False,
         first_logits_row=np.where(num_logits > 0, np.cumsum(num_logits) - num_logits, -1),
         num_tokens=num_tokens, rope_rows=_rope_rows(batch, positions, rows, long_rope_rows),
         lora_slots=_lora_slots(batch, rows, padded))
+
+
+def _block_tables(batch: list[StepInput]) -> np.ndarray:
+    """``[num_seqs, max blocks]`` int32: each sequence's block ids, then zeros."""
+    counts = np.fromiter((len(s.block_ids) for s in batch), dtype=np.int64, count=len(batch))
+    tables = np.zeros((len(batch), int(counts.max())), dtype=np.int32)
+    filled = np.arange(tables.shape[1]) < counts[:, None]  # row-major: each row's ids in order
+    tables[filled] = np.fromiter(chain.from_iterable(s.block_ids for s in batch),
+                                 dtype=np.int32, count=int(counts.sum()))
+    return tables
 
 
 def _lora_slots(batch: list[StepInput], rows: np.ndarray, padded: int) -> np.ndarray | None:

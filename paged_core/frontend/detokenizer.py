@@ -8,14 +8,15 @@ last byte has arrived.
 """
 from __future__ import annotations
 
+from .token_decoder import token_decoder
+
 _CONTEXT_TOKENS = 5
 _REPLACEMENT = "\ufffd"
 
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool) -> None:
-        self.tokenizer = tokenizer
-        self.skip_special_tokens = skip_special_tokens
+        self.decode = token_decoder(tokenizer, skip_special_tokens)
         self.read_offset = len(prompt_token_ids)
         self.prefix_offset = max(self.read_offset - _CONTEXT_TOKENS, 0)
 
@@ -26,11 +27,8 @@ class IncrementalDetokenizer:
         from call to call. With ``final`` the pending tail is flushed even if it is an
         incomplete character.
         """
-        decode = self.tokenizer.decode
-        prefix = decode(token_ids[self.prefix_offset:self.read_offset],
-                        skip_special_tokens=self.skip_special_tokens)
-        full = decode(token_ids[self.prefix_offset:end],
-                      skip_special_tokens=self.skip_special_tokens)
+        prefix = self.decode(token_ids[self.prefix_offset:self.read_offset])
+        full = self.decode(token_ids[self.prefix_offset:end])
         if len(full) <= len(prefix) or (full.endswith(_REPLACEMENT) and not final):
             return ""
         delta = full[len(prefix):]

@@ -44,7 +44,8 @@ class OutputProcessor:
 
     def process_outputs(self, outputs: list[EngineCoreOutput]) -> ProcessedOutputs:
         """Absorb a step's core outputs, then build one ``RequestOutput`` per request they
-        touched (a finished request's text state is dropped). A request whose output raises
+        touched that reports now (``RequestOutputKind.FINAL_ONLY``: once it finished; a
+        finished request's text state is dropped). A request whose output raises
         here fails alone: its output carries the error and it is listed in ``failed``."""
         result = ProcessedOutputs()
         touched: dict[str, TextOf] = {}
@@ -68,7 +69,8 @@ class OutputProcessor:
                 result.stops.append(stop)
             touched[out.request_id] = text
         for text in touched.values():
-            self._report(text, result)
+            if text.reports_now:
+                self._report(text, result)
         return result
 
     def finish(self, request_id: str, outputs: list[EngineCoreOutput]) -> RequestOutput:

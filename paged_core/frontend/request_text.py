@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from ..requests.engine_io import EngineCoreOutput, EngineRequest, StopAtString
 from ..outputs import RequestOutput
-from ..sampling_params import SamplingParams
+from ..sampling_params import RequestOutputKind, SamplingParams
 from .detokenizer import IncrementalDetokenizer
 from .sample_text import SampleText
 from .text_state import TextState
+from .token_decoder import token_decoder
 
 
 class RequestText(TextState):
@@ -23,6 +24,7 @@ class RequestText(TextState):
         super().__init__(source)
         self.params: SamplingParams = source.params
         self.tokenizer = tokenizer
+        self.decode_token = token_decoder(tokenizer, skip_special_tokens=False)  # logprobs
         self.holdback = 0
         if self.params.stop and not self.params.include_stop_str_in_output:
             self.holdback = max(len(s) for s in self.params.stop) - 1
@@ -41,7 +43,7 @@ class RequestText(TextState):
         for offset, (token, lp) in enumerate(zip(out.new_token_ids, out.new_logprobs)):
             sample.token_ids.append(token)
             if lp is not None:
-                sample.record_logprobs(token, lp, self.tokenizer.decode)
+                sample.record_logprobs(token, lp, self.decode_token)
             ended_by_token = offset == last and out.finish_reason == "stop"
             old_len = len(sample.text)
             end = len(sample.token_ids)
@@ -63,9 +65,15 @@ class RequestText(TextState):
         return self.ended or (len(self.samples) == self.params.n
                               and all(s.finish_reason is not None for s in self.samples))
 
+    @property
+    def reports_now(self) -> bool:
+        return self.params.output_kind != RequestOutputKind.FINAL_ONLY or self.finished
+
     def make_output(self) -> RequestOutput:
-        """The request's output now, with deltas since the previous one."""
-        completions = [sample.completion(index, self.holdback)
+        """The request's output now, with deltas since the previous one; under
+        ``RequestOutputKind.DELTA`` the deltas alone."""
+        delta_only = self.params.output_kind == RequestOutputKind.DELTA
+        completions = [sample.completion(index, self.holdback, delta_only)
                        for index, sample in enumerate(self.samples)]
         return self.request_output(completions, self.finished)
 

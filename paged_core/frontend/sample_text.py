@@ -59,11 +59,12 @@ class SampleText:
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens:]
 
-    def completion(self, index: int, holdback: int) -> CompletionOutput:
+    def completion(self, index: int, holdback: int, delta_only: bool = False) -> CompletionOutput:
         """The sample's output now, with deltas since the previous call; advances the
         cursors. While the sample runs, the last ``holdback`` characters (a stop string
-        may still start there) are not handed out."""
-        out_ids = self.output_token_ids
+        may still start there) are not handed out. With ``delta_only`` (``DELTA`` outputs)
+        ``text``, ``token_ids`` and ``logprobs`` hold the deltas too."""
+        out_ids = self.output_token_ids  # a fresh list
         finished = self.finish_reason is not None
         visible = len(self.text) if finished else max(len(self.text) - holdback, 0)
         visible = max(visible, self.emitted_chars)
@@ -71,12 +72,15 @@ class SampleText:
         if self.logprobs is not None:
             delta_lp = self.logprobs[self.emitted_logprobs:]
             self.emitted_logprobs = len(self.logprobs)
+        delta_text = self.text[self.emitted_chars:visible]
+        delta_ids = out_ids[self.emitted_tokens:]
         out = CompletionOutput(
-            index=index, text=self.text[:visible], token_ids=list(out_ids),
-            cumulative_logprob=self.cumulative_logprob, logprobs=self.logprobs,
+            index=index, text=delta_text if delta_only else self.text[:visible],
+            token_ids=delta_ids if delta_only else out_ids,
+            cumulative_logprob=self.cumulative_logprob,
+            logprobs=delta_lp if delta_only else self.logprobs,
             finish_reason=self.finish_reason, stop_reason=self.stop_reason,
-            delta_text=self.text[self.emitted_chars:visible],
-            delta_token_ids=out_ids[self.emitted_tokens:], delta_logprobs=delta_lp)
+            delta_text=delta_text, delta_token_ids=delta_ids, delta_logprobs=delta_lp)
         self.emitted_chars = visible
         self.emitted_tokens = len(out_ids)
         return out

@@ -22,6 +22,12 @@ class TextState:
         self.num_cached_tokens = 0
         self.ended = False  # aborted: its next output is its last, whatever it holds
 
+    @property
+    def reports_now(self) -> bool:
+        """Whether the output processor builds this request's ``RequestOutput`` after a step
+        that touched it (``RequestText`` under ``FINAL_ONLY``: only once it finished)."""
+        return True
+
     def observe(self, out: EngineCoreOutput) -> None:
         """Take what the core learned running the request (times, prefix-cache hits)."""
         self.num_cached_tokens = out.num_cached_tokens

@@ -164,9 +164,9 @@ def test_offline_llm_returns_the_failed_request_with_its_error(llm_fp32, monkeyp
     def patched(request):
         add_request(request)
         if request.prompt == "break me":
-            text = engine.output_processor.texts[request.request_id]
-            monkeypatch.setattr(text, "make_output",
-                                fail_from_call(text.make_output, 2, KeyError("cursor")))
+            text = engine.output_processor.texts[request.request_id]  # LLM asks FINAL_ONLY:
+            monkeypatch.setattr(text, "make_output",  # one make_output, when it finished
+                                fail_from_call(text.make_output, 1, KeyError("cursor")))
     monkeypatch.setattr(engine, "add_request", patched)
     outs = llm_fp32.generate(["break me", PROMPTS[0]], GREEDY, use_tqdm=False)
     assert isinstance(outs[0].error, RequestFailedError) and outs[0].outputs == []

@@ -86,3 +86,35 @@ def test_an_aborted_request_leaves_no_text_state(llm_fp32):
         engine.add_request(engine.make_request("aborted", "Hello there", params))
         out = engine.abort_request("aborted")  # before the prompt ran: no sample forked yet
         assert out.finished and len(engine.output_processor) == 0
+
+
+def _stream_of(tokenizer, tokens, **params) -> list:
+    """The request outputs of "r" as its tokens arrive one a step, the last ending it."""
+    processor = _started(tokenizer, max_tokens=len(tokens), **params)
+    outputs = []
+    for i, token in enumerate(tokens):
+        ends = {"finish_reason": "length"} if i == len(tokens) - 1 else {}
+        outputs += processor.process_outputs([_appended([token], **ends)]).request_outputs
+    assert len(processor) == 0
+    return outputs
+
+
+def test_final_only_reports_once_and_delta_reports_only_what_is_new(tokenizer):
+    from paged_core.sampling_params import RequestOutputKind
+    tokens = tokenizer.encode(" Grüße aus Köln, 東京 and 🚀 too")
+    cumulative = _stream_of(tokenizer, tokens, logprobs=None)
+    (final,) = _stream_of(tokenizer, tokens, output_kind=RequestOutputKind.FINAL_ONLY)
+    last = cumulative[-1].outputs[0]
+    assert final.finished and final.outputs[0].text == last.text == tokenizer.decode(tokens)
+    assert final.outputs[0].token_ids == last.token_ids == tokens
+    assert final.outputs[0].delta_text == last.text  # its one output: all of it is new
+
+    deltas = _stream_of(tokenizer, tokens, output_kind=RequestOutputKind.DELTA)
+    assert len(deltas) == len(cumulative) == len(tokens)
+    assert "".join(out.outputs[0].text for out in deltas) == tokenizer.decode(tokens)
+    assert [t for out in deltas for t in out.outputs[0].token_ids] == tokens
+    for delta, full in zip(deltas, cumulative):
+        assert delta.outputs[0].text == full.outputs[0].delta_text
+        assert delta.outputs[0].token_ids == full.outputs[0].delta_token_ids == [
+            tokens[len(full.outputs[0].token_ids) - 1]]
+    assert deltas[-1].finished and deltas[-1].outputs[0].finish_reason == "length"

@@ -116,10 +116,34 @@ def test_penalties_and_top_k_change_sampling(llm_fp32):
     ("ignore_eos", "yes", "ignore_eos must be true or false"),
     ("stop", 5, "stop must be a list"),
     ("stop_token_ids", "12", "stop_token_ids must be a list"),
+    ("output_kind", 3, "output_kind must be one of 0 (CUMULATIVE), 1 (DELTA), 2 (FINAL_ONLY)"),
+    ("output_kind", True, "output_kind must be one of"),
 ])
 def test_invalid_sampling_values_name_the_field(field, value, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
         SamplingParams(**{field: value})
+
+
+def test_llm_generate_runs_final_only_and_leaves_the_callers_params_alone(llm_fp32):
+    from paged_core.sampling_params import RequestOutputKind
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True,
+                            output_kind=RequestOutputKind.DELTA)
+    engine = llm_fp32.engine
+    seen = []
+    add_request = engine.add_request
+
+    def recording(request):
+        seen.append(request.params.output_kind)
+        add_request(request)
+    engine.add_request = recording
+    try:
+        (out,) = llm_fp32.generate("Hello", params, use_tqdm=False)
+    finally:
+        del engine.add_request
+    assert seen == [RequestOutputKind.FINAL_ONLY] and params.output_kind == RequestOutputKind.DELTA
+    assert out.finished and len(out.outputs[0].token_ids) == 6  # the whole output, not a delta
+    assert out.outputs[0].text == llm_fp32.get_tokenizer().decode(out.outputs[0].token_ids,
+                                                                 skip_special_tokens=True)
 
 
 def test_per_sample_seeds_wrap_modulo_2_64():

@@ -101,13 +101,15 @@ def test_pack_batch_returns_logits_for_every_verified_position():
     batch = [StepInput(list(range(10)), 9, 1, [0], needs_logits=True),
              StepInput(list(range(12)), 8, 4, [1], needs_logits=True, num_spec_tokens=3),
              StepInput(list(range(30)), 0, 5, [2, 3], needs_logits=False),
-             StepInput(list(range(7)), 6, 3, [4], needs_logits=True, num_spec_tokens=2)]
+             StepInput(list(range(9)), 6, 3, [4], needs_logits=True, num_spec_tokens=2)]
     packed = pack_batch(batch, block_size=16, bucketed=True)
     assert packed.logits_indices.tolist() == [0, 1, 2, 3, 4, 10, 11, 12]
     # where each sequence's rows start among the logits (the prefill chunk samples nothing)
     assert packed.first_logits_row.tolist() == [0, 1, -1, 5]
     assert packed.input_ids[1:5].tolist() == [8, 9, 10, 11]
     assert packed.positions[10:13].tolist() == [6, 7, 8]
+    assert packed.input_ids[10:13].tolist() == [6, 7, 8]
+    assert packed.block_tables.tolist() == [[0, 0], [1, 0], [2, 3], [4, 0]]
 
 
 def _decoding(seq_id, kv, sched, num_tokens, drafts):
