@@ -10,7 +10,8 @@ the card, never zeros).
 - ``host_profile``: where the host's time goes in decode steps with CUDA graphs (cProfile's
   functions by own time), the work that the GPU waits on between graph replays;
 - ``offline_mix``: a long-tailed mix of 512 requests (``bench.workload.LONG_TAIL``) through
-  paged-core, transformers' static batching (``generate`` over padded batches) and
+  paged-core (CUDA graphs for decode steps, its default; then for every step that fits one,
+  ``cudagraph_mode="FULL"``), transformers' static batching (``generate`` over padded batches) and
   transformers' continuous batching (``generate_batch``'s manager), output tokens per second.
 """
 from __future__ import annotations
@@ -66,11 +67,11 @@ def _replay_ms(llm, batch: int) -> float | None:
     last step's inputs): the step's time less this is host work."""
     import triton.testing
 
-    graphs = llm.engine.core.executor.runner.decode_graphs
+    graphs = llm.engine.core.executor.runner.cuda_graphs
     if graphs is None:
         return None
     size = next(s for s in graphs.sizes if s >= batch)
-    return float(triton.testing.do_bench(graphs.graphs[size].replay, warmup=10, rep=50,
+    return float(triton.testing.do_bench(graphs.graphs[False, size].replay, warmup=10, rep=50,
                                          return_mode="median"))
 
 
@@ -149,11 +150,12 @@ def host_profile(folder: str, *, batch: int = 256, context: int = 512, steps: in
                           for (file, line, name), (_, calls, own, cumulative, _) in rows]}
 
 
-def _paged_core_mix(folder: str, requests) -> dict:
+def _paged_core_mix(folder: str, requests, cudagraph_mode: str) -> dict:
     from paged_core import LLM, SamplingParams
 
     llm = LLM(model=folder, device="cuda", dtype="bfloat16", enforce_eager=False,
-              max_num_seqs=256, max_model_len=4096, max_num_batched_tokens=8192)
+              cudagraph_mode=cudagraph_mode, max_num_seqs=256, max_model_len=4096,
+              max_num_batched_tokens=8192)
     prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
     params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True)
               for r in requests]
@@ -165,12 +167,22 @@ def _paged_core_mix(folder: str, requests) -> dict:
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
-    memory = {"gpu_memory_utilization": llm.engine.config.gpu_memory_utilization,
+    memory = {**_graph_stats(llm),
+              "gpu_memory_utilization": llm.engine.config.gpu_memory_utilization,
               "peak_fraction_of_card": _peak_fraction()}
     llm.shutdown()
     del llm
     _release()
     return {"seconds": seconds, "output_tokens": generated, **memory}
+
+
+def _graph_stats(llm) -> dict:
+    """What the engine's CUDA graphs served. (No reference to them may outlive ``llm``: they
+    hold its KV cache, which must be freed before the next engine sizes its own.)"""
+    graphs = llm.engine.core.executor.runner.cuda_graphs
+    return {"cudagraph_mode": llm.engine.config.cudagraph_mode,
+            "graph_pool_mib": graphs.pool_bytes / 2**20, "decode_graph_steps": graphs.replays,
+            "other_graph_steps": graphs.mixed_replays}
 
 
 def _peak_fraction() -> float:
@@ -224,28 +236,39 @@ def _hf_continuous(model, requests) -> dict:
 
 def offline_mix(folder: str, tokenizer, num_requests: int = 512, hf_static_batch: int = 256,
                 baselines=("transformers-static", "transformers-continuous")) -> dict:
+    """Output tok/s of each system on the mix; each baseline's ``paged_core_speedup`` is
+    paged-core's (default settings) over it. A system that fails is reported, not fatal."""
     from transformers import AutoModelForCausalLM
 
     from .workload import LONG_TAIL, sharegpt_like, summarize
 
     requests = sharegpt_like(dataclasses.replace(LONG_TAIL, num_requests=num_requests), tokenizer)
-    results = {"workload": summarize(requests), "paged-core": _paged_core_mix(folder, requests)}
+    runners = {"paged-core": lambda: _paged_core_mix(folder, requests, "FULL_DECODE_ONLY"),
+               "paged-core-full-graphs": lambda: _paged_core_mix(folder, requests, "FULL")}
+    results = {"workload": summarize(requests),
+               **{name: _reported(run) for name, run in runners.items()}}
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16,
                                                  device_map="cuda").eval() if baselines else None
-    runners = {"transformers-static": lambda m: _hf_static(m, requests, hf_static_batch),
-               "transformers-continuous": lambda m: _hf_continuous(m, requests)}
+    hf_runners = {"transformers-static": lambda: _hf_static(model, requests, hf_static_batch),
+                  "transformers-continuous": lambda: _hf_continuous(model, requests)}
     for name in baselines:
-        try:
-            results[name] = runners[name](model)
-        except Exception as exc:  # noqa: BLE001 - a baseline's failure is reported, not fatal
-            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
-    del model
+        results[name] = _reported(hf_runners[name])
+    model = None  # frees the baselines' weights
     _release()
     for result in results.values():
         if "seconds" in result:
             result["output_tok_per_s"] = result["output_tokens"] / result["seconds"]
-    ours = results["paged-core"]["output_tok_per_s"]
+    ours = results["paged-core"].get("output_tok_per_s")
     for name in baselines:
-        if "output_tok_per_s" in results[name]:
+        if ours and "output_tok_per_s" in results[name]:
             results[name]["paged_core_speedup"] = ours / results[name]["output_tok_per_s"]
     return results
+
+
+def _reported(run) -> dict:
+    """``run()``'s result, or ``{"error": ...}`` if it raised."""
+    try:
+        return run()
+    except Exception as exc:  # noqa: BLE001 - one system's failure is a result, not fatal
+        _release()
+        return {"error": f"{type(exc).__name__}: {exc}"}

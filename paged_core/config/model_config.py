@@ -9,6 +9,7 @@ from .setting_values import check_choice, check_positive, env_flag
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _ATTENTION_BACKENDS = ("auto", "torch", "triton")
+_CUDAGRAPH_MODES = ("FULL_DECODE_ONLY", "FULL", "NONE")  # vLLM's names (executor.cuda_graphs)
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
@@ -33,8 +34,12 @@ class ModelConfig:
 
     ``enforce_eager`` (vLLM's name) runs every step eagerly; by default decode steps replay
     CUDA graphs on a single CUDA device (``executor.cuda_graphs``: a Llama-3.2-1B-shaped model
-    decodes one sequence in 2.8 ms a step instead of 20 on an H200); MoE models, tensor
-    parallelism and the CPU always run eagerly.
+    decodes one sequence in 1.6 ms a step instead of 20 on an H200); MoE models, tensor
+    parallelism, LoRA and the CPU always run eagerly. ``cudagraph_mode`` (vLLM's name and
+    values) picks which steps replay graphs: ``"FULL_DECODE_ONLY"`` decode steps;
+    ``"FULL"`` those and every other step of at most ``max_cudagraph_capture_size`` tokens
+    (prefill chunks beside decodes, speculative verification); ``"NONE"`` none, as
+    ``enforce_eager``.
     """
 
     model: str | None = None
@@ -48,6 +53,8 @@ class ModelConfig:
     batch_invariant: bool = field(default_factory=lambda: env_flag("batch_invariant"))
     quantization: str | None = None
     enforce_eager: bool = False
+    cudagraph_mode: str = "FULL_DECODE_ONLY"
+    max_cudagraph_capture_size: int = 512
 
     def __post_init__(self) -> None:
         check_choice("dtype", self.dtype, _DTYPES)
@@ -56,6 +63,8 @@ class ModelConfig:
             check_positive("max_model_len", self.max_model_len)
         if not isinstance(self.enforce_eager, bool):
             raise ValueError(f"enforce_eager must be true or false, got {self.enforce_eager!r}")
+        check_choice("cudagraph_mode", self.cudagraph_mode, _CUDAGRAPH_MODES)
+        check_positive("max_cudagraph_capture_size", self.max_cudagraph_capture_size)
         if not isinstance(self.batch_invariant, bool):
             raise ValueError(f"batch_invariant must be true or false, got {self.batch_invariant!r}")
         if self.model is not None and not os.path.exists(self.model):

@@ -21,7 +21,7 @@ from ..attention import AttentionBackend, AttentionMetadata
 from ..attention.kv_quant import kv_cache_row, kv_cache_row_bytes
 from ..cpu.huge_pages import zeros_on_huge_pages
 from ..models.llama import LlamaForCausalLM
-from .cuda_graphs import DecodeGraphs
+from .cuda_graphs import StepGraphs
 from .packed_batch import PackedBatch
 
 
@@ -55,16 +55,18 @@ class ModelRunner:
         self.kv_caches = [(_zeros_cache(shape, cache_dtype, device),
                            _zeros_cache(shape, cache_dtype, device))
                           for _ in range(model.spec.num_layers)]
-        self.decode_graphs: DecodeGraphs | None = None
+        self.cuda_graphs: StepGraphs | None = None
         self.lora = None  # a LoRARuntime when enable_lora (set by the worker)
 
-    def capture_decode_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
-        """Capture the decode forward as CUDA graphs (``cuda_graphs``); decode steps that
-        fit one replay it from then on."""
-        graphs = DecodeGraphs(self.model, self.backend, self.kv_caches, max_num_seqs,
-                              max_model_len, self.block_size, self.device)
+    def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int,
+                            max_mixed_tokens: int = 0) -> None:
+        """Capture the forward as CUDA graphs (``cuda_graphs``): decode steps, and with
+        ``max_mixed_tokens`` the other steps of up to that many tokens; steps that fit one
+        replay it from then on."""
+        graphs = StepGraphs(self.model, self.backend, self.kv_caches, max_num_seqs,
+                            max_model_len, self.block_size, self.device, max_mixed_tokens)
         graphs.capture()
-        self.decode_graphs = graphs
+        self.cuda_graphs = graphs
 
     @torch.inference_mode()
     def execute(self, packed: PackedBatch,
@@ -78,8 +80,8 @@ class ModelRunner:
                                      torch.tensor(dst, device=self.device))
         if self.lora is not None:
             self.lora.prepare(packed)
-        if self.decode_graphs is not None and self.decode_graphs.fits(packed):
-            hidden = self.decode_graphs.run(packed)
+        if self.cuda_graphs is not None and self.cuda_graphs.fits(packed):
+            hidden = self.cuda_graphs.run(packed)
         else:
             input_ids, rope_rows, meta = self._device_inputs(packed)  # positions: rotary's
             hidden = self.model(input_ids, rope_rows, self.kv_caches, meta, self.backend)

@@ -88,7 +88,9 @@ class Worker:
             self.runner.lora = LoRARuntime(model, config.max_loras, config.max_lora_rank,
                                            config.max_cpu_loras)
         if uses_cuda_graphs(config, spec.device, tp, model):
-            self.runner.capture_decode_graphs(config.max_num_seqs, spec.max_model_len)
+            mixed = (min(config.max_cudagraph_capture_size, config.max_num_batched_tokens)
+                     if config.cudagraph_mode == "FULL" else 0)
+            self.runner.capture_cuda_graphs(config.max_num_seqs, spec.max_model_len, mixed)
         self.num_blocks = num_blocks
         self.sampler = Sampler(torch.Generator().manual_seed(config.seed))  # draws on the CPU
         all_ranks_loaded(tp)
@@ -116,10 +118,11 @@ def _require_invariant_attention(backend, device: torch.device, dtype: torch.dty
 
 def uses_cuda_graphs(config: EngineConfig, device: torch.device, tp: TensorParallelGroup,
                      model) -> bool:
-    """Decode runs as CUDA graphs on one CUDA rank unless ``enforce_eager``, for models a
-    graph can capture (``LlamaForCausalLM.capturable``; MoE models run eagerly) without LoRA
+    """Steps run as CUDA graphs on one CUDA rank unless ``enforce_eager`` (or
+    ``cudagraph_mode="NONE"``), for models a graph can capture (``LlamaForCausalLM.capturable``; MoE models run eagerly) without LoRA
     (its rows per adapter change every step)."""
-    wanted = device.type == "cuda" and not config.enforce_eager
+    wanted = device.type == "cuda" and not config.enforce_eager \
+        and config.cudagraph_mode != "NONE"
     possible = tp.size == 1 and model.capturable and not config.enable_lora
     if wanted and not possible:
         logger.info("decode runs eagerly: CUDA graphs need one rank (tensor_parallel_size=%d), "

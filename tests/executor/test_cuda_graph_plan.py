@@ -1,12 +1,13 @@
 """What decides CUDA graph use, checked without a GPU (``tests/gpu`` runs the graphs): the
-captured batch sizes, which steps a graph serves, the ``enforce_eager`` setting, the memory
-set aside for activations, and that the CPU always runs eagerly with the same tokens."""
+captured batch and token sizes, which steps a graph serves, the ``enforce_eager`` and
+``cudagraph_mode`` settings, the memory set aside for activations, and that the CPU always runs
+eagerly with the same tokens."""
 import pytest
 import torch
 
 from paged_core import LLM, EngineConfig, SamplingParams
-from paged_core.executor.cuda_graphs import DecodeGraphs, capture_sizes
-from paged_core.executor.packed_batch import StepInput, pack_batch
+from paged_core.executor.cuda_graphs import StepGraphs, capture_sizes, mixed_capture_sizes
+from paged_core.executor.packed_batch import StepInput, bucketed_num_tokens, pack_batch
 from paged_core.executor.rank_worker import activation_reserve
 
 from ..reference import passage_token_ids
@@ -22,6 +23,14 @@ def test_capture_sizes_cover_every_batch_up_to_the_cap():
     assert all(any(s >= n for s in sizes) for n in range(1, 257))
 
 
+def test_mixed_capture_sizes_are_the_bucketed_token_counts():
+    assert mixed_capture_sizes(0) == mixed_capture_sizes(1) == []
+    assert mixed_capture_sizes(20) == [2, 4, 8, 16, 24]
+    sizes = mixed_capture_sizes(512)
+    assert sizes[-1] == 512 and len(sizes) == len(set(sizes)) == 50
+    assert all(bucketed_num_tokens(n) in sizes for n in range(2, 513))
+
+
 def _step(query_lens: list[int], context: int = 40) -> object:
     blocks = -(-context // 16)
     batch = [StepInput(token_ids=list(range(context)), num_computed_tokens=context - q,
@@ -30,25 +39,49 @@ def _step(query_lens: list[int], context: int = 40) -> object:
     return pack_batch(batch, block_size=16)
 
 
-def test_graphs_serve_decode_steps_that_fit_and_nothing_else(tmp_path, tokenizer):
+def _graphs(tmp_path, tokenizer, max_mixed_tokens: int) -> StepGraphs:
+    """Graphs planned (never captured: no GPU here) for a tiny model, 4 sequences, 128 tokens."""
     from paged_core.models.model_loader import load_hf_config, load_model
 
     folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
     model = load_model(folder, load_hf_config(folder), 128, torch.float32, torch.device("cpu"))
-    graphs = DecodeGraphs(model, None, [], max_num_seqs=4, max_model_len=128, block_size=16,
-                          device=torch.device("cpu"))
-    assert graphs.sizes == [1, 2, 4]
+    return StepGraphs(model, None, [], max_num_seqs=4, max_model_len=128, block_size=16,
+                      device=torch.device("cpu"), max_mixed_tokens=max_mixed_tokens)
+
+
+def test_decode_only_graphs_serve_decode_steps_that_fit_and_nothing_else(tmp_path, tokenizer):
+    graphs = _graphs(tmp_path, tokenizer, max_mixed_tokens=0)
+    assert graphs.sizes == [1, 2, 4] and graphs.mixed_sizes == []
     assert graphs.fits(_step([1, 1, 1]))
     assert not graphs.fits(_step([1, 3]))  # a chunk of prefill
     assert not graphs.fits(_step([1] * 5))  # more sequences than the largest graph
     assert not graphs.fits(_step([1], context=200))  # a wider block table than captured
 
 
-def test_enforce_eager_is_a_checked_boolean_setting():
+def test_full_graphs_also_serve_prefill_chunks_beside_decodes(tmp_path, tokenizer):
+    graphs = _graphs(tmp_path, tokenizer, max_mixed_tokens=20)
+    assert graphs.mixed_sizes == [2, 4, 8, 16, 24]
+    assert graphs._graph_for(_step([1, 1, 1])) == (False, 4)  # decode: its own graphs
+    assert graphs._graph_for(_step([1, 3])) == (True, 4)
+    assert graphs._graph_for(_step([1, 1, 1, 17])) == (True, 24)  # 20 tokens, 4 sequences
+    assert not graphs.fits(_step([1, 24]))  # more tokens than the largest graph
+    assert not graphs.fits(_step([1, 1, 1, 1, 3]))  # more sequences than max_num_seqs
+    assert not graphs.fits(_step([2], context=200))  # a wider block table than captured
+    # the buffers hold the largest step of either kind
+    assert graphs.input_ids.shape[0] == 24 and graphs.query_start_loc.shape[0] == 5
+
+
+def test_enforce_eager_and_cudagraph_mode_are_checked_settings():
     assert EngineConfig().enforce_eager is False
     assert EngineConfig.from_env({"PAGED_CORE_ENFORCE_EAGER": "1"}).enforce_eager is True
     with pytest.raises(ValueError, match="enforce_eager"):
         EngineConfig(enforce_eager="sometimes")
+    assert EngineConfig().cudagraph_mode == "FULL_DECODE_ONLY"
+    assert EngineConfig.from_env({"PAGED_CORE_CUDAGRAPH_MODE": "FULL"}).cudagraph_mode == "FULL"
+    with pytest.raises(ValueError, match="cudagraph_mode must be one of"):
+        EngineConfig(cudagraph_mode="PIECEWISE")
+    with pytest.raises(ValueError, match="max_cudagraph_capture_size"):
+        EngineConfig(max_cudagraph_capture_size=0)
 
 
 def test_activation_reserve_grows_with_the_step_budget(tmp_path, tokenizer):
@@ -68,7 +101,7 @@ def test_the_cpu_runs_eagerly_without_graphs(tmp_path, tokenizer):
     outputs = {}
     for eager in (True, False):
         llm = LLM(model=folder, dtype="float32", num_kv_blocks=32, enforce_eager=eager)
-        assert llm.engine.core.executor.runner.decode_graphs is None
+        assert llm.engine.core.executor.runner.cuda_graphs is None
         outputs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params,
                                                                         use_tqdm=False)]
     assert outputs[True] == outputs[False]

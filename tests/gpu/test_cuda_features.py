@@ -1,4 +1,5 @@
-"""Engine features on CUDA (float32, decode CUDA graphs on) against transformers on the CPU,
+"""Engine features on CUDA (float32, CUDA graphs for decode steps, then for every step) against
+transformers on the CPU,
 token for token: prefix caching, preemption by recompute, ``n > 1``, beam search, n-gram and
 draft-model speculative decoding; structured outputs that follow their JSON schema."""
 import json
@@ -12,13 +13,19 @@ from paged_core.structured_outputs.params import StructuredOutputsParams
 from ..reference import hf_beams, hf_greedy, passage_token_ids
 from ..spec_decode.narrow_models import build_narrow_model, narrow_prompts
 from ..tiny_models import build_tiny_model
-from .test_cuda_parity import cuda_llm, decode_replays
+from .test_cuda_parity import cuda_llm, graph_replays
 
 NEW_TOKENS = 32
 
 
 def greedy(max_tokens: int = NEW_TOKENS, **fields) -> SamplingParams:
     return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, **fields)
+
+
+@pytest.fixture(scope="module", params=["FULL_DECODE_ONLY", "FULL"])
+def graph_mode(request) -> str:
+    """``cudagraph_mode``: decode steps replay graphs, or every step that fits one."""
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +40,8 @@ def reference(folder):
 
 
 @pytest.fixture(scope="module")
-def llm(folder):
-    return cuda_llm(folder, dtype="float32", enforce_eager=False)
+def llm(folder, graph_mode):
+    return cuda_llm(folder, dtype="float32", enforce_eager=False, cudagraph_mode=graph_mode)
 
 
 def test_prefix_cache_hits_give_the_same_tokens(llm, reference, tokenizer):
@@ -45,13 +52,14 @@ def test_prefix_cache_hits_give_the_same_tokens(llm, reference, tokenizer):
     second = llm.generate(prompts[1:], greedy(), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in first + second] == expected
     assert second[0].num_cached_tokens >= 32
-    assert decode_replays(llm) > 0
+    assert graph_replays(llm)[0] > 0
 
 
-def test_preempted_requests_recompute_the_same_tokens(folder, reference, tokenizer):
+def test_preempted_requests_recompute_the_same_tokens(folder, reference, tokenizer, graph_mode):
     prompts = [passage_token_ids(tokenizer, 40, offset=9 * i) for i in range(4)]
     expected = [hf_greedy(reference, p, 60) for p in prompts]
-    small = cuda_llm(folder, dtype="float32", enforce_eager=False, num_kv_blocks=14)
+    small = cuda_llm(folder, dtype="float32", enforce_eager=False, num_kv_blocks=14,
+                     cudagraph_mode=graph_mode)
     outputs = small.generate(prompts, greedy(60), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == expected
     assert small.stats()["num_preemptions"] > 0
@@ -74,7 +82,7 @@ def test_beam_search_matches_transformers(llm, reference, tokenizer):
 
 
 @pytest.mark.parametrize("speculative", ["ngram", "draft"])
-def test_speculative_decoding_keeps_greedy_tokens(speculative, tokenizer, tmp_path):
+def test_speculative_decoding_keeps_greedy_tokens(speculative, tokenizer, tmp_path, graph_mode):
     """On narrow models (``spec_decode.narrow_models``: outputs repeat, so drafts happen)."""
     from transformers import AutoModelForCausalLM
 
@@ -88,7 +96,8 @@ def test_speculative_decoding_keeps_greedy_tokens(speculative, tokenizer, tmp_pa
     reference = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     prompts = narrow_prompts([5, 20, 40, 33])
     expected = [hf_greedy(reference, p["prompt_token_ids"], NEW_TOKENS) for p in prompts]
-    spec = cuda_llm(target, dtype="float32", enforce_eager=False, speculative_config=config)
+    spec = cuda_llm(target, dtype="float32", enforce_eager=False, speculative_config=config,
+                    cudagraph_mode=graph_mode)
     outputs = spec.generate(prompts, greedy(), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == expected
     assert spec.stats()["spec_decode_num_accepted_tokens"] > 0

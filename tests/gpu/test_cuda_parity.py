@@ -1,6 +1,7 @@
 """The engine on CUDA against transformers on the CPU: float32 greedy output token for token
-for tiny random models of every supported family, eagerly and with decode CUDA graphs
-(``enforce_eager=False``; MoE models run eagerly either way); bfloat16 under the near-tie rule. Prompts of 3 to 90 tokens
+for tiny random models of every supported family, eagerly and with CUDA graphs for decode
+steps (``cudagraph_mode="FULL_DECODE_ONLY"``) and for every step (``"FULL"``; MoE models run
+eagerly either way); bfloat16 under the near-tie rule. Prompts of 3 to 90 tokens
 arrive together under a 64-token step budget, so later ones prefill in chunks while earlier
 ones decode."""
 import pytest
@@ -24,9 +25,10 @@ def cuda_llm(folder: str, **settings) -> LLM:
                                               **settings})
 
 
-def decode_replays(llm: LLM) -> int:
-    graphs = llm.engine.core.executor.runner.decode_graphs
-    return 0 if graphs is None else graphs.replays
+def graph_replays(llm: LLM) -> tuple[int, int]:
+    """Steps served by a graph: ``(decode steps, other steps)``."""
+    graphs = llm.engine.core.executor.runner.cuda_graphs
+    return (0, 0) if graphs is None else (graphs.replays, graphs.mixed_replays)
 
 
 @pytest.fixture(scope="module")
@@ -43,14 +45,16 @@ def test_fp32_greedy_matches_transformers_eager_and_with_graphs(model_type, prom
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     expected = [hf_greedy(reference, p, NEW_TOKENS) for p in prompts]
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    for eager in (True, False):
-        llm = cuda_llm(folder, dtype="float32", enforce_eager=eager)
+    for eager, mode in ((True, "FULL_DECODE_ONLY"), (False, "FULL_DECODE_ONLY"), (False, "FULL")):
+        llm = cuda_llm(folder, dtype="float32", enforce_eager=eager, cudagraph_mode=mode)
         assert llm.engine.attention_backend == "triton"
         assert llm.engine.core.executor.runner.model.ops.name == "triton"  # fused elementwise
         outputs = llm.generate(prompts, params, use_tqdm=False)
-        assert [o.outputs[0].token_ids for o in outputs] == expected, f"enforce_eager={eager}"
+        assert [o.outputs[0].token_ids for o in outputs] == expected, (eager, mode)
         assert llm.stats()["kv_blocks_used"] == 0
-        assert (decode_replays(llm) > 0) == (not eager and model_type not in MOE)
+        decode, mixed = graph_replays(llm)
+        graphs = not eager and model_type not in MOE
+        assert (decode > 0) == graphs and (mixed > 0) == (graphs and mode == "FULL")
         llm.shutdown()
 
 
