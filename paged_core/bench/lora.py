@@ -6,12 +6,15 @@ base alone), then on one with ``enable_lora`` (8 slots) where request ``i`` runs
 adapter ``i % k`` for ``k`` = 0 (LoRA on, every request on the base), 1, 4 and 8 distinct
 adapters, each at rank 8 and at rank 64 (adapters over every attention and MLP projection,
 made with PEFT). The cost of ``k`` adapters is ``1 - tok/s(k) / tok/s(base alone)``.
-Each case runs once after a warm-up, with the prefix cache reset between cases.
+Each case runs after a warm-up, with the prefix cache reset between cases; ``--repeats R``
+runs R rounds (the base alone, then every case), and each case's cost is the median over
+rounds of its cost against the same round's base alone.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import statistics
 import tempfile
 import time
 from typing import Any
@@ -27,6 +30,8 @@ RANKS = (8, 64)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-requests", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="rounds, each running the base alone then every case")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -37,24 +42,42 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     spec = QUICK if args.quick else dataclasses.replace(LONG_TAIL, num_requests=args.num_requests)
     requests = sharegpt_like(dataclasses.replace(spec, seed=args.seed), embedded_tokenizer())
     counts = (0, 1, 4) if args.quick else ADAPTER_COUNTS
+    repeats = max(1, getattr(args, "repeats", 1))
     results: dict[str, Any] = {"dtype": args.dtype, "num_requests": len(requests),
-                               "output_tokens": sum(r.output_len for r in requests)}
-    results["base_alone"] = _tok_per_s(make_engine(args.dtype), requests, [None] * len(requests))
-    cases = []
+                               "output_tokens": sum(r.output_len for r in requests),
+                               "repeats": repeats}
+    base_engine = make_engine(args.dtype)
     with tempfile.TemporaryDirectory() as tmp:
+        engines = {}  # rank -> (engine, its adapters)
         for rank in RANKS[:1] if args.quick else RANKS:
             folders = make_adapters(embedded_model_folder(), tmp, rank, list(range(max(counts))),
                                     scale=0.05)
-            adapters = [LoRARequest(f"r{rank}-{i}", i + 1, f) for i, f in enumerate(folders)]
-            engine = make_engine(args.dtype, enable_lora=True, max_loras=max(counts),
-                                 max_lora_rank=rank)
-            for count in counts:
-                loras = [adapters[i % count] if count else None for i in range(len(requests))]
-                tok_per_s = _tok_per_s(engine, requests, loras)
-                cases.append({"rank": rank, "adapters": count, "tok_per_s": tok_per_s,
-                              "cost": 1 - tok_per_s / results["base_alone"]})
-    results["cases"] = cases
+            engines[rank] = (make_engine(args.dtype, enable_lora=True, max_loras=max(counts),
+                                         max_lora_rank=rank),
+                             [LoRARequest(f"r{rank}-{i}", i + 1, f) for i, f in enumerate(folders)])
+        rounds = [_one_round(base_engine, engines, counts, requests) for _ in range(repeats)]
+    results["base_alone"] = statistics.median(r["base_alone"] for r in rounds)
+    results["base_alone_per_round"] = [r["base_alone"] for r in rounds]
+    results["cases"] = [
+        {"rank": rank, "adapters": count,
+         "tok_per_s": statistics.median(r["cases"][rank, count] for r in rounds),
+         "tok_per_s_per_round": [r["cases"][rank, count] for r in rounds],
+         # each round's case against the same round's base alone, then the median
+         "cost": statistics.median(1 - r["cases"][rank, count] / r["base_alone"]
+                                   for r in rounds)}
+        for rank in engines for count in counts]
     return results
+
+
+def _one_round(base_engine, engines, counts, requests) -> dict[str, Any]:
+    """The base alone, then every (rank, adapter count) case, one after another."""
+    n = len(requests)
+    result = {"base_alone": _tok_per_s(base_engine, requests, [None] * n), "cases": {}}
+    for rank, (engine, adapters) in engines.items():
+        for count in counts:
+            loras = [adapters[i % count] if count else None for i in range(n)]
+            result["cases"][rank, count] = _tok_per_s(engine, requests, loras)
+    return result
 
 
 def _tok_per_s(engine, requests, loras) -> float:

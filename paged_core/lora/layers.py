@@ -14,10 +14,9 @@ A step's ``LoRABatch`` gives each row its slot; the two products run for all of 
 rows and adapters at once (``products``: Punica's shrink and expand) on top of the one base
 GEMM, whatever the mix of adapters.
 
-The tables are in ``table_dtype``: float32 on a CPU (a bf16 GEMM with an inner size of a
-LoRA rank takes a slow path there without native bf16 dot products: ~20x float32's time
-measured on an AVX2 EPYC), the model's dtype on a GPU; the products sum in float32 and
-round once into the base output's dtype.
+The tables are in the dtype the products ask for (``table_dtype``: the model's, except
+float32 for plain torch on a CPU); ``b_t`` is rounded to it after the scaling is folded in; the
+products sum in float32 and round once into the base output's dtype.
 
 Under tensor parallelism a column-parallel projection's ``b_t`` holds this rank's output
 columns (``a`` whole); a row-parallel one (``o_proj``, ``down_proj``) holds this rank's input
@@ -99,7 +98,3 @@ class LoRALinear(nn.Module):
         self.products.expand(y, shrunk, self.b_t, self.widths, self.part_starts, self.batch)
         return y
 
-
-def table_dtype(model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """The dtype of the LoRA tables and products (see the module docstring)."""
-    return torch.float32 if device.type == "cpu" else model_dtype

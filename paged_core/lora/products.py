@@ -13,6 +13,7 @@ block-diagonal (``layers``): ``part_starts`` (its parts' output column boundarie
 them) lets the C++ ops multiply only part ``p``'s rows ``[p w/P, (p+1) w/P)`` by its columns;
 the others multiply the whole table, zeros included (the same sums).
 
+Each implementation names the dtype it wants the tables in (``table_dtype``).
 ``CpuLoRAProducts`` runs the C++ ops of one CPU kernel build (``cpu/csrc/lora_products.cpp``;
 the one-call decoder stack calls the same functions, so both paths give the same bits),
 ``TritonLoRAProducts`` the Triton kernels of ``paged_core.kernels.lora`` (CUDA), and
@@ -52,6 +53,13 @@ class LoRABatch:
 class TorchLoRAProducts:
     name = "torch"
 
+    @staticmethod
+    def table_dtype(model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+        """float32 on a CPU (ATen's bf16 GEMM with an inner size of a LoRA rank takes a slow
+        path there without native bf16 dot products: ~20x float32's time measured on an AVX2
+        EPYC), else the model's dtype."""
+        return torch.float32 if device.type == "cpu" else model_dtype
+
     def shrink(self, x: torch.Tensor, a: torch.Tensor, widths: SlotWidths,
                batch: LoRABatch) -> torch.Tensor:
         u = x.new_zeros(len(batch.token_slots), a.shape[1], dtype=torch.float32)
@@ -73,6 +81,13 @@ class CpuLoRAProducts:
 
     name = "cpu"
 
+    @staticmethod
+    def table_dtype(model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+        """The model's (float32 or bfloat16): the ops widen table elements as they load them,
+        so bfloat16 tables halve the bytes a step streams (rank-64 tables of four adapters
+        outweigh SmolLM2-135M's bf16 weights in float32)."""
+        return torch.bfloat16 if model_dtype == torch.bfloat16 else torch.float32
+
     def __init__(self, cpu_isa: str) -> None:
         from ..cpu.extension import cpu_ops
 
@@ -92,6 +107,10 @@ class TritonLoRAProducts:
     interpreter, for tests)."""
 
     name = "triton"
+
+    @staticmethod
+    def table_dtype(model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+        return model_dtype
 
     def __init__(self) -> None:
         from paged_core.kernels import lora

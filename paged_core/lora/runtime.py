@@ -18,7 +18,7 @@ from collections import OrderedDict
 import torch
 
 from ..executor.packed_batch import PackedBatch
-from .layers import LoRALinear, ModulePart, PartWeights, table_dtype
+from .layers import LoRALinear, ModulePart, PartWeights
 from .peft_checkpoint import LoRAAdapter, LoRAModule, load_adapter, module_shapes
 from .products import LoRABatch, select_products
 from .request import LoRARequest
@@ -46,10 +46,10 @@ class LoRARuntime:
     def _attach(self, max_loras: int) -> None:
         model = self.model
         shard, tp = model.shard, model.tp
-        dtype = table_dtype(model.embed_tokens.weight.dtype, self.device)
         hidden = model.spec.hidden_size
         row_parallel = tp.size > 1
         products = select_products(model.ops)
+        dtype = products.table_dtype(model.embed_tokens.weight.dtype, self.device)
 
         def wrap(owner, attr: str, parts: list[ModulePart], width_in: int, row: bool) -> None:
             wrapper = LoRALinear(getattr(owner, attr), parts, width_in, self.batch, max_loras,

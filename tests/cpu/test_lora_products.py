@@ -12,8 +12,9 @@ from ..lora_products_cases import expected_expand, expected_shrink, make_step
 DTYPES = [torch.float32, torch.bfloat16]
 
 
-def check_each_row_gets_its_own_adapter(products, dtype: torch.dtype) -> None:
-    step = make_step(dtype)
+def check_each_row_gets_its_own_adapter(products, dtype: torch.dtype,
+                                        table_dtype: torch.dtype = torch.float32) -> None:
+    step = make_step(dtype, table_dtype=table_dtype)
     u = products.shrink(step.x, step.a, step.widths, step.batch)
     assert u.dtype == torch.float32 and u.shape == (10, 24)
     torch.testing.assert_close(u.double(), expected_shrink(step), rtol=1e-5, atol=1e-5)
@@ -28,9 +29,10 @@ def check_each_row_gets_its_own_adapter(products, dtype: torch.dtype) -> None:
     assert torch.equal(step.y[untouched], y_before[untouched])
 
 
-def check_a_whole_step_under_one_adapter(products) -> None:
+def check_a_whole_step_under_one_adapter(products,
+                                        table_dtype: torch.dtype = torch.float32) -> None:
     step = make_step(torch.float32, token_slots=(1,) * 9, padding=0, widths=(24, 7, 16, 0),
-                     part_starts=(0, 1100))  # one part: the whole table
+                     part_starts=(0, 1100), table_dtype=table_dtype)  # one part: the whole table
     u = products.shrink(step.x, step.a, step.widths, step.batch)
     torch.testing.assert_close(u.double(), expected_shrink(step), rtol=1e-5, atol=1e-5)
     expected = expected_expand(step, u)
@@ -38,11 +40,13 @@ def check_a_whole_step_under_one_adapter(products) -> None:
     torch.testing.assert_close(step.y.double(), expected, rtol=1e-5, atol=1e-5)
 
 
-def check_slots_with_many_rows(products, dtype: torch.dtype) -> None:
+def check_slots_with_many_rows(products, dtype: torch.dtype,
+                               table_dtype: torch.dtype = torch.float32) -> None:
     """A prompt chunk under one adapter beside decodes under others (the C++ ops run a slot
     with 32 rows or more as GEMMs, the rest in their row kernels)."""
     slots = (0,) * 20 + (2, -1, 2, 1, -1) + (0,) * 17
-    step = make_step(dtype, token_slots=slots, widths=(24, 8, 16, 0), part_starts=(0, 550, 1100))
+    step = make_step(dtype, token_slots=slots, widths=(24, 8, 16, 0), part_starts=(0, 550, 1100),
+                     table_dtype=table_dtype)
     u = products.shrink(step.x, step.a, step.widths, step.batch)
     torch.testing.assert_close(u.double(), expected_shrink(step), rtol=1e-5, atol=1e-5)
     y_before, expected = step.y.clone(), expected_expand(step, u)
@@ -54,11 +58,13 @@ def check_slots_with_many_rows(products, dtype: torch.dtype) -> None:
     assert torch.equal(step.y[untouched], y_before[untouched])
 
 
+@pytest.mark.parametrize("table_dtype", DTYPES, ids=lambda d: f"tables-{d}")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_cpu_ops(cpu_isa, dtype):
-    check_each_row_gets_its_own_adapter(CpuLoRAProducts(cpu_isa), dtype)
-    check_a_whole_step_under_one_adapter(CpuLoRAProducts(cpu_isa))
-    check_slots_with_many_rows(CpuLoRAProducts(cpu_isa), dtype)
+def test_cpu_ops(cpu_isa, dtype, table_dtype):
+    """Tables of either dtype (the reference reads the same, widened, table values)."""
+    check_each_row_gets_its_own_adapter(CpuLoRAProducts(cpu_isa), dtype, table_dtype)
+    check_a_whole_step_under_one_adapter(CpuLoRAProducts(cpu_isa), table_dtype)
+    check_slots_with_many_rows(CpuLoRAProducts(cpu_isa), dtype, table_dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -73,8 +79,8 @@ def test_bad_slots_and_tables_are_refused(cpu_isa):
     step = make_step(torch.float32, token_slots=(0, 4))
     with pytest.raises(RuntimeError, match=r"token_slots\[1\] = 4"):
         products.shrink(step.x, step.a, step.widths, step.batch)
-    step = make_step(torch.float32, table_dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="contiguous float32"):
+    step = make_step(torch.float32, table_dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="contiguous float32 or bfloat16"):
         products.shrink(step.x, step.a, step.widths, step.batch)
     step = make_step(torch.float32)
     u = products.shrink(step.x, step.a, step.widths, step.batch)

@@ -17,10 +17,10 @@ def make_adapter(base_folder: str, folder: str, rank: int, seed: int, **options)
     return folder
 
 
-def peft_model(base_folder: str, adapter_folder: str):
-    """transformers' model with the adapter applied by PEFT (the oracle), float32."""
+def peft_model(base_folder: str, adapter_folder: str, dtype: torch.dtype = torch.float32):
+    """transformers' model with the adapter applied by PEFT (the oracle), in ``dtype``."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(base_folder, dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(base_folder, dtype=dtype)
     return PeftModel.from_pretrained(base, adapter_folder).eval()

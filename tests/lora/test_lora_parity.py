@@ -8,7 +8,8 @@ import torch
 
 from paged_core import LLM, LoRARequest, SamplingParams
 
-from ..reference import hf_greedy, passage_token_ids
+from ..reference import assert_greedy_close, engine_top_logprobs, hf_greedy, \
+    hf_greedy_top_logprobs, passage_token_ids
 from ..tiny_models import build_tiny_model
 from .adapters import make_adapter, peft_model
 
@@ -82,6 +83,37 @@ def test_one_batch_mixing_adapters_and_the_base_matches_peft(base, adapters, pro
         pytest.skip("no C++ decoder stack on this device / CPU level (see cpu_decoder_stack)")
     check(llm, prompts, adapters, expected)
     assert llm.list_loras() == {1, 2, 3}
+
+
+@pytest.mark.parametrize("path", ["cpu_decoder_stack", "python_layers"])
+def test_bfloat16_adapters_are_close_to_peft_in_bfloat16(base, adapters, prompts, path):
+    """bfloat16 (the C++ ops' tables in bfloat16 too) against PEFT over transformers in
+    bfloat16, under the near-tie rule, in one batch mixing the adapters and the base."""
+    from transformers import AutoModelForCausalLM
+
+    top_k = 5
+    reference = {None: AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16).eval()}
+    reference.update({a.lora_int_id: peft_model(base, a.lora_path, torch.bfloat16)
+                      for a in adapters})
+    expected = {key: [hf_greedy_top_logprobs(model, p, NEW_TOKENS, top_k) for p in prompts]
+                for key, model in reference.items()}
+    llm = LLM(model=base, dtype="bfloat16", num_kv_blocks=96, enable_lora=True, max_loras=3,
+              max_lora_rank=16)
+    runner = llm.engine.core.executor.runner
+    if path == "python_layers":
+        runner.model.decoder_stack = None
+    elif runner.model.decoder_stack is None:
+        pytest.skip("no C++ decoder stack on this device / CPU level (see cpu_decoder_stack)")
+    for _, _, wrapper in runner.lora.wrappers:
+        wanted = torch.bfloat16 if wrapper.products.name == "cpu" else torch.float32
+        assert wrapper.a.dtype == wrapper.b_t.dtype == wanted
+    batch, loras = mixed(prompts, adapters)
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=top_k)
+    outputs = llm.generate(batch, params, use_tqdm=False, lora_request=loras)
+    for (prompt, lora), out in zip(zip(batch, loras), outputs):
+        tokens, tops = expected[None if lora is None else lora.lora_int_id][prompts.index(prompt)]
+        completion = out.outputs[0]
+        assert_greedy_close(completion.token_ids, engine_top_logprobs(completion), tokens, tops)
 
 
 def test_fewer_slots_than_adapters_take_turns(base, adapters, prompts, expected):

@@ -5,11 +5,13 @@
 //   lora_expand: y[t] = dtype(y[t] + sum_k u[t, k] b_t[s, k])   for k < w
 //
 // with s = token_slots[t] the row's adapter slot (-1: none, the row is left alone) and
-// w = widths[s] the columns its adapter uses (0: none). Tables are float32 and
-// contiguous: a [S, W, in] (lora/layers.py's LoRALinear.a), b_t [S, W, out] (its b_t, B
-// transposed so a row's expand is a sum of contiguous output rows). x and y are float32 or
-// bfloat16 rows (contiguous last dim); only the first T rows are read or written (the
-// step's padding rows past token_slots stay as they are). Each y element is rounded once.
+// w = widths[s] the columns its adapter uses (0: none). Tables are contiguous, float32 or
+// bfloat16 (LoRALinear's table dtype: the model's; widened to float32 as they are loaded, so
+// a bfloat16 table costs half the memory traffic and the same arithmetic): a [S, W, in]
+// (lora/layers.py's LoRALinear.a), b_t [S, W, out] (its b_t, B transposed so a row's expand
+// is a sum of contiguous output rows). x and y are float32 or bfloat16 rows (contiguous last
+// dim); only the first T rows are read or written (the step's padding rows past token_slots
+// stay as they are). Products sum in float32; each y element is rounded once.
 //
 // A fused projection's b_t is block-diagonal (LoRALinear stacks its parts, e.g. q, k and v):
 // part_starts (P + 1 output column boundaries) says so, and expand multiplies only part p's
@@ -17,9 +19,11 @@
 // rest of b_t being zero (one part: the whole table).
 //
 // A slot with few rows in the step (decodes under many adapters) runs in this file's row
-// kernels: its rows up to kRowsPerTask at a time, so every table row loaded from cache serves
-// them all; tasks (and, for expand, blocks of output columns) are shared out between threads
-// only when the step is big enough to pay for waking them. A slot with kGemmRows rows or more
+// kernels. A job is one chunk of the slot's table (kTableRowsPerJob rows of a for shrink,
+// kColumnsPerJob output columns of b_t for expand) against all of the slot's rows, taken
+// kRowsPerBlock at a time in registers: the chunk comes from memory once per step and stays
+// in cache while it serves every row. Jobs are shared out between threads only when the step
+// is big enough to pay for waking them. A slot with kGemmRows rows or more
 // (a prompt's chunk, a batch under one adapter) runs as one ATen GEMM pair over its gathered
 // rows instead, whose blocked GEMM is several times faster there.
 // Registered as torch.ops.paged_core_cpu_<level>.lora_shrink / lora_expand; decoder_stack.cpp
@@ -41,16 +45,16 @@ namespace {
 
 using paged_core_cpu::Elem;
 
-constexpr int kRowsPerTask = 4;
-constexpr int64_t kColumnsPerTask = 512;  // expand: output columns of one task
+constexpr int kRowsPerBlock = 4;  // rows whose sums sit in registers together
+constexpr int64_t kTableRowsPerJob = 16;  // shrink: rows of a in one job
+constexpr int64_t kColumnsPerJob = 512;  // expand: output columns of one job
 constexpr int64_t kMinParallelMacs = 1 << 18;  // below this a call stays on one thread
 constexpr size_t kGemmRows = 32;  // a slot with this many rows runs as ATen GEMMs
 
-// Up to kRowsPerTask rows of one slot.
-struct Task {
+// A slot's rows in the step (fewer than kGemmRows), for the row kernels.
+struct SlotRows {
   int64_t slot;
-  int rows;
-  int64_t row[kRowsPerTask];
+  std::vector<int64_t> rows;
 };
 
 // A slot's rows gathered for ATen GEMMs.
@@ -59,10 +63,10 @@ struct GemmSlot {
   at::Tensor rows;  // int64 row indices
 };
 
-// How a call runs: row-kernel tasks, and the slots with many rows as GEMMs (rows with no
-// adapter, and slots with no adapter, in neither).
+// How a call runs: slots with few rows in the row kernels, slots with many as GEMMs (rows
+// with no adapter, and slots with no adapter, in neither).
 struct Plan {
-  std::vector<Task> tasks;
+  std::vector<SlotRows> slots;
   std::vector<GemmSlot> gemms;
 };
 
@@ -84,18 +88,15 @@ Plan make_plan(const at::Tensor& token_slots, const std::vector<int64_t>& widths
       plan.gemms.push_back({s, at::from_blob(rows.data(), {n}, at::kLong).clone()});
       continue;
     }
-    for (size_t i = 0; i < rows.size(); i += kRowsPerTask) {
-      Task task{s, static_cast<int>(std::min<size_t>(kRowsPerTask, rows.size() - i)), {}};
-      for (int r = 0; r < task.rows; ++r) task.row[r] = rows[i + r];
-      plan.tasks.push_back(task);
-    }
+    if (!rows.empty()) plan.slots.push_back({s, std::move(rows)});
   }
   return plan;
 }
 
 void check_tables(const at::Tensor& table, const std::vector<int64_t>& widths, const char* name) {
-  TORCH_CHECK(table.dim() == 3 && table.scalar_type() == at::kFloat && table.is_contiguous(),
-              name, " must be a contiguous float32 [slots, width, features] table");
+  TORCH_CHECK(table.dim() == 3 && table.is_contiguous() &&
+                  (table.scalar_type() == at::kFloat || table.scalar_type() == at::kBFloat16),
+              name, " must be a contiguous float32 or bfloat16 [slots, width, features] table");
   TORCH_CHECK(static_cast<int64_t>(widths.size()) == table.size(0), "one width per slot of ",
               name);
   for (int64_t w : widths)
@@ -108,37 +109,6 @@ void check_rows(const at::Tensor& x, int64_t rows, int64_t features, const char*
               name, " must be [rows >= ", rows, ", ", features, "] with a contiguous last dim");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, name,
               " must be float32 or bfloat16");
-}
-
-// out[j * R + r] = dot(a[j * lda + 0:n], x[r][0:n]) for J table rows and R rows of x
-// (float32): every 8 lanes loaded serve J * R products.
-template <int J, int R>
-inline void dots(const float* a, int64_t lda, const float* const* x, int64_t n, float* out) {
-  int64_t i = 0;
-  for (int q = 0; q < J * R; ++q) out[q] = 0.f;
-#if PAGED_CORE_AVX2
-  __m256 acc[J][R];
-  for (int j = 0; j < J; ++j)
-    for (int r = 0; r < R; ++r) acc[j][r] = _mm256_setzero_ps();
-  for (; i + 8 <= n; i += 8) {
-    __m256 av[J];
-    for (int j = 0; j < J; ++j) av[j] = _mm256_loadu_ps(a + j * lda + i);
-    for (int r = 0; r < R; ++r) {
-      const __m256 xv = _mm256_loadu_ps(x[r] + i);
-      for (int j = 0; j < J; ++j) acc[j][r] = _mm256_fmadd_ps(av[j], xv, acc[j][r]);
-    }
-  }
-  for (int j = 0; j < J; ++j)
-    for (int r = 0; r < R; ++r) {
-      __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[j][r]), _mm256_extractf128_ps(acc[j][r], 1));
-      s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-      s = _mm_add_ss(s, _mm_movehdup_ps(s));
-      out[j * R + r] = _mm_cvtss_f32(s);
-    }
-#endif
-  for (; i < n; ++i)
-    for (int j = 0; j < J; ++j)
-      for (int r = 0; r < R; ++r) out[j * R + r] += a[j * lda + i] * x[r][i];
 }
 
 #if PAGED_CORE_AVX2
@@ -158,9 +128,42 @@ inline void store8_elems(uint16_t* p, __m256 v) {
 }
 #endif
 
-// y[r][0:n] = T(y[r][0:n] + sum_k u[r][k] * b[k * ld + 0:n]) for k < w, for R rows.
-template <int R, typename T>
-inline void add_combination(const float* b, int64_t ld, const float* const* u, int64_t w,
+// out[j * R + r] = dot(a[j * lda + 0:n], x[r][0:n]) for J table rows (float32 or bfloat16
+// TA) and R rows of x (float32): every 8 lanes loaded serve J * R products.
+template <int J, int R, typename TA>
+inline void dots(const TA* a, int64_t lda, const float* const* x, int64_t n, float* out) {
+  int64_t i = 0;
+  for (int q = 0; q < J * R; ++q) out[q] = 0.f;
+#if PAGED_CORE_AVX2
+  __m256 acc[J][R];
+  for (int j = 0; j < J; ++j)
+    for (int r = 0; r < R; ++r) acc[j][r] = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    __m256 av[J];
+    for (int j = 0; j < J; ++j) av[j] = load8_elems(a + j * lda + i);
+    for (int r = 0; r < R; ++r) {
+      const __m256 xv = _mm256_loadu_ps(x[r] + i);
+      for (int j = 0; j < J; ++j) acc[j][r] = _mm256_fmadd_ps(av[j], xv, acc[j][r]);
+    }
+  }
+  for (int j = 0; j < J; ++j)
+    for (int r = 0; r < R; ++r) {
+      __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[j][r]), _mm256_extractf128_ps(acc[j][r], 1));
+      s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+      s = _mm_add_ss(s, _mm_movehdup_ps(s));
+      out[j * R + r] = _mm_cvtss_f32(s);
+    }
+#endif
+  for (; i < n; ++i)
+    for (int j = 0; j < J; ++j)
+      for (int r = 0; r < R; ++r) out[j * R + r] += Elem<TA>::load(a[j * lda + i]) * x[r][i];
+}
+
+
+// y[r][0:n] = T(y[r][0:n] + sum_k u[r][k] * b[k * ld + 0:n]) for k < w, for R rows (b's
+// elements TB: float32 or bfloat16).
+template <int R, typename T, typename TB>
+inline void add_combination(const TB* b, int64_t ld, const float* const* u, int64_t w,
                             int64_t n, T* const* y) {
   int64_t o = 0;
 #if PAGED_CORE_AVX2
@@ -168,7 +171,7 @@ inline void add_combination(const float* b, int64_t ld, const float* const* u, i
     __m256 lo[R], hi[R];
     for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
     for (int64_t k = 0; k < w; ++k) {
-      const __m256 b0 = _mm256_loadu_ps(b + k * ld + o), b1 = _mm256_loadu_ps(b + k * ld + o + 8);
+      const __m256 b0 = load8_elems(b + k * ld + o), b1 = load8_elems(b + k * ld + o + 8);
       for (int r = 0; r < R; ++r) {
         const __m256 uk = _mm256_set1_ps(u[r][k]);
         lo[r] = _mm256_fmadd_ps(uk, b0, lo[r]);
@@ -184,7 +187,7 @@ inline void add_combination(const float* b, int64_t ld, const float* const* u, i
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t k = 0; k < w; ++k) {
-      const __m256 bv = _mm256_loadu_ps(b + k * ld + o);
+      const __m256 bv = load8_elems(b + k * ld + o);
       for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(u[r][k]), bv, acc[r]);
     }
     for (int r = 0; r < R; ++r)
@@ -194,15 +197,15 @@ inline void add_combination(const float* b, int64_t ld, const float* const* u, i
   for (; o < n; ++o)
     for (int r = 0; r < R; ++r) {
       float sum = 0.f;
-      for (int64_t k = 0; k < w; ++k) sum += u[r][k] * b[k * ld + o];
+      for (int64_t k = 0; k < w; ++k) sum += u[r][k] * Elem<TB>::load(b[k * ld + o]);
       y[r][o] = Elem<T>::store(Elem<T>::load(y[r][o]) + sum);
     }
 }
 
-// f<R>(args...) for a task's row count R (1 .. kRowsPerTask), with registers for R rows.
+// f<R>(args...) for a block's row count R (1 .. kRowsPerBlock), with registers for R rows.
 template <template <int> class F, typename... Args>
 inline void for_rows(int rows, Args&&... args) {
-  static_assert(kRowsPerTask == 4, "one case per row count");
+  static_assert(kRowsPerBlock == 4, "one case per row count");
   switch (rows) {
     case 1: return F<1>::run(args...);
     case 2: return F<2>::run(args...);
@@ -211,64 +214,83 @@ inline void for_rows(int rows, Args&&... args) {
   }
 }
 
-template <int J>
+template <int J, typename TA>
 struct Dots {
   template <int R>
   struct Rows {
-    static void run(const float* a, int64_t lda, const float* const* x, int64_t n, float* out) {
-      dots<J, R>(a, lda, x, n, out);
+    static void run(const TA* a, int64_t lda, const float* const* x, int64_t n, float* out) {
+      dots<J, R, TA>(a, lda, x, n, out);
     }
   };
 };
 
-template <typename T>
+template <typename T, typename TB>
 struct AddCombination {
   template <int R>
   struct Rows {
-    static void run(const float* b, int64_t ld, const float* const* u, int64_t w, int64_t n,
+    static void run(const TB* b, int64_t ld, const float* const* u, int64_t w, int64_t n,
                     T* const* y) {
-      add_combination<R, T>(b, ld, u, w, n, y);
+      add_combination<R, T, TB>(b, ld, u, w, n, y);
     }
   };
 };
 
-template <typename T>
+// Whether a tensor holds bfloat16 (as uint16_t bits) rather than float32.
+inline bool is_bf16(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16; }
+
+// A job of the row kernels: chunk `chunk` of slot entry `entry` of the plan.
+struct Job {
+  int64_t entry, chunk;
+};
+
+template <typename T, typename TA>
 void shrink_rows(const at::Tensor& x, const at::Tensor& a, const std::vector<int64_t>& widths,
-                 const std::vector<Task>& tasks, at::Tensor& u) {
+                 const std::vector<SlotRows>& slots, at::Tensor& u) {
   const int64_t in = a.size(2), W = a.size(1);
   const T* xp = reinterpret_cast<const T*>(x.const_data_ptr());
-  const float* ap = a.const_data_ptr<float>();
+  const TA* ap = reinterpret_cast<const TA*>(a.const_data_ptr());
   float* up = u.mutable_data_ptr<float>();
-  const int64_t macs = std::max<int64_t>(1, kRowsPerTask * in * W);
-  at::parallel_for(0, static_cast<int64_t>(tasks.size()), std::max<int64_t>(1, kMinParallelMacs / macs),
+  // Every row the jobs read, as float32 (widened once, here).
+  std::vector<std::vector<float>> widened(slots.size());
+  std::vector<Job> jobs;
+  for (size_t e = 0; e < slots.size(); ++e) {
+    widened[e].resize(slots[e].rows.size() * in);
+    for (size_t r = 0; r < slots[e].rows.size(); ++r) {
+      const T* src = xp + slots[e].rows[r] * x.stride(0);
+      for (int64_t j = 0; j < in; ++j) widened[e][r * in + j] = Elem<T>::load(src[j]);
+    }
+    const int64_t w = widths[slots[e].slot];
+    for (int64_t c = 0; c * kTableRowsPerJob < w; ++c) jobs.push_back({static_cast<int64_t>(e), c});
+  }
+  const int64_t macs = std::max<int64_t>(1, kRowsPerBlock * kTableRowsPerJob * in);
+  at::parallel_for(0, static_cast<int64_t>(jobs.size()), std::max<int64_t>(1, kMinParallelMacs / macs),
                    [&](int64_t begin, int64_t end) {
-    std::vector<float> widened(static_cast<size_t>(kRowsPerTask) * in);
-    const float* rows[kRowsPerTask];
-    float out[2 * kRowsPerTask];
+    const float* rows[kRowsPerBlock];
+    float out[2 * kRowsPerBlock];
     for (int64_t i = begin; i < end; ++i) {
-      const Task& task = tasks[i];
-      for (int r = 0; r < task.rows; ++r) {
-        const T* src = xp + task.row[r] * x.stride(0);
-        float* dst = widened.data() + r * in;
-        for (int64_t j = 0; j < in; ++j) dst[j] = Elem<T>::load(src[j]);
-        rows[r] = dst;
-      }
-      const float* slot_a = ap + task.slot * W * in;
-      const int64_t w = widths[task.slot];
-      for (int64_t k = 0; k < w; k += 2) {  // two table rows at a time, then the last one
-        if (k + 1 < w) {
-          for_rows<Dots<2>::template Rows>(task.rows, slot_a + k * in, in, rows, in, out);
-        } else {
-          for_rows<Dots<1>::template Rows>(task.rows, slot_a + k * in, in, rows, in, out);
+      const SlotRows& entry = slots[jobs[i].entry];
+      const int64_t num_rows = static_cast<int64_t>(entry.rows.size());
+      const TA* slot_a = ap + entry.slot * W * in;
+      const int64_t k_end = std::min(widths[entry.slot], (jobs[i].chunk + 1) * kTableRowsPerJob);
+      for (int64_t k = jobs[i].chunk * kTableRowsPerJob; k < k_end; k += 2) {
+        const int pair = static_cast<int>(std::min<int64_t>(2, k_end - k));
+        for (int64_t r0 = 0; r0 < num_rows; r0 += kRowsPerBlock) {  // table rows stay in L1
+          const int block = static_cast<int>(std::min<int64_t>(kRowsPerBlock, num_rows - r0));
+          for (int r = 0; r < block; ++r) rows[r] = widened[jobs[i].entry].data() + (r0 + r) * in;
+          if (pair == 2) {
+            for_rows<Dots<2, TA>::template Rows>(block, slot_a + k * in, in, rows, in, out);
+          } else {
+            for_rows<Dots<1, TA>::template Rows>(block, slot_a + k * in, in, rows, in, out);
+          }
+          for (int j = 0; j < pair; ++j)
+            for (int r = 0; r < block; ++r) up[entry.rows[r0 + r] * W + k + j] = out[j * block + r];
         }
-        for (int j = 0; j < std::min<int64_t>(2, w - k); ++j)
-          for (int r = 0; r < task.rows; ++r) up[task.row[r] * W + k + j] = out[j * task.rows + r];
       }
     }
   });
 }
 
-// Output columns [start, start + size) of part `part`: one expand job's share of a row task.
+// Output columns [start, start + size) of part `part`: one expand job of a slot.
 struct ColumnBlock {
   int64_t part, start, size;
 };
@@ -276,39 +298,43 @@ struct ColumnBlock {
 std::vector<ColumnBlock> column_blocks(const std::vector<int64_t>& part_starts) {
   std::vector<ColumnBlock> blocks;
   for (size_t p = 0; p + 1 < part_starts.size(); ++p)
-    for (int64_t c = part_starts[p]; c < part_starts[p + 1]; c += kColumnsPerTask)
-      blocks.push_back({static_cast<int64_t>(p), c, std::min(kColumnsPerTask, part_starts[p + 1] - c)});
+    for (int64_t c = part_starts[p]; c < part_starts[p + 1]; c += kColumnsPerJob)
+      blocks.push_back({static_cast<int64_t>(p), c, std::min(kColumnsPerJob, part_starts[p + 1] - c)});
   return blocks;
 }
 
-template <typename T>
+template <typename T, typename TB>
 void expand_rows(at::Tensor& y, const at::Tensor& u, const at::Tensor& b_t,
                  const std::vector<int64_t>& widths, const std::vector<int64_t>& part_starts,
-                 const std::vector<Task>& tasks) {
+                 const std::vector<SlotRows>& slots) {
   const int64_t out_features = b_t.size(2), W = b_t.size(1);
   const int64_t parts = static_cast<int64_t>(part_starts.size()) - 1;
   const std::vector<ColumnBlock> blocks = column_blocks(part_starts);
   const int64_t num_blocks = static_cast<int64_t>(blocks.size());
   T* yp = reinterpret_cast<T*>(y.mutable_data_ptr());
   const float* up = u.const_data_ptr<float>();
-  const float* bp = b_t.const_data_ptr<float>();
-  const int64_t macs = std::max<int64_t>(1, kRowsPerTask * kColumnsPerTask * W / parts);
-  const int64_t jobs = static_cast<int64_t>(tasks.size()) * num_blocks;
+  const TB* bp = reinterpret_cast<const TB*>(b_t.const_data_ptr());
+  const int64_t macs = std::max<int64_t>(1, kRowsPerBlock * kColumnsPerJob * W / parts);
+  const int64_t jobs = static_cast<int64_t>(slots.size()) * num_blocks;
   at::parallel_for(0, jobs, std::max<int64_t>(1, kMinParallelMacs / macs),
                    [&](int64_t begin, int64_t end) {
-    const float* u_rows[kRowsPerTask];
-    T* y_rows[kRowsPerTask];
+    const float* u_rows[kRowsPerBlock];
+    T* y_rows[kRowsPerBlock];
     for (int64_t job = begin; job < end; ++job) {
-      const Task& task = tasks[job / num_blocks];
+      const SlotRows& entry = slots[job / num_blocks];
       const ColumnBlock& block = blocks[job % num_blocks];
-      const int64_t rank = widths[task.slot] / parts, k0 = block.part * rank;
-      for (int r = 0; r < task.rows; ++r) {
-        u_rows[r] = up + task.row[r] * W + k0;
-        y_rows[r] = yp + task.row[r] * y.stride(0) + block.start;
+      const int64_t rank = widths[entry.slot] / parts, k0 = block.part * rank;
+      const int64_t num_rows = static_cast<int64_t>(entry.rows.size());
+      const TB* b = bp + (entry.slot * W + k0) * out_features + block.start;
+      for (int64_t r0 = 0; r0 < num_rows; r0 += kRowsPerBlock) {  // the b_t block stays in L2
+        const int rows = static_cast<int>(std::min<int64_t>(kRowsPerBlock, num_rows - r0));
+        for (int r = 0; r < rows; ++r) {
+          u_rows[r] = up + entry.rows[r0 + r] * W + k0;
+          y_rows[r] = yp + entry.rows[r0 + r] * y.stride(0) + block.start;
+        }
+        for_rows<AddCombination<T, TB>::template Rows>(rows, b, out_features, u_rows, rank,
+                                                       block.size, y_rows);
       }
-      for_rows<AddCombination<T>::template Rows>(
-          task.rows, bp + (task.slot * W + k0) * out_features + block.start, out_features,
-          u_rows, rank, block.size, y_rows);
     }
   });
 }
@@ -324,17 +350,17 @@ at::Tensor lora_shrink(const at::Tensor& x, const at::Tensor& a, const std::vect
               "token_slots must be a contiguous int64 [rows] tensor");
   check_tables(a, widths, "a");
   check_rows(x, token_slots.size(0), a.size(2), "x");
-  at::Tensor u = at::zeros({token_slots.size(0), a.size(1)}, a.options());
+  at::Tensor u = at::zeros({token_slots.size(0), a.size(1)}, a.options().dtype(at::kFloat));
   const Plan plan = make_plan(token_slots, widths);
-  if (x.scalar_type() == at::kFloat) {
-    shrink_rows<float>(x, a, widths, plan.tasks, u);
-  } else {
-    shrink_rows<uint16_t>(x, a, widths, plan.tasks, u);
-  }
+  if (!is_bf16(x) && !is_bf16(a)) shrink_rows<float, float>(x, a, widths, plan.slots, u);
+  if (!is_bf16(x) && is_bf16(a)) shrink_rows<float, uint16_t>(x, a, widths, plan.slots, u);
+  if (is_bf16(x) && !is_bf16(a)) shrink_rows<uint16_t, float>(x, a, widths, plan.slots, u);
+  if (is_bf16(x) && is_bf16(a)) shrink_rows<uint16_t, uint16_t>(x, a, widths, plan.slots, u);
   for (const GemmSlot& g : plan.gemms) {
     const int64_t w = widths[g.slot];
     const at::Tensor xs = x.index_select(0, g.rows).to(at::kFloat);
-    u.narrow(1, 0, w).index_copy_(0, g.rows, at::mm(xs, a[g.slot].narrow(0, 0, w).t()));
+    const at::Tensor slot_a = a[g.slot].narrow(0, 0, w).to(at::kFloat);
+    u.narrow(1, 0, w).index_copy_(0, g.rows, at::mm(xs, slot_a.t()));
   }
   return u;
 }
@@ -357,19 +383,22 @@ void lora_expand(at::Tensor& y, const at::Tensor& u, const at::Tensor& b_t,
               "u must be lora_shrink's contiguous float32 [rows, width]");
   check_rows(y, token_slots.size(0), b_t.size(2), "y");
   const Plan plan = make_plan(token_slots, widths);
-  if (y.scalar_type() == at::kFloat) {
-    expand_rows<float>(y, u, b_t, widths, part_starts, plan.tasks);
-  } else {
-    expand_rows<uint16_t>(y, u, b_t, widths, part_starts, plan.tasks);
-  }
+  if (!is_bf16(y) && !is_bf16(b_t))
+    expand_rows<float, float>(y, u, b_t, widths, part_starts, plan.slots);
+  if (!is_bf16(y) && is_bf16(b_t))
+    expand_rows<float, uint16_t>(y, u, b_t, widths, part_starts, plan.slots);
+  if (is_bf16(y) && !is_bf16(b_t))
+    expand_rows<uint16_t, float>(y, u, b_t, widths, part_starts, plan.slots);
+  if (is_bf16(y) && is_bf16(b_t))
+    expand_rows<uint16_t, uint16_t>(y, u, b_t, widths, part_starts, plan.slots);
   for (const GemmSlot& g : plan.gemms) {  // each y element rounded once, as above
     const int64_t rank = widths[g.slot] / parts;
     const at::Tensor us = u.index_select(0, g.rows);
     at::Tensor sum = y.index_select(0, g.rows).to(at::kFloat);
     for (int64_t p = 0; p < parts; ++p) {
       const int64_t c0 = part_starts[p], n = part_starts[p + 1] - c0;
-      sum.narrow(1, c0, n).add_(at::mm(us.narrow(1, p * rank, rank),
-                                       b_t[g.slot].narrow(0, p * rank, rank).narrow(1, c0, n)));
+      const at::Tensor block = b_t[g.slot].narrow(0, p * rank, rank).narrow(1, c0, n);
+      sum.narrow(1, c0, n).add_(at::mm(us.narrow(1, p * rank, rank), block.to(at::kFloat)));
     }
     y.index_copy_(0, g.rows, sum.to(y.scalar_type()));
   }
