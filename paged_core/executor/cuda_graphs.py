@@ -145,7 +145,7 @@ class StepGraphs:
             self.query_start_loc.copy_(torch.arange(self.query_start_loc.shape[0],
                                                     dtype=torch.int32))
 
-    def _graph_for(self, packed: PackedBatch) -> tuple[bool, int] | None:
+    def graph_for(self, packed: PackedBatch) -> tuple[bool, int] | None:
         """The key of the graph that runs ``packed``, or None (it runs eagerly)."""
         if packed.block_tables.shape[1] > self.block_tables.shape[1]:
             return None
@@ -157,14 +157,14 @@ class StepGraphs:
         rows = next(s for s in self.mixed_sizes if s >= packed.num_tokens)
         return (True, rows) if packed.num_seqs <= self._mixed_seqs(rows) else None
 
-    def fits(self, packed: PackedBatch) -> bool:
-        """Whether a captured graph can run ``packed``."""
-        return self._graph_for(packed) is not None
-
-    def run(self, packed: PackedBatch) -> torch.Tensor:
-        """Replay the graph for ``packed`` (``fits`` holds); returns the hidden states of its
-        ``num_tokens`` rows (a view of the graph's output: read it before the next replay)."""
-        mixed, rows = self._graph_for(packed)
+    def run(self, packed: PackedBatch) -> torch.Tensor | None:
+        """Replay the graph for ``packed``; returns the hidden states of its ``num_tokens`` rows
+        (a view of the graph's output: read it before the next replay), or None when no graph
+        holds the step (the caller runs it eagerly)."""
+        key = self.graph_for(packed)
+        if key is None:
+            return None
+        mixed, rows = key
         n, s = packed.num_tokens, packed.num_seqs
         seqs = self._mixed_seqs(rows) if mixed else rows
         device = self.input_ids.device

@@ -80,9 +80,8 @@ class ModelRunner:
                                      torch.tensor(dst, device=self.device))
         if self.lora is not None:
             self.lora.prepare(packed)
-        if self.cuda_graphs is not None and self.cuda_graphs.fits(packed):
-            hidden = self.cuda_graphs.run(packed)
-        else:
+        hidden = None if self.cuda_graphs is None else self.cuda_graphs.run(packed)
+        if hidden is None:
             input_ids, rope_rows, meta = self._device_inputs(packed)  # positions: rotary's
             hidden = self.model(input_ids, rope_rows, self.kv_caches, meta, self.backend)
         logits = self.model.compute_logits(hidden[self._to_device(packed.logits_indices)])

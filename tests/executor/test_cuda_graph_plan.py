@@ -52,21 +52,21 @@ def _graphs(tmp_path, tokenizer, max_mixed_tokens: int) -> StepGraphs:
 def test_decode_only_graphs_serve_decode_steps_that_fit_and_nothing_else(tmp_path, tokenizer):
     graphs = _graphs(tmp_path, tokenizer, max_mixed_tokens=0)
     assert graphs.sizes == [1, 2, 4] and graphs.mixed_sizes == []
-    assert graphs.fits(_step([1, 1, 1]))
-    assert not graphs.fits(_step([1, 3]))  # a chunk of prefill
-    assert not graphs.fits(_step([1] * 5))  # more sequences than the largest graph
-    assert not graphs.fits(_step([1], context=200))  # a wider block table than captured
+    assert graphs.graph_for(_step([1, 1, 1])) == (False, 4)
+    assert graphs.graph_for(_step([1, 3])) is None  # a chunk of prefill
+    assert graphs.graph_for(_step([1] * 5)) is None  # more sequences than the largest graph
+    assert graphs.graph_for(_step([1], context=200)) is None  # a wider block table than captured
 
 
 def test_full_graphs_also_serve_prefill_chunks_beside_decodes(tmp_path, tokenizer):
     graphs = _graphs(tmp_path, tokenizer, max_mixed_tokens=20)
     assert graphs.mixed_sizes == [2, 4, 8, 16, 24]
-    assert graphs._graph_for(_step([1, 1, 1])) == (False, 4)  # decode: its own graphs
-    assert graphs._graph_for(_step([1, 3])) == (True, 4)
-    assert graphs._graph_for(_step([1, 1, 1, 17])) == (True, 24)  # 20 tokens, 4 sequences
-    assert not graphs.fits(_step([1, 24]))  # more tokens than the largest graph
-    assert not graphs.fits(_step([1, 1, 1, 1, 3]))  # more sequences than max_num_seqs
-    assert not graphs.fits(_step([2], context=200))  # a wider block table than captured
+    assert graphs.graph_for(_step([1, 1, 1])) == (False, 4)  # decode: its own graphs
+    assert graphs.graph_for(_step([1, 3])) == (True, 4)
+    assert graphs.graph_for(_step([1, 1, 1, 17])) == (True, 24)  # 20 tokens, 4 sequences
+    assert graphs.graph_for(_step([1, 24])) is None  # more tokens than the largest graph
+    assert graphs.graph_for(_step([1, 1, 1, 1, 3])) is None  # more sequences than max_num_seqs
+    assert graphs.graph_for(_step([2], context=200)) is None  # a wider block table than captured
     # the buffers hold the largest step of either kind
     assert graphs.input_ids.shape[0] == 24 and graphs.query_start_loc.shape[0] == 5
 
