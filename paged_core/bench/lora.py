@@ -7,8 +7,10 @@ adapter ``i % k`` for ``k`` = 0 (LoRA on, every request on the base), 1, 4 and 8
 adapters, each at rank 8 and at rank 64 (adapters over every attention and MLP projection,
 made with PEFT). The cost of ``k`` adapters is ``1 - tok/s(k) / tok/s(base alone)``.
 Each case runs after a warm-up, with the prefix cache reset between cases; ``--repeats R``
-runs R rounds (the base alone, then every case), and each case's cost is the median over
-rounds of its cost against the same round's base alone.
+runs R rounds, each the base alone, every case (in reverse order on odd rounds), then the
+base alone again: a case's cost in a round is against the mean of that round's two runs of
+the base alone (so a machine drifting during a round weighs on no case more than another),
+and its reported cost is the median over rounds.
 """
 from __future__ import annotations
 
@@ -55,8 +57,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             engines[rank] = (make_engine(args.dtype, enable_lora=True, max_loras=max(counts),
                                          max_lora_rank=rank),
                              [LoRARequest(f"r{rank}-{i}", i + 1, f) for i, f in enumerate(folders)])
-        rounds = [_one_round(base_engine, engines, counts, requests) for _ in range(repeats)]
+        rounds = [_one_round(base_engine, engines, counts, requests, reverse=index % 2 == 1)
+                  for index in range(repeats)]
     results["base_alone"] = statistics.median(r["base_alone"] for r in rounds)
+    results["base_alone_runs_per_round"] = [r["base_alone_runs"] for r in rounds]
     results["base_alone_per_round"] = [r["base_alone"] for r in rounds]
     results["cases"] = [
         {"rank": rank, "adapters": count,
@@ -69,14 +73,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def _one_round(base_engine, engines, counts, requests) -> dict[str, Any]:
-    """The base alone, then every (rank, adapter count) case, one after another."""
+def _one_round(base_engine, engines, counts, requests, reverse: bool) -> dict[str, Any]:
+    """The base alone, every (rank, adapter count) case one after another (last to first if
+    ``reverse``), the base alone again; ``base_alone`` is the mean of its two runs."""
     n = len(requests)
-    result = {"base_alone": _tok_per_s(base_engine, requests, [None] * n), "cases": {}}
-    for rank, (engine, adapters) in engines.items():
-        for count in counts:
-            loras = [adapters[i % count] if count else None for i in range(n)]
-            result["cases"][rank, count] = _tok_per_s(engine, requests, loras)
+    cases = [(rank, count) for rank in engines for count in counts]
+    before = _tok_per_s(base_engine, requests, [None] * n)
+    result = {"cases": {}}
+    for rank, count in reversed(cases) if reverse else cases:
+        engine, adapters = engines[rank]
+        loras = [adapters[i % count] if count else None for i in range(n)]
+        result["cases"][rank, count] = _tok_per_s(engine, requests, loras)
+    after = _tok_per_s(base_engine, requests, [None] * n)
+    result["base_alone_runs"] = [before, after]
+    result["base_alone"] = (before + after) / 2
     return result
 
 

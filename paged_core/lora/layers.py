@@ -92,9 +92,11 @@ class LoRALinear(nn.Module):
         y = self.base(x)
         if self.batch.token_slots is None:  # no row of this step runs an adapter
             return y
+        if not self.row_parallel:
+            self.products.apply(y, x, self.a, self.b_t, self.widths, self.part_starts, self.batch)
+            return y
         shrunk = self.products.shrink(x, self.a, self.widths, self.batch)
-        if self.row_parallel:
-            self.tp.all_reduce(shrunk)
+        self.tp.all_reduce(shrunk)  # this rank's partial sums, before every rank expands
         self.products.expand(y, shrunk, self.b_t, self.widths, self.part_starts, self.batch)
         return y
 

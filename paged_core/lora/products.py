@@ -6,9 +6,12 @@
 - ``expand(y, u, b_t, widths, part_starts, batch)``: ``y[t] = dtype(y[t] + u[t, :w] @ b_t[s, :w])``
   in place,
 
+- ``apply(y, x, a, b_t, widths, part_starts, batch)``: both, with the bits of ``shrink`` then
+  ``expand`` (the C++ ops keep each row group's ``u`` to themselves and wake threads once),
+
 where ``s`` is row ``t``'s slot in ``batch.token_slots`` (-1: none), ``w = widths.values[s]`` and
-``T = len(batch.token_slots)`` (padding rows past it are left alone). Between the two a
-row-parallel projection all-reduces ``u`` (``LoRALinear``). ``b_t`` of a fused projection is
+``T = len(batch.token_slots)`` (padding rows past it are left alone). Between shrink and expand
+a row-parallel projection all-reduces ``u`` (``LoRALinear``); every other projection applies. ``b_t`` of a fused projection is
 block-diagonal (``layers``): ``part_starts`` (its parts' output column boundaries, ``P + 1`` of
 them) lets the C++ ops multiply only part ``p``'s rows ``[p w/P, (p+1) w/P)`` by its columns;
 the others multiply the whole table, zeros included (the same sums).
@@ -50,7 +53,15 @@ class LoRABatch:
     token_slots: torch.Tensor | None = None
 
 
-class TorchLoRAProducts:
+class ShrinkThenExpand:
+    """``apply`` as ``shrink`` then ``expand``, for implementations with no fused one."""
+
+    def apply(self, y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b_t: torch.Tensor,
+              widths: SlotWidths, part_starts: list[int], batch: LoRABatch) -> None:
+        self.expand(y, self.shrink(x, a, widths, batch), b_t, widths, part_starts, batch)
+
+
+class TorchLoRAProducts(ShrinkThenExpand):
     name = "torch"
 
     @staticmethod
@@ -101,8 +112,12 @@ class CpuLoRAProducts:
                part_starts: list[int], batch: LoRABatch) -> None:
         self._ops.lora_expand(y, u, b_t, widths.values, part_starts, batch.token_slots)
 
+    def apply(self, y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b_t: torch.Tensor,
+              widths: SlotWidths, part_starts: list[int], batch: LoRABatch) -> None:
+        self._ops.lora_apply(y, x, a, b_t, widths.values, part_starts, batch.token_slots)
 
-class TritonLoRAProducts:
+
+class TritonLoRAProducts(ShrinkThenExpand):
     """The Triton kernels of ``paged_core.kernels.lora`` (CUDA; on CPU only in Triton's
     interpreter, for tests)."""
 

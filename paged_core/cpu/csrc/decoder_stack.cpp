@@ -16,8 +16,8 @@
 //   return hidden
 //
 // With LoRA adapters (set_lora: the slot tables of lora/layers.py's LoRALinear, shared, not
-// copied), every projection adds each row's adapter product with the very calls
-// LoRALinear.forward makes on a CPU (lora_products.cpp's lora_shrink, then lora_expand).
+// copied), every projection adds each row's adapter product with the very call
+// LoRALinear.forward makes on a CPU (lora_products.cpp's lora_apply).
 //
 // Each step is the very kernel the Python path (models/llama.py with the fused CPU ops,
 // the torch attention backend and cpu_linear's PackedLinear, Bf16DotLinear or F.linear)
@@ -69,9 +69,8 @@ struct Projection {
   at::Tensor operator()(const at::Tensor& x, const at::Tensor& lora_token_slots) const {
     at::Tensor y = base(x);
     if (!lora || !lora_token_slots.defined()) return y;
-    const at::Tensor u = paged_core_cpu::lora_shrink(x, lora->a, lora->width, lora_token_slots);
-    paged_core_cpu::lora_expand(y, u, lora->b_t, lora->width, lora->part_starts,
-                                lora_token_slots);
+    paged_core_cpu::lora_apply(y, x, lora->a, lora->b_t, lora->width, lora->part_starts,
+                               lora_token_slots);
     return y;
   }
 
