@@ -33,7 +33,7 @@ RANKS = (8, 64)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=1,
-                        help="rounds, each running the base alone then every case")
+                        help="rounds, each the base alone, every case, the base alone again")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         {"rank": rank, "adapters": count,
          "tok_per_s": statistics.median(r["cases"][rank, count] for r in rounds),
          "tok_per_s_per_round": [r["cases"][rank, count] for r in rounds],
-         # each round's case against the same round's base alone, then the median
+         # each round's case against that round's mean base alone, then the median
          "cost": statistics.median(1 - r["cases"][rank, count] / r["base_alone"]
                                    for r in rounds)}
         for rank in engines for count in counts]

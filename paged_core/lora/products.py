@@ -10,11 +10,12 @@
   ``expand`` (the C++ ops keep each row group's ``u`` to themselves and wake threads once),
 
 where ``s`` is row ``t``'s slot in ``batch.token_slots`` (-1: none), ``w = widths.values[s]`` and
-``T = len(batch.token_slots)`` (padding rows past it are left alone). Between shrink and expand
-a row-parallel projection all-reduces ``u`` (``LoRALinear``); every other projection applies. ``b_t`` of a fused projection is
-block-diagonal (``layers``): ``part_starts`` (its parts' output column boundaries, ``P + 1`` of
-them) lets the C++ ops multiply only part ``p``'s rows ``[p w/P, (p+1) w/P)`` by its columns;
-the others multiply the whole table, zeros included (the same sums).
+``T = len(batch.token_slots)`` (padding rows past it are left alone). Between shrink and
+expand a row-parallel projection all-reduces ``u`` (``LoRALinear``); every other projection
+calls ``apply``. ``b_t`` of a fused projection is block-diagonal (``layers``): ``part_starts``
+(its parts' output column boundaries, ``P + 1`` of them) lets the C++ ops multiply only part
+``p``'s rows ``[p w/P, (p+1) w/P)`` by its columns; the others multiply the whole table, zeros
+included (the same sums).
 
 Each implementation names the dtype it wants the tables in (``table_dtype``).
 ``CpuLoRAProducts`` runs the C++ ops of one CPU kernel build (``cpu/csrc/lora_products.cpp``;

@@ -164,7 +164,6 @@ inline void dots(const TA* a, int64_t lda, const float* const* x, int64_t n, flo
       for (int r = 0; r < R; ++r) out[j * R + r] += Elem<TA>::load(a[j * lda + i]) * x[r][i];
 }
 
-
 // y[r][0:n] = T(y[r][0:n] + sum_k u[r][k] * b[k * ld + 0:n]) for k < w, for R rows (b's
 // elements TB: float32 or bfloat16).
 template <int R, typename T, typename TB>
@@ -294,7 +293,8 @@ RowJobs row_jobs(const std::vector<SlotRows>& slots, const std::vector<int64_t>&
   }
   std::vector<size_t> order(jobs.groups.size());
   std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](size_t i, size_t j) { return cost[i] > cost[j]; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t i, size_t j) { return cost[i] > cost[j]; });
   jobs.by_thread.assign(std::max<size_t>(1, std::min<size_t>(threads, order.size())), {});
   std::vector<int64_t> load(jobs.by_thread.size(), 0);
   for (size_t g : order) {
@@ -312,7 +312,8 @@ void run_jobs(const RowJobs& jobs, const Job& job) {
     for (size_t g : jobs.by_thread[0]) job(jobs.groups[g]);
     return;
   }
-  at::parallel_for(0, static_cast<int64_t>(jobs.by_thread.size()), 1, [&](int64_t begin, int64_t end) {
+  const int64_t threads = static_cast<int64_t>(jobs.by_thread.size());
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
       for (size_t g : jobs.by_thread[t]) job(jobs.groups[g]);
   });
@@ -373,7 +374,8 @@ void expand_group(T* y, int64_t ldy, const TB* b_t, int64_t out, int64_t w,
 
 // A GEMM slot's u rows: float32 [n, w] (ATen's blocked GEMM).
 at::Tensor gemm_shrink(const at::Tensor& x, const at::Tensor& a, int64_t w, const GemmSlot& g) {
-  return at::mm(x.index_select(0, g.rows).to(at::kFloat), a[g.slot].narrow(0, 0, w).to(at::kFloat).t());
+  const at::Tensor rows = x.index_select(0, g.rows).to(at::kFloat);
+  return at::mm(rows, a[g.slot].narrow(0, 0, w).to(at::kFloat).t());
 }
 
 // y[g.rows] = dtype(y[g.rows] + us . b_t[g.slot]) part by part (us: contiguous float32 [n, w]);
@@ -407,8 +409,10 @@ void check_expand_tables(const at::Tensor& b_t, const std::vector<int64_t>& widt
     TORCH_CHECK(w % parts == 0, "a width of ", w, " is not a multiple of the ", parts, " parts");
 }
 
-// Output columns per table column of an expand: a part's (its columns times its w / P rows).
-int64_t expand_columns_per_table_column(const at::Tensor& b_t, const std::vector<int64_t>& part_starts) {
+// An expand's multiply-adds per row and table column, on average over the parts: each of a
+// part's w / P table rows meets that part's columns, out / P of them per part on average.
+int64_t expand_macs_per_table_column(const at::Tensor& b_t,
+                                     const std::vector<int64_t>& part_starts) {
   return b_t.size(2) / (static_cast<int64_t>(part_starts.size()) - 1);
 }
 
@@ -455,7 +459,8 @@ void lora_expand(at::Tensor& y, const at::Tensor& u, const at::Tensor& b_t,
   check_rows(y, token_slots.size(0), b_t.size(2), "y");
   const int64_t W = b_t.size(1), out = b_t.size(2);
   const Plan plan = make_plan(token_slots, widths);
-  const RowJobs jobs = row_jobs(plan.slots, widths, expand_columns_per_table_column(b_t, part_starts));
+  const RowJobs jobs =
+      row_jobs(plan.slots, widths, expand_macs_per_table_column(b_t, part_starts));
   const float* up = u.const_data_ptr<float>();
   with_types(is_bf16(y), is_bf16(b_t), [&](auto row_type, auto table_type) {
     using T = decltype(row_type);
@@ -490,7 +495,7 @@ void lora_apply(at::Tensor& y, const at::Tensor& x, const at::Tensor& a, const a
   const int64_t W = a.size(1), in = a.size(2), out = b_t.size(2);
   const Plan plan = make_plan(token_slots, widths);
   const RowJobs jobs =
-      row_jobs(plan.slots, widths, in + expand_columns_per_table_column(b_t, part_starts));
+      row_jobs(plan.slots, widths, in + expand_macs_per_table_column(b_t, part_starts));
   with_types(is_bf16(x), is_bf16(a), [&](auto row_type, auto table_type) {
     using T = decltype(row_type);
     using TT = decltype(table_type);
