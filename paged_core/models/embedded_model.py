@@ -64,7 +64,9 @@ def _refuse_unread_weights(filename: str, model_type: str, loading: dict) -> Non
 
 
 def _convert_gguf(gguf_path: str, target: str) -> None:
-    """Dequantize through transformers and save as float32 safetensors + tokenizer, atomically."""
+    """Dequantize through transformers and save as float32 safetensors + tokenizer, atomically:
+    the folder appears whole or not at all, and when several processes convert at once the first
+    rename wins and the others drop their copies."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -84,6 +86,11 @@ def _convert_gguf(gguf_path: str, target: str) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        # Another process converting the same file at once renamed its folder first: keep that.
+        if not os.path.exists(os.path.join(target, "config.json")):
+            raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

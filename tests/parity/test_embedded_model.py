@@ -29,3 +29,17 @@ def test_bad_model_reference_is_refused(tmp_path):
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(ValueError, match="neither a Hugging Face folder"):
         resolve_model_folder(str(tmp_path / "notes.txt"))
+
+
+def test_processes_converting_at_once_keep_the_first_folder(tmp_path, monkeypatch):
+    """Two processes finding no conversion both convert; the second's rename meets the first's
+    whole folder (what xdist workers on a fresh cache did): it keeps that folder, drops its own
+    copy and raises nothing."""
+    monkeypatch.setenv("PAGED_CORE_CACHE_DIR", str(tmp_path))
+    gguf = embedded_model.embedded_gguf_path()
+    first = embedded_model.converted_folder_for(gguf)
+    weights = os.path.join(first, "model.safetensors")
+    written = os.stat(weights).st_mtime_ns
+    embedded_model._convert_gguf(gguf, first)  # the slower process, arriving second
+    assert os.stat(weights).st_mtime_ns == written
+    assert sorted(os.listdir(os.path.dirname(first))) == [os.path.basename(first)]
