@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ..cpu.isa import packed_linear_dtype
+from ..cpu.isa import packed_linear_dtype, selected_bf16_linear
 from ..models.cpu_linear import bf16_dot_applies, packed_linear
 from .attention_cases import ModelShape
 
@@ -38,11 +38,13 @@ def memory_bandwidth(num_bytes: int, passes: int) -> dict[str, float]:
 
 def linear_kind(dtype: torch.dtype, cpu_isa: str) -> str:
     """Which linear a ``dtype`` model uses at ``cpu_isa``: ``F.linear``, ``packed <dtype>``
-    (oneDNN) or ``bf16_dot`` (``Bf16DotLinear``)."""
+    (oneDNN), ``bf16_dot`` or ``amx`` (``Bf16DotLinear``, with AMX tiles for many rows)."""
     compute = packed_linear_dtype(torch.device("cpu"), dtype, cpu_isa)
     if compute is None:
         return "F.linear"
-    return "bf16_dot" if bf16_dot_applies(compute) else f"packed {str(compute).removeprefix('torch.')}"
+    if bf16_dot_applies(compute):
+        return selected_bf16_linear()
+    return f"packed {str(compute).removeprefix('torch.')}"
 
 
 def linear_flops(shape: ModelShape, rows: int) -> int:

@@ -18,9 +18,10 @@ machine takes. Asking for a level the CPU lacks is an error naming the setting a
 missing flags, never a crash on an illegal instruction.
 
 The bfloat16 linears of the ``avx512_bf16`` level run paged-core's own ``vdpbf16ps``
-kernel (``bf16_dot``, ``models/bf16_dot_linear.py``) or oneDNN's bfloat16 GEMM
-(``onednn``), which uses AMX tiles where the CPU has them: ``PAGED_CORE_CPU_LINEAR``
-(``auto``: ``onednn`` on CPUs with AMX-BF16, else ``bf16_dot``) picks one.
+kernel (``bf16_dot``, ``models/bf16_dot_linear.py``), the same kernel with AMX tiles for
+calls of many rows (``amx``: CPUs with AMX-BF16 only) or oneDNN's bfloat16 GEMM
+(``onednn``): ``PAGED_CORE_CPU_LINEAR`` (``auto``: ``amx`` on CPUs with AMX-BF16, else
+``bf16_dot``) picks one.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ _LEVEL_FLAGS = {
 
 SETTING = "PAGED_CORE_CPU_ISA"
 LINEAR_SETTING = "PAGED_CORE_CPU_LINEAR"
-BF16_LINEAR_KERNELS = ("bf16_dot", "onednn")
+BF16_LINEAR_KERNELS = ("bf16_dot", "amx", "onednn")
 
 
 @functools.lru_cache(maxsize=None)
@@ -102,14 +103,23 @@ def packed_linear_dtype(device: torch.device, dtype: torch.dtype,
     return dtype if level == "avx512_bf16" and dtype == torch.bfloat16 else torch.float32
 
 
+def has_amx_bf16() -> bool:
+    """True if this CPU has AMX-BF16 tiles (Sapphire Rapids and later)."""
+    return _capabilities().get("amx_bf16") is True
+
+
 def selected_bf16_linear() -> str:
     """The kernel of the ``avx512_bf16`` level's bfloat16 linears (see the module doc):
-    ``PAGED_CORE_CPU_LINEAR`` if set (not ``auto``), else ``onednn`` on CPUs with AMX-BF16 and
-    ``bf16_dot`` on the others. Read on every call; raises ``ValueError`` for an unknown value."""
+    ``PAGED_CORE_CPU_LINEAR`` if set (not ``auto``), else ``amx`` on CPUs with AMX-BF16 and
+    ``bf16_dot`` on the others. Read on every call; raises ``ValueError`` for an unknown value
+    or ``amx`` on a CPU without AMX-BF16."""
     raw = os.environ.get(LINEAR_SETTING, "").strip().lower()
     if raw in ("", "auto"):
-        return "onednn" if _capabilities().get("amx_bf16") is True else "bf16_dot"
+        return "amx" if has_amx_bf16() else "bf16_dot"
     if raw not in BF16_LINEAR_KERNELS:
         raise ValueError(f"{LINEAR_SETTING}={raw!r} is not a bfloat16 linear kernel; choose auto "
                          f"or one of {', '.join(BF16_LINEAR_KERNELS)}")
+    if raw == "amx" and not has_amx_bf16():
+        raise ValueError(f"{LINEAR_SETTING}=amx: this CPU lacks amx_bf16; choose auto, bf16_dot "
+                         "or onednn")
     return raw

@@ -6,6 +6,11 @@ place of oneDNN's packed linear (``cpu_linear.PackedLinear``): on the 2-core
 AVX512-BF16 EPYC it streamed the weights of decode-sized batches (1-64 rows) 1.3-1.6x
 faster and matched oneDNN at prefill sizes. Each row is summed in one fixed order
 whatever the batch, so a row's result never depends on the rows beside it.
+
+On CPUs with AMX-BF16 (``PAGED_CORE_CPU_LINEAR=amx``, the default there) calls of
+``AMX_MIN_ROWS`` rows or more run on AMX tiles (``bf16_amx_linear.cpp``), which read the same
+packed weight: prefill-sized products at AMX's rate, decode-sized ones streamed by
+``vdpbf16ps``, with one copy of the weights.
 """
 from __future__ import annotations
 
@@ -17,15 +22,20 @@ class Bf16DotLinear(nn.Module):
     """``y = x @ W.T + b`` for bfloat16 ``x`` with ``W`` packed by ``pack_bf16_dot_weight``
     (inference only; the weight's in_features must be even).
 
-    ``packed_weight`` is ``[ceil(out / 32), in / 2, 32, 2]`` bfloat16; ``bias`` is bfloat16."""
+    ``packed_weight`` is ``[ceil(out / 32), in / 2, 32, 2]`` bfloat16; ``bias`` is bfloat16.
+    Calls of at least ``amx_min_rows`` rows (0: none) run on AMX tiles over the same packed
+    weight where the CPU has AMX-BF16 and in_features is a multiple of 32; a row's bits then
+    differ in the last places from a ``vdpbf16ps`` call's, and depend on nothing else."""
 
     compute_dtype = torch.bfloat16
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                 amx_min_rows: int = 0) -> None:
         super().__init__()
         from ..cpu.extension import cpu_ops
 
         self._ops = cpu_ops("avx512_bf16")
+        self.amx_min_rows = amx_min_rows
         self.out_features, self.in_features = weight.shape
         self.packed_weight = self._ops.pack_bf16_dot_weight(weight.detach().to(torch.bfloat16))
         self.bias = None if bias is None else bias.detach().to(torch.bfloat16)
@@ -36,4 +46,5 @@ class Bf16DotLinear(nn.Module):
         return weight.dim() == 2 and weight.shape[1] % 2 == 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._ops.bf16_dot_linear(x, self.packed_weight, self.out_features, self.bias)
+        return self._ops.bf16_dot_linear(x, self.packed_weight, self.out_features, self.bias,
+                                         self.amx_min_rows)

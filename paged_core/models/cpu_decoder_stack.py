@@ -56,6 +56,7 @@ class CpuDecoderStack:
                 *_weight_and_bias(mlp.gate_up_proj), *_weight_and_bias(mlp.down_proj),
                 [_bf16_dot_out_features(p) for p in
                  (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)],
+                _amx_min_rows((attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)),
                 attn.sliding_window or 0)
         self.lora_batch = None  # the LoRA runtime's LoRABatch (this step's rows per slot)
 
@@ -115,6 +116,12 @@ def _weight_and_bias(projection: nn.Module) -> tuple[torch.Tensor, torch.Tensor 
 def _bf16_dot_out_features(projection: nn.Module) -> int:
     """What the C++ stack needs to run a ``Bf16DotLinear``: its out_features (else 0)."""
     return projection.out_features if isinstance(projection, Bf16DotLinear) else 0
+
+
+def _amx_min_rows(projections: tuple[nn.Module, ...]) -> int:
+    """The ``amx_min_rows`` of the layer's ``Bf16DotLinear`` projections (0 without any; one
+    load gives every projection the same)."""
+    return next((p.amx_min_rows for p in projections if isinstance(p, Bf16DotLinear)), 0)
 
 
 # The projections of a layer, in the C++ stack's order.

@@ -56,19 +56,35 @@ def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None,
     """The fastest prepacked linear computing ``x @ weight.T + bias`` in ``compute_dtype``:
     ``Bf16DotLinear`` where ``bf16_dot_applies`` and the weight fits, else ``PackedLinear``."""
     if bf16_dot_applies(compute_dtype) and Bf16DotLinear.fits(weight):
-        return Bf16DotLinear(weight, bias)
+        return Bf16DotLinear(weight, bias, bf16_amx_min_rows())
     return PackedLinear(weight, bias, compute_dtype)
 
 
 def bf16_dot_applies(compute_dtype: torch.dtype) -> bool:
     """True if linears computing in ``compute_dtype`` take ``Bf16DotLinear``: bfloat16, that
-    kernel selected (``cpu_isa.selected_bf16_linear``) and the ``avx512_bf16`` kernels built
-    (a CPU with AVX512-BF16)."""
+    kernel selected (``bf16_dot`` or ``amx``: ``cpu_isa.selected_bf16_linear``) and the
+    ``avx512_bf16`` kernels built (a CPU with AVX512-BF16)."""
     from ..cpu.extension import cpu_extension_available
     from ..cpu.isa import selected_bf16_linear
 
-    return (compute_dtype == torch.bfloat16 and selected_bf16_linear() == "bf16_dot"
+    return (compute_dtype == torch.bfloat16 and selected_bf16_linear() in ("bf16_dot", "amx")
             and cpu_extension_available("avx512_bf16"))
+
+
+def bf16_amx_min_rows() -> int:
+    """``Bf16DotLinear``'s ``amx_min_rows`` under the selected kernel: ``AMX_MIN_ROWS`` for
+    ``amx``, 0 (never AMX) for ``bf16_dot``. Raises ``RuntimeError`` if ``amx`` is selected
+    but the OS refused this process the AMX tile state."""
+    from ..cpu.extension import cpu_ops
+    from ..cpu.isa import LINEAR_SETTING, selected_bf16_linear
+
+    if selected_bf16_linear() != "amx":
+        return 0
+    if not cpu_ops("avx512_bf16").bf16_amx_ready():
+        raise RuntimeError(f"{LINEAR_SETTING}=amx: the OS did not grant this process the AMX "
+                           "tile state (arch_prctl ARCH_REQ_XCOMP_PERM; Linux 5.16 or later); "
+                           "choose bf16_dot or onednn")
+    return AMX_MIN_ROWS
 
 
 def pack_linear_layers(model: nn.Module, compute_dtype: torch.dtype) -> None:
@@ -83,6 +99,11 @@ def pack_linear_layers(model: nn.Module, compute_dtype: torch.dtype) -> None:
             elif isinstance(child, nn.Linear):
                 setattr(module, name, packed_linear(child.weight, child.bias, compute_dtype))
 
+
+# Calls of this many rows or more take AMX tiles under ``amx``: on a 2-core Xeon with AMX the
+# vdpbf16ps loop ran 16 rows as fast as AMX, fewer faster (weights streamed near the memory
+# bandwidth), more 2-4x slower.
+AMX_MIN_ROWS = 16
 
 # Every prepacked kind ``packed_linear`` builds.
 PACKED_LINEARS = (PackedLinear, Bf16DotLinear)

@@ -55,7 +55,7 @@ def test_any_leading_shape_and_row_stride():
 
 
 def test_odd_in_features_keep_onednn_and_bad_inputs_say_what_is_wrong(monkeypatch):
-    monkeypatch.setenv("PAGED_CORE_CPU_LINEAR", "bf16_dot")  # auto takes oneDNN on AMX CPUs
+    monkeypatch.setenv("PAGED_CORE_CPU_LINEAR", "bf16_dot")  # auto takes amx on AMX CPUs
     weight, _ = _layer(32, 95, False)
     assert not Bf16DotLinear.fits(weight)
     assert isinstance(packed_linear(weight, None, torch.bfloat16), PackedLinear)
@@ -67,7 +67,7 @@ def test_odd_in_features_keep_onednn_and_bad_inputs_say_what_is_wrong(monkeypatc
         layer(torch.zeros(2, 96))
 
 
-def test_the_setting_picks_onednn_or_bf16_dot(monkeypatch):
+def test_the_setting_picks_onednn_or_bf16_dot(monkeypatch):  # amx: test_bf16_amx_linear.py
     weight = _layer(32, 96, False)[0]
     monkeypatch.setenv("PAGED_CORE_CPU_LINEAR", "onednn")
     assert isinstance(packed_linear(weight, None, torch.bfloat16), PackedLinear)
@@ -75,16 +75,22 @@ def test_the_setting_picks_onednn_or_bf16_dot(monkeypatch):
     assert isinstance(packed_linear(weight, None, torch.bfloat16), Bf16DotLinear)
 
 
-@pytest.mark.parametrize("kernel", ["bf16_dot", "onednn"])
+@pytest.mark.parametrize("kernel", ["bf16_dot", "amx", "onednn"])
 def test_a_bf16_engine_runs_the_chosen_kernel_and_buckets_only_for_onednn(kernel, monkeypatch):
     from paged_core import LLM, SamplingParams
+    from paged_core.cpu.isa import has_amx_bf16
+    from paged_core.models.cpu_linear import AMX_MIN_ROWS
 
+    if kernel == "amx" and not has_amx_bf16():
+        pytest.skip("this CPU lacks amx_bf16 (needed by PAGED_CORE_CPU_LINEAR=amx)")
     monkeypatch.setenv("PAGED_CORE_CPU_ISA", "avx512_bf16")
     monkeypatch.setenv("PAGED_CORE_CPU_LINEAR", kernel)
     llm = LLM(dtype="bfloat16", num_kv_blocks=32)
     model = llm.engine.core.executor.runner.model
-    expected = Bf16DotLinear if kernel == "bf16_dot" else PackedLinear
+    expected = PackedLinear if kernel == "onednn" else Bf16DotLinear
     assert type(model.layers[0].mlp.down_proj) is expected and type(model.lm_head) is expected
+    if kernel != "onednn":
+        assert model.lm_head.amx_min_rows == (AMX_MIN_ROWS if kernel == "amx" else 0)
     assert model.prefers_bucketed_batches == (kernel == "onednn")  # oneDNN: a kernel per row count
     out = llm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=4),
                        use_tqdm=False)[0].outputs[0]

@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "bf16_dot_linear.h"
+#include "bf16_linear_epilogue.h"
 #include "cpu_common.h"
 
 #if defined(__AVX512BF16__)
@@ -73,16 +74,9 @@ inline void row_tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t 
   for (int b = 0; b < NB; ++b) {
     const int64_t n = n0 + 16 * b;
     if (n >= N) break;
-    const __mmask16 mask = N - n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (N - n)) - 1);
-    __m512 bias_f32 = _mm512_setzero_ps();
-    if (bias != nullptr) {
-      const __m512i bits = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, bias + n));
-      bias_f32 = _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
-    }
-    for (int m = 0; m < MT; ++m) {
-      const __m256bh out = _mm512_cvtneps_pbh(_mm512_add_ps(acc[m][b], bias_f32));
-      _mm256_mask_storeu_epi16(y + m * ldy + n, mask, reinterpret_cast<__m256i>(out));
-    }
+    const __mmask16 mask = paged_core_cpu::column_mask(n, N);
+    const __m512 bias_f32 = paged_core_cpu::bias_block(bias, n, mask);
+    for (int m = 0; m < MT; ++m) paged_core_cpu::store_bf16(y + m * ldy + n, mask, acc[m][b], bias_f32);
   }
 }
 
@@ -123,7 +117,7 @@ at::Tensor pack_bf16_dot_weight(const at::Tensor& weight) {
 }
 
 at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
-                           const std::optional<at::Tensor>& bias) {
+                           const std::optional<at::Tensor>& bias, int64_t amx_min_rows) {
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kGroup && packed.size(3) == 2 &&
                   packed.scalar_type() == at::kBFloat16 && packed.is_contiguous(),
               "packed must come from pack_bf16_dot_weight");
@@ -148,6 +142,16 @@ at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& packed, int64_
   const auto* wp = static_cast<const uint16_t*>(packed.const_data_ptr());
   const auto* bp = bias_bf16.defined() ? static_cast<const uint16_t*>(bias_bf16.const_data_ptr()) : nullptr;
   auto* yp = static_cast<uint16_t*>(y.mutable_data_ptr());
+  if (amx_min_rows > 0 && M >= amx_min_rows && K2 % 16 == 0 && bf16_amx_ready()) {
+    for (int64_t m_begin = 0; m_begin < M; m_begin += kRowBlock) {
+      const int64_t rows = std::min(kRowBlock, M - m_begin);
+      at::parallel_for(0, groups, 1, [&](int64_t g_begin, int64_t g_end) {
+        bf16_amx_groups(xp + m_begin * ldx, ldx, rows, wp, K2, g_begin, g_end, bp,
+                        yp + m_begin * N, N, N);
+      });
+    }
+    return y.view(out_shape);
+  }
   // A few rows: two groups at a time (more loads in flight per k). More: one, and the
   // next one prefetched while the first row tile streams this one in.
   const int64_t G = M <= 4 ? 2 : 1;
@@ -178,9 +182,11 @@ at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& packed, int64_
 
 PAGED_CORE_LIBRARY_FRAGMENT(m) {
   m.def("pack_bf16_dot_weight(Tensor weight) -> Tensor");
-  m.def("bf16_dot_linear(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor");
+  m.def("bf16_dot_linear(Tensor x, Tensor packed, int out_features, Tensor? bias, "
+        "int amx_min_rows=0) -> Tensor");
   m.impl("pack_bf16_dot_weight", c10::DispatchKey::CPU, TORCH_FN(paged_core_cpu::pack_bf16_dot_weight));
   m.impl("bf16_dot_linear", c10::DispatchKey::CPU, TORCH_FN(paged_core_cpu::bf16_dot_linear));
+  m.def("bf16_amx_ready() -> bool", &paged_core_cpu::bf16_amx_ready);
 }
 
 #endif  // __AVX512BF16__

@@ -4,6 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <optional>
 
 namespace paged_core_cpu {
@@ -11,9 +12,19 @@ namespace paged_core_cpu {
 #if defined(__AVX512BF16__)
 // weight [N, K] bfloat16 (K even) -> its packed form [ceil(N / 32), K / 2, 32, 2].
 at::Tensor pack_bf16_dot_weight(const at::Tensor& weight);
-// x [..., K] bfloat16 -> x W^T + bias [..., out_features] bfloat16.
+// x [..., K] bfloat16 -> x W^T + bias [..., out_features] bfloat16; calls of at least
+// amx_min_rows rows (0: none) run on AMX tiles where bf16_amx_ready() and K % 32 == 0.
 at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
-                           const std::optional<at::Tensor>& bias);
+                           const std::optional<at::Tensor>& bias, int64_t amx_min_rows);
+
+// True if this CPU has AMX-BF16, this build has the AMX code and the OS granted the tile
+// state (asked once per process; bf16_amx_linear.cpp).
+bool bf16_amx_ready();
+// Rows [0, rows) of x (ldx elements apart) times column groups [g_begin, g_end) of the packed
+// weight w (K2 k pairs) on AMX tiles, plus bias, into y (ldy apart, N columns); K2 % 16 == 0.
+void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* w, int64_t K2,
+                     int64_t g_begin, int64_t g_end, const uint16_t* bias, uint16_t* y,
+                     int64_t ldy, int64_t N);
 #endif
 
 }  // namespace paged_core_cpu

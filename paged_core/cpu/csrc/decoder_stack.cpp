@@ -62,6 +62,7 @@ struct Projection {
   at::Tensor weight;  // [out, in], oneDNN's packed layout of it, or pack_bf16_dot_weight's
   std::optional<at::Tensor> bias;
   int64_t bf16_dot_out_features;  // > 0: weight is pack_bf16_dot_weight's, of this many outputs
+  int64_t amx_min_rows;           // bf16_dot_linear's: calls of this many rows take AMX (0: none)
   std::optional<LoRASlots> lora;
 
   // The base product, plus each row's adapter product (LoRALinear.forward's ops);
@@ -77,7 +78,7 @@ struct Projection {
   at::Tensor base(const at::Tensor& x) const {
     if (bf16_dot_out_features > 0) {
 #if defined(__AVX512BF16__)
-      return paged_core_cpu::bf16_dot_linear(x, weight, bf16_dot_out_features, bias);
+      return paged_core_cpu::bf16_dot_linear(x, weight, bf16_dot_out_features, bias, amx_min_rows);
 #else
       TORCH_CHECK(false, "bf16_dot_linear weights need the avx512_bf16 build");
 #endif
@@ -192,22 +193,26 @@ class DecoderStack : public torch::CustomClassHolder {
 
   // Append the next layer (weights are shared with the Python model, not copied).
   // bf16_dot_out_features (qkv, o, gate_up, down): a projection's out_features if its weight
-  // is pack_bf16_dot_weight's, else 0.
+  // is pack_bf16_dot_weight's, else 0; amx_min_rows: those projections' bf16_dot_linear
+  // argument.
   void add_layer(at::Tensor input_norm, at::Tensor post_norm, std::optional<at::Tensor> q_norm,
                  std::optional<at::Tensor> k_norm, at::Tensor qkv_weight,
                  std::optional<at::Tensor> qkv_bias, at::Tensor o_weight,
                  std::optional<at::Tensor> o_bias, at::Tensor gate_up_weight,
                  std::optional<at::Tensor> gate_up_bias, at::Tensor down_weight,
                  std::optional<at::Tensor> down_bias, std::vector<int64_t> bf16_dot_out_features,
-                 int64_t sliding_window) {
+                 int64_t amx_min_rows, int64_t sliding_window) {
     TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "q_norm and k_norm come together");
     TORCH_CHECK(bf16_dot_out_features.size() == 4, "one bf16_dot_out_features per projection");
     const auto& n = bf16_dot_out_features;
     layers_.push_back(Layer{std::move(input_norm), std::move(post_norm), std::move(q_norm),
-                            std::move(k_norm), Projection{std::move(qkv_weight), std::move(qkv_bias), n[0]},
-                            Projection{std::move(o_weight), std::move(o_bias), n[1]},
-                            Projection{std::move(gate_up_weight), std::move(gate_up_bias), n[2]},
-                            Projection{std::move(down_weight), std::move(down_bias), n[3]}, sliding_window});
+                            std::move(k_norm),
+                            Projection{std::move(qkv_weight), std::move(qkv_bias), n[0], amx_min_rows},
+                            Projection{std::move(o_weight), std::move(o_bias), n[1], amx_min_rows},
+                            Projection{std::move(gate_up_weight), std::move(gate_up_bias), n[2],
+                                       amx_min_rows},
+                            Projection{std::move(down_weight), std::move(down_bias), n[3], amx_min_rows},
+                            sliding_window});
   }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }

@@ -1,0 +1,166 @@
+// The row blocks of bf16_dot_linear that run on AMX tiles (CPUs with AMX-BF16: Sapphire
+// Rapids and later), over the same packed weights:
+//   packed[g, k / 2, c, k % 2] = W[32 g + c, k]
+// is, for a column group g, a [K / 2][32 columns][2] array of k pairs: 16 consecutive pairs
+// of 16 consecutive columns are exactly an AMX B tile (16 rows of 64 bytes, 128 bytes
+// apart), so the weights need no second copy or layout.
+//
+// A unit of work is 32 rows x one group (32 columns): four float32 C tiles (rows 0-15 /
+// 16-31 x columns 0-15 / 16-31), two A tiles (the rows' next 32 k), two B tiles (the
+// group's next 16 k pairs); per 32 k, four tdpbf16ps. Rows past the block's end are read
+// from a zeroed copy, so no tile reads past x. tdpbf16ps sums each k pair differently from
+// vdpbf16ps (measured: the last bits differ), so a row's bits depend on whether its call
+// took AMX (bf16_dot_linear's amx_min_rows); within AMX calls they do not depend on the
+// other rows.
+//
+// Linux hands out AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM, once per
+// process): bf16_amx_ready() asks once and says whether it was granted.
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "bf16_dot_linear.h"
+#include "bf16_linear_epilogue.h"
+
+#if defined(__AVX512BF16__)
+#if defined(__x86_64__) && defined(__linux__) && \
+    (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
+#define PAGED_CORE_AMX_BUILT 1
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace paged_core_cpu {
+
+#if defined(PAGED_CORE_AMX_BUILT)
+namespace {
+
+constexpr int kArchReqXcompPerm = 0x1023;  // arch_prctl: request an extended state feature
+constexpr int kXfeatureXtiledata = 18;     // the AMX tile data state
+
+// ldtilecfg's 64-byte operand (palette 1).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Every tile used here is 16 rows of 64 bytes: C tiles 16 x 16 float32, A tiles 16 rows x
+// 32 bfloat16, B tiles 16 k pairs x 16 columns.
+TileConfig all_tiles_16_by_64() {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = 16;
+    config.colsb[t] = 64;
+  }
+  return config;
+}
+
+// The configuration lives in static storage: GCC's ldtilecfg asm names only the first 8
+// bytes as its input, so the stores of a local configuration could be dropped.
+__attribute__((target("amx-tile"))) void configure_tiles() {
+  static const TileConfig config = all_tiles_16_by_64();
+  _tile_loadconfig(&config);
+}
+
+// C tiles 0-3 = rows [x, x + 32) of x (ldx elements apart) times group w's 32 columns, over
+// K = 32 * kt_count; stored to c [32][32] float32. `prefetch`, if set, is the next group's
+// weights, touched as these are read (weights stream from memory during a group's first
+// row tile).
+__attribute__((target("amx-tile,amx-bf16"))) void tile_product(const uint16_t* x, int64_t ldx,
+                                                                const uint16_t* w, int64_t kt_count,
+                                                                const char* prefetch, float* c) {
+  constexpr int64_t kGroupRowBytes = 32 * 2 * sizeof(uint16_t);  // one k pair of 32 columns
+  const int64_t x_stride = ldx * static_cast<int64_t>(sizeof(uint16_t));
+  const uint16_t* x_lower = x + 16 * ldx;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t kt = 0; kt < kt_count; ++kt) {
+    const uint16_t* b = w + kt * 16 * 64;  // 16 k pairs x 32 columns x 2
+    if (prefetch != nullptr)
+      for (int line = 0; line < 32; ++line)
+        _mm_prefetch(prefetch + (kt * 32 + line) * 64, _MM_HINT_T0);
+    _tile_loadd(4, x + kt * 32, x_stride);
+    _tile_loadd(5, x_lower + kt * 32, x_stride);
+    _tile_loadd(6, b, kGroupRowBytes);
+    _tile_loadd(7, b + 32, kGroupRowBytes);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  constexpr int64_t kRowBytes = 32 * sizeof(float);
+  _tile_stored(0, c, kRowBytes);
+  _tile_stored(1, c + 16, kRowBytes);
+  _tile_stored(2, c + 16 * 32, kRowBytes);
+  _tile_stored(3, c + 16 * 32 + 16, kRowBytes);
+}
+
+__attribute__((target("amx-tile"))) void release_tiles() { _tile_release(); }
+
+// CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE.
+bool cpu_has_amx_bf16() {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  return (edx >> 22 & 1u) && (edx >> 24 & 1u);
+}
+
+bool request_tile_state() {
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+}  // namespace
+
+bool bf16_amx_ready() {
+  static const bool ready = cpu_has_amx_bf16() && request_tile_state();
+  return ready;
+}
+
+void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* w, int64_t K2,
+                     int64_t g_begin, int64_t g_end, const uint16_t* bias, uint16_t* y,
+                     int64_t ldy, int64_t N) {
+  const int64_t K = 2 * K2, full = rows / 32 * 32;
+  // The last rows, zero-padded to 32 (a tile never reads past x).
+  std::vector<uint16_t> tail;
+  if (full < rows) {
+    tail.assign(32 * K, 0);
+    for (int64_t m = full; m < rows; ++m)
+      std::memcpy(tail.data() + (m - full) * K, x + m * ldx, K * sizeof(uint16_t));
+  }
+  alignas(64) float c[32 * 32];
+  configure_tiles();
+  for (int64_t g = g_begin; g < g_end; ++g) {
+    const uint16_t* wg = w + g * K2 * 64;
+    const int64_t n0 = g * 32;
+    for (int64_t m = 0; m < rows; m += 32) {
+      const bool in_tail = m >= full;
+      const char* next = m == 0 && g + 1 < g_end
+                             ? reinterpret_cast<const char*>(wg + K2 * 64) : nullptr;
+      tile_product(in_tail ? tail.data() : x + m * ldx, in_tail ? K : ldx, wg, K / 32, next, c);
+      for (int half = 0; half < 2; ++half)
+        store_bf16_rows(c + 16 * half, 32, std::min<int64_t>(32, rows - m), bias, y + m * ldy,
+                        ldy, n0 + 16 * half, N);
+    }
+  }
+  release_tiles();
+}
+#else
+bool bf16_amx_ready() { return false; }
+
+void bf16_amx_groups(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, int64_t,
+                     int64_t, const uint16_t*, uint16_t*, int64_t, int64_t) {
+  TORCH_CHECK(false, "this build has no AMX tiles");
+}
+#endif
+
+}  // namespace paged_core_cpu
+
+#endif  // __AVX512BF16__

@@ -1,0 +1,43 @@
+// The last step of the bfloat16 linears (bf16_dot_linear.cpp, bf16_amx_linear.cpp): float32
+// sums of 16 consecutive output columns, plus the bias, rounded to bfloat16 (nearest even)
+// and stored, masked at the last column N.
+#pragma once
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace paged_core_cpu {
+
+// The lanes of the 16 columns from n that exist (n < N).
+inline __mmask16 column_mask(int64_t n, int64_t N) {
+  return N - n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (N - n)) - 1);
+}
+
+// bias[n .. n + 16) as float32 (lanes outside mask 0); zeros without a bias.
+inline __m512 bias_block(const uint16_t* bias, int64_t n, __mmask16 mask) {
+  if (bias == nullptr) return _mm512_setzero_ps();
+  const __m512i bits = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, bias + n));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
+}
+
+// y[0 .. 16) (lanes in mask) = bfloat16(sums + bias).
+inline void store_bf16(uint16_t* y, __mmask16 mask, __m512 sums, __m512 bias) {
+  const __m256bh out = _mm512_cvtneps_pbh(_mm512_add_ps(sums, bias));
+  _mm256_mask_storeu_epi16(y, mask, reinterpret_cast<__m256i>(out));
+}
+
+// Columns [n, n + 16) of `rows` rows: y[m * ldy + n ..] from c[m * ldc ..]; nothing if n >= N.
+inline void store_bf16_rows(const float* c, int64_t ldc, int64_t rows, const uint16_t* bias,
+                            uint16_t* y, int64_t ldy, int64_t n, int64_t N) {
+  if (n >= N) return;
+  const __mmask16 mask = column_mask(n, N);
+  const __m512 b = bias_block(bias, n, mask);
+  for (int64_t m = 0; m < rows; ++m)
+    store_bf16(y + m * ldy + n, mask, _mm512_loadu_ps(c + m * ldc), b);
+}
+
+}  // namespace paged_core_cpu
+
+#endif  // __AVX512BF16__
