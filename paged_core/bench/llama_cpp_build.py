@@ -8,8 +8,14 @@ only network this project assumes). Layout under ``<cache>/llama.cpp/<version>/`
   ``convert_hf_to_gguf.py`` and ``gguf-py``, see ``llama_cpp_models``);
 - ``build-<cpu key>/bin/llama-server``: a Release build with ``GGML_NATIVE=ON``,
   so it uses every vector extension of the CPU it was built on. The folder is
-  keyed by this CPU's ISA flags: a cache shared with another machine class
-  never runs a binary built for instructions that machine lacks.
+  keyed by this CPU's ISA flags and the build's compiler flags: a cache shared
+  with another machine class never runs a binary built for instructions that
+  machine lacks, and a change of flags builds anew.
+
+``COMPILER_FLAGS`` keeps GCC from dropping the stores that fill ggml's AMX tile
+configuration: its ``ldtilecfg`` intrinsic names only 8 bytes of the 64-byte
+operand, so with dead-store elimination (GCC 12, -O2) ggml's AMX kernels died of
+SIGILL on the first tile instruction of an AMX CPU (an Intel Xeon here).
 
 Invariant: ``built_llama_server()`` returns a path only once its build finished
 (a stamp file is written after cmake succeeded, so a killed build is redone); builds
@@ -33,6 +39,7 @@ from paged_core.models.embedded_model import cache_dir
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SERVER_TARGET = "llama-server"
 BUILT_STAMP = ".built"
+COMPILER_FLAGS = "-fno-tree-dse -fno-dse"  # see the module doc
 
 
 def version_dir(version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:
@@ -45,10 +52,11 @@ def source_dir(version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:
 
 
 def cpu_key() -> str:
-    """8 hex digits naming this CPU's vector-ISA flags (the build folder's suffix)."""
+    """8 hex digits naming this CPU's vector-ISA flags and ``COMPILER_FLAGS`` (the build
+    folder's suffix)."""
     from .report import cpu_flags
 
-    return hashlib.sha256(",".join(cpu_flags()).encode()).hexdigest()[:8]
+    return hashlib.sha256(f"{','.join(cpu_flags())};{COMPILER_FLAGS}".encode()).hexdigest()[:8]
 
 
 def build_dir(version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:
@@ -77,7 +85,8 @@ def configure_command(cmake: str, source: Path, build: Path) -> list[str]:
     """CPU-only Release build for this machine; nothing fetched at build time (no web UI
     download, no HTTPS client: the server only ever serves a local file over loopback)."""
     return [cmake, "-S", str(source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
-            "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_OPENSSL=OFF",
+            "-DGGML_NATIVE=ON", f"-DCMAKE_C_FLAGS={COMPILER_FLAGS}",
+            f"-DCMAKE_CXX_FLAGS={COMPILER_FLAGS}", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_OPENSSL=OFF",
             "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"]
 
 

@@ -49,8 +49,9 @@ def test_linear_kind_follows_the_engine():
     if torch.backends.mkldnn.is_available():
         assert linear_kind(torch.bfloat16, "avx2") == "packed float32"
         native = ("avx512_bf16" in supported_cpu_isas()  # else oneDNN's bfloat16 linear
-                  and selected_bf16_linear() == "bf16_dot")  # (auto: oneDNN on AMX CPUs)
-        assert linear_kind(torch.bfloat16, "avx512_bf16") == ("bf16_dot" if native else "packed bfloat16")
+                  and selected_bf16_linear() != "onednn")  # (auto: amx on AMX CPUs)
+        expected = selected_bf16_linear() if native else "packed bfloat16"
+        assert linear_kind(torch.bfloat16, "avx512_bf16") == expected
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,8 @@ def test_build_commands_ask_for_a_native_release_server_with_nothing_fetched(tmp
     configure = llama_cpp_build.configure_command("cmake", source, build)
     assert configure[:5] == ["cmake", "-S", str(source), "-B", str(build)]
     for flag in ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_SERVER=ON",
-                 "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF"):
+                 "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF",
+                 "-DCMAKE_CXX_FLAGS=-fno-tree-dse -fno-dse"):  # ggml's AMX tile config kept
         assert flag in configure
     assert llama_cpp_build.build_command("cmake", build, 2) == [
         "cmake", "--build", str(build), "--target", "llama-server", "-j", "2"]
