@@ -72,11 +72,14 @@ __attribute__((target("amx-tile"))) void configure_tiles() {
 // C tiles 0-3 = rows [x, x + 32) of x (ldx elements apart) times group w's 32 columns, over
 // K = 32 * kt_count; stored to c [32][32] float32. `prefetch`, if set, is the next group's
 // weights, touched as these are read (weights stream from memory during a group's first
-// row tile).
+// row tile). The A and B lines of the step kAhead on are prefetched into L1: a tileloadd
+// that meets L2 stalls the tiles (measured on one core, 32x32 units over 2048 rows: 570-610
+// GFLOP/s without, 770-870 with).
 __attribute__((target("amx-tile,amx-bf16"))) void tile_product(const uint16_t* x, int64_t ldx,
                                                                 const uint16_t* w, int64_t kt_count,
                                                                 const char* prefetch, float* c) {
   constexpr int64_t kGroupRowBytes = 32 * 2 * sizeof(uint16_t);  // one k pair of 32 columns
+  constexpr int64_t kAhead = 2;  // k steps between a prefetch and the tile load it serves
   const int64_t x_stride = ldx * static_cast<int64_t>(sizeof(uint16_t));
   const uint16_t* x_lower = x + 16 * ldx;
   _tile_zero(0);
@@ -88,6 +91,14 @@ __attribute__((target("amx-tile,amx-bf16"))) void tile_product(const uint16_t* x
     if (prefetch != nullptr)
       for (int line = 0; line < 32; ++line)
         _mm_prefetch(prefetch + (kt * 32 + line) * 64, _MM_HINT_T0);
+    if (kt + kAhead < kt_count) {  // the lines of the tiles kAhead steps on, into L1
+      const char* b_ahead = reinterpret_cast<const char*>(b + kAhead * 16 * 64);
+      for (int line = 0; line < 32; ++line) {
+        _mm_prefetch(b_ahead + line * 64, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(x + line * ldx + (kt + kAhead) * 32),
+                     _MM_HINT_T0);
+      }
+    }
     _tile_loadd(4, x + kt * 32, x_stride);
     _tile_loadd(5, x_lower + kt * 32, x_stride);
     _tile_loadd(6, b, kGroupRowBytes);
