@@ -1,6 +1,7 @@
 // Weight-only quantized linears for CPU: y = x @ W.T with W kept as 4-bit or 8-bit levels
 // and float32 scales (and offsets) per group of G input features, widened 8 at a time in
-// registers and shared by every row of x in flight (up to 4).
+// registers (16 in the AVX-512 builds, where a group's bytes of levels are a multiple of 16)
+// and shared by every row of x in flight (up to 4).
 //
 // int4: levels uint8 [N, K / 2]. In group g of row n, byte j < G / 2 holds the level of
 //   feature g*G + j in its low nibble and of feature g*G + G/2 + j in its high nibble:
@@ -35,55 +36,103 @@ inline int64_t row_grain(int64_t K, int64_t M) {
 }
 
 #if defined(__AVX2__)
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+// The vector registers row_dots works in: 8 float32 lanes (AVX2) or 16 (AVX-512), each lane
+// one level, widened from kLanes bytes of levels at a time.
+struct Avx2Lanes {
+  using F = __m256;
+  using I = __m256i;
+  static constexpr int kLanes = 8;
+  static F zero() { return _mm256_setzero_ps(); }
+  static F set1(float v) { return _mm256_set1_ps(v); }
+  static F load(const float* p) { return _mm256_loadu_ps(p); }
+  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static I unsigned_bytes(const uint8_t* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  static I signed_bytes(const uint8_t* p) {
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  static F low_nibbles(I v) { return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15))); }
+  static F high_nibbles(I v) { return _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)); }
+  static F to_float(I v) { return _mm256_cvtepi32_ps(v); }
+  static float sum(F v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+};
 #endif
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+struct Avx512Lanes {
+  using F = __m512;
+  using I = __m512i;
+  static constexpr int kLanes = 16;
+  static F zero() { return _mm512_setzero_ps(); }
+  static F set1(float v) { return _mm512_set1_ps(v); }
+  static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static I unsigned_bytes(const uint8_t* p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static I signed_bytes(const uint8_t* p) {
+    return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static F low_nibbles(I v) { return _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15))); }
+  static F high_nibbles(I v) { return _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)); }
+  static F to_float(I v) { return _mm512_cvtepi32_ps(v); }
+  static float sum(F v) { return _mm512_reduce_add_ps(v); }
+};
+#endif
+
+// row_dots in L's registers; each group's bytes of levels are a multiple of L::kLanes.
+template <typename L, bool kInt4, int R>
+void row_dots_in(const uint8_t* levels, const float* scales, const float* const* x,
+                 int64_t groups, int64_t G, float* out) {
+  typename L::F total[kRowsInFlight];
+  for (int r = 0; r < R; ++r) total[r] = L::zero();
+  for (int64_t g = 0; g < groups; ++g) {
+    typename L::F acc[kRowsInFlight];
+    for (int r = 0; r < R; ++r) acc[r] = L::zero();
+    if (kInt4) {
+      const uint8_t* b = levels + g * G / 2;
+      for (int64_t j = 0; j < G / 2; j += L::kLanes) {
+        const auto v = L::unsigned_bytes(b + j);
+        const auto lo = L::low_nibbles(v), hi = L::high_nibbles(v);
+        for (int r = 0; r < R; ++r) {
+          const float* xr = x[r] + g * G + j;
+          acc[r] = L::fmadd(lo, L::load(xr), acc[r]);
+          acc[r] = L::fmadd(hi, L::load(xr + G / 2), acc[r]);
+        }
+      }
+    } else {
+      const uint8_t* b = levels + g * G;
+      for (int64_t j = 0; j < G; j += L::kLanes) {
+        const auto w = L::to_float(L::signed_bytes(b + j));
+        for (int r = 0; r < R; ++r) acc[r] = L::fmadd(w, L::load(x[r] + g * G + j), acc[r]);
+      }
+    }
+    const auto s = L::set1(scales[g]);
+    for (int r = 0; r < R; ++r) total[r] = L::fmadd(s, acc[r], total[r]);
+  }
+  for (int r = 0; r < R; ++r) out[r] = L::sum(total[r]);
+}
+
 // sum_g scale[g] * dot(x_r[g], level[g]) for rows r < R of x (R <= kRowsInFlight), one row n
-// (R a template argument: the accumulators then stay in registers).
+// (R a template argument: the accumulators then stay in registers): in the widest registers
+// the build has whose lanes divide a group's bytes of levels, else scalar.
 template <bool kInt4, int R>
 void row_dots(const uint8_t* levels, const float* scales, const float* const* x,
               int64_t K, int64_t G, float* out) {
   const int64_t groups = K / G;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  if ((kInt4 ? G / 2 : G) % Avx512Lanes::kLanes == 0)
+    return row_dots_in<Avx512Lanes, kInt4, R>(levels, scales, x, groups, G, out);
+#endif
 #if defined(__AVX2__)
-  if (G % 16 == 0) {
-    __m256 total[kRowsInFlight];
-    for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_ps();
-    const __m256i low = _mm256_set1_epi32(15);
-    for (int64_t g = 0; g < groups; ++g) {
-      __m256 acc[kRowsInFlight];
-      for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-      if (kInt4) {
-        const uint8_t* b = levels + g * G / 2;
-        for (int64_t j = 0; j < G / 2; j += 8) {
-          const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + j)));
-          const __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, low));
-          const __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
-          for (int r = 0; r < R; ++r) {
-            const float* xr = x[r] + g * G + j;
-            acc[r] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xr), acc[r]);
-            acc[r] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xr + G / 2), acc[r]);
-          }
-        }
-      } else {
-        const int8_t* b = reinterpret_cast<const int8_t*>(levels) + g * G;
-        for (int64_t j = 0; j < G; j += 8) {
-          const __m256 w = _mm256_cvtepi32_ps(
-              _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + j))));
-          for (int r = 0; r < R; ++r)
-            acc[r] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x[r] + g * G + j), acc[r]);
-        }
-      }
-      const __m256 s = _mm256_set1_ps(scales[g]);
-      for (int r = 0; r < R; ++r) total[r] = _mm256_fmadd_ps(s, acc[r], total[r]);
-    }
-    for (int r = 0; r < R; ++r) out[r] = hsum(total[r]);
-    return;
-  }
+  if (G % 16 == 0)
+    return row_dots_in<Avx2Lanes, kInt4, R>(levels, scales, x, groups, G, out);
 #endif
   for (int r = 0; r < R; ++r) {
     float total = 0.f;
