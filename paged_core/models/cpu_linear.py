@@ -24,6 +24,8 @@ AVX512-BF16 gets ``bf16_dot_linear.Bf16DotLinear`` instead of a bfloat16 ``Packe
 """
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -73,18 +75,21 @@ def bf16_dot_applies(compute_dtype: torch.dtype) -> bool:
 
 def bf16_amx_min_rows() -> int:
     """``Bf16DotLinear``'s ``amx_min_rows`` under the selected kernel: ``AMX_MIN_ROWS`` for
-    ``amx``, 0 (never AMX) for ``bf16_dot``. Raises ``RuntimeError`` if ``amx`` is selected
-    but the OS refused this process the AMX tile state."""
+    ``amx``, 0 (never AMX) for ``bf16_dot``. Where the OS refuses this process the AMX tile
+    state (Linux before 5.16), ``auto`` keeps ``vdpbf16ps`` for every call (0) and an explicit
+    ``amx`` raises ``RuntimeError``."""
     from ..cpu.extension import cpu_ops
     from ..cpu.isa import LINEAR_SETTING, selected_bf16_linear
 
     if selected_bf16_linear() != "amx":
         return 0
-    if not cpu_ops("avx512_bf16").bf16_amx_ready():
-        raise RuntimeError(f"{LINEAR_SETTING}=amx: the OS did not grant this process the AMX "
-                           "tile state (arch_prctl ARCH_REQ_XCOMP_PERM; Linux 5.16 or later); "
-                           "choose bf16_dot or onednn")
-    return AMX_MIN_ROWS
+    if cpu_ops("avx512_bf16").bf16_amx_ready():
+        return AMX_MIN_ROWS
+    if os.environ.get(LINEAR_SETTING, "").strip().lower() != "amx":
+        return 0
+    raise RuntimeError(f"{LINEAR_SETTING}=amx: the OS did not grant this process the AMX tile "
+                       "state (arch_prctl ARCH_REQ_XCOMP_PERM; Linux 5.16 or later); choose "
+                       "bf16_dot or onednn")
 
 
 def pack_linear_layers(model: nn.Module, compute_dtype: torch.dtype) -> None:
