@@ -43,6 +43,19 @@ def test_amx_calls_give_the_exact_product_rounded_once(rows, out_features, with_
 
 
 @needs_amx
+def test_weights_longer_than_one_l2_chunk_give_the_exact_product():
+    # 4096 in_features: a column group's weights are 256 KiB, so a chunk of the groups kept in
+    # L2 (bf16_amx_linear.cpp's groups_in_l2) holds two: 10 groups cross five chunk edges
+    layer, weight, bias = _layer(300, 4096, True, amx_min_rows=16)
+    x = _rows(70, 4096) / 8
+    y = layer(x)
+    exact = x.double() @ weight.double().T + bias.double()
+    magnitude = x.double().abs() @ weight.double().abs().T + 1
+    assert ((y.double() - exact).abs() <= exact.abs() * 2.0 ** -8 + magnitude * 4096 * 2.0 ** -23).all()
+    assert torch.equal(layer(x[33:60]), y[33:60])
+
+
+@needs_amx
 def test_a_row_gives_the_same_bits_in_any_amx_sized_call():
     layer = _layer(200, 256, True, amx_min_rows=16)[0]
     batch = _rows(600, 256, seed=2)

@@ -143,13 +143,9 @@ at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& packed, int64_
   const auto* bp = bias_bf16.defined() ? static_cast<const uint16_t*>(bias_bf16.const_data_ptr()) : nullptr;
   auto* yp = static_cast<uint16_t*>(y.mutable_data_ptr());
   if (amx_min_rows > 0 && M >= amx_min_rows && K2 % 16 == 0 && bf16_amx_ready()) {
-    for (int64_t m_begin = 0; m_begin < M; m_begin += kRowBlock) {
-      const int64_t rows = std::min(kRowBlock, M - m_begin);
-      at::parallel_for(0, groups, 1, [&](int64_t g_begin, int64_t g_end) {
-        bf16_amx_groups(xp + m_begin * ldx, ldx, rows, wp, K2, g_begin, g_end, bp,
-                        yp + m_begin * N, N, N);
-      });
-    }
+    at::parallel_for(0, groups, 1, [&](int64_t g_begin, int64_t g_end) {
+      bf16_amx_groups(xp, ldx, M, wp, K2, g_begin, g_end, bp, yp, N, N);
+    });
     return y.view(out_shape);
   }
   // A few rows: two groups at a time (more loads in flight per k). More: one, and the
