@@ -36,6 +36,7 @@ from ..exceptions import ParamValidationError
 from ..lora.peft_checkpoint import load_adapter
 from ..lora.request import LoRARequest
 from .engine_core import EngineCore, ModelPlacement
+from .gc_heap import freeze_startup_heap
 
 
 class LLMEngine:
@@ -56,6 +57,7 @@ class LLMEngine:
             self.max_model_len, self.core.max_total_tokens, self.core.executor.num_blocks,
             config.block_size)
         self.output_processor = OutputProcessor(self.tokenizer)
+        freeze_startup_heap()
 
     # -- requests --------------------------------------------------------------------
     def make_request(self, request_id: str, prompt: PromptInput,

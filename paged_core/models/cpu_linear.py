@@ -105,10 +105,11 @@ def pack_linear_layers(model: nn.Module, compute_dtype: torch.dtype) -> None:
                 setattr(module, name, packed_linear(child.weight, child.bias, compute_dtype))
 
 
-# Calls of this many rows or more take AMX tiles under ``amx``: on a 2-core Xeon with AMX the
-# vdpbf16ps loop ran 16 rows as fast as AMX, fewer faster (weights streamed near the memory
-# bandwidth), more 2-4x slower.
-AMX_MIN_ROWS = 16
+# Calls of this many rows or more take AMX tiles under ``amx``: on a 2-core Xeon with AMX (30
+# layers of SmolLM2's projections, distinct weights) the vdpbf16ps loop ran 1-2 rows faster
+# than AMX (12.2 vs 15.3 ms at 1 row), 4 rows alike, 8 rows slower (17.0 vs 14.5 ms) and
+# 12-16 rows 1.4-1.7x slower.
+AMX_MIN_ROWS = 8
 
 # Every prepacked kind ``packed_linear`` builds.
 PACKED_LINEARS = (PackedLinear, Bf16DotLinear)
