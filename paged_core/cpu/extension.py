@@ -5,8 +5,9 @@ packed step over the paged cache), ``fused_ops.cpp`` (RMSNorm, add + RMSNorm,
 rotary embedding, SiLU-and-multiply), ``bf16_dot_linear.cpp`` (the bfloat16
 linear of the ``avx512_bf16`` level only), ``decoder_stack.cpp`` (every decoder
 layer of a model in one call: ``torch.classes.paged_core_cpu_<level>.DecoderStack``) and
-``quantized_linear.cpp`` (weight-only int4 / int8 products, ``quantization``) and
-``lora_products.cpp`` (the LoRA products of a step's adapters, ``lora.products``). Each level of
+``quantized_linear.cpp`` (weight-only int4 / int8 products, ``quantization``),
+``lora_products.cpp`` (the LoRA products of a step's adapters, ``lora.products``) and
+``greedy_tokens.cpp`` (each row's argmax, for the sampler). Each level of
 ``paged_core.cpu.isa`` (``generic``, ``avx2``, ``avx512``, ``avx512_bf16``) is its
 own build, compiled with that level's explicit ISA flags (never ``-march=native``,
 so a build cache shared between machines stays safe) and registered as its own op
@@ -45,7 +46,7 @@ logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("paged_attention.cpp", "fused_ops.cpp", "bf16_dot_linear.cpp", "bf16_amx_linear.cpp",
-            "decoder_stack.cpp", "quantized_linear.cpp", "lora_products.cpp")
+            "decoder_stack.cpp", "quantized_linear.cpp", "lora_products.cpp", "greedy_tokens.cpp")
 
 # Compiler flags each level adds to the one below it (see ``paged_core.cpu.isa``).
 _LEVEL_CFLAGS = {
