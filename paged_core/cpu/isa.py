@@ -108,13 +108,19 @@ def has_amx_bf16() -> bool:
     return _capabilities().get("amx_bf16") is True
 
 
+def requested_bf16_linear() -> str:
+    """``PAGED_CORE_CPU_LINEAR`` as the user wrote it, lower-cased: ``auto`` when unset, else the
+    raw value, unchecked (``selected_bf16_linear`` checks it)."""
+    return os.environ.get(LINEAR_SETTING, "").strip().lower() or "auto"
+
+
 def selected_bf16_linear() -> str:
     """The kernel of the ``avx512_bf16`` level's bfloat16 linears (see the module doc):
     ``PAGED_CORE_CPU_LINEAR`` if set (not ``auto``), else ``amx`` on CPUs with AMX-BF16 and
     ``bf16_dot`` on the others. Read on every call; raises ``ValueError`` for an unknown value
     or ``amx`` on a CPU without AMX-BF16."""
-    raw = os.environ.get(LINEAR_SETTING, "").strip().lower()
-    if raw in ("", "auto"):
+    raw = requested_bf16_linear()
+    if raw == "auto":
         return "amx" if has_amx_bf16() else "bf16_dot"
     if raw not in BF16_LINEAR_KERNELS:
         raise ValueError(f"{LINEAR_SETTING}={raw!r} is not a bfloat16 linear kernel; choose auto "

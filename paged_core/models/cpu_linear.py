@@ -24,8 +24,6 @@ AVX512-BF16 gets ``bf16_dot_linear.Bf16DotLinear`` instead of a bfloat16 ``Packe
 """
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import nn
 
@@ -79,13 +77,13 @@ def bf16_amx_min_rows() -> int:
     state (Linux before 5.16), ``auto`` keeps ``vdpbf16ps`` for every call (0) and an explicit
     ``amx`` raises ``RuntimeError``."""
     from ..cpu.extension import cpu_ops
-    from ..cpu.isa import LINEAR_SETTING, selected_bf16_linear
+    from ..cpu.isa import LINEAR_SETTING, requested_bf16_linear, selected_bf16_linear
 
     if selected_bf16_linear() != "amx":
         return 0
     if cpu_ops("avx512_bf16").bf16_amx_ready():
         return AMX_MIN_ROWS
-    if os.environ.get(LINEAR_SETTING, "").strip().lower() != "amx":
+    if requested_bf16_linear() == "auto":
         return 0
     raise RuntimeError(f"{LINEAR_SETTING}=amx: the OS did not grant this process the AMX tile "
                        "state (arch_prctl ARCH_REQ_XCOMP_PERM; Linux 5.16 or later); choose "

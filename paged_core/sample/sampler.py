@@ -16,6 +16,8 @@ kept probabilities; a seeded request takes it from its own ``torch.Generator``
 """
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -48,9 +50,19 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """Each row's argmax, as ``logits.argmax(dim=-1)`` (the first maximal value; the first NaN
     if any): float32 CPU logits through the C++ kernel (``csrc/greedy_tokens.cpp``, ~9x
     torch's CPU argmax over a 49k vocabulary) where it is built, else torch."""
-    if logits.device.type == "cpu" and logits.dtype == torch.float32 and cpu_extension_available():
-        return cpu_ops().greedy_tokens(logits)
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        kernel = _cpu_greedy_kernel()
+        if kernel is not None:
+            return kernel(logits)
     return logits.argmax(dim=-1)
+
+
+@functools.cache
+def _cpu_greedy_kernel() -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The C++ op, looked up once per process (not on every step): every CPU level's build
+    gives the same exact result, so the level selected at the first greedy CPU step serves
+    them all; None where the kernels do not build."""
+    return cpu_ops().greedy_tokens if cpu_extension_available() else None
 
 
 class Sampler:

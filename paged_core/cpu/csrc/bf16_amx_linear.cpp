@@ -151,12 +151,15 @@ void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_
                      int64_t g_begin, int64_t g_end, const uint16_t* bias, uint16_t* y,
                      int64_t ldy, int64_t N) {
   const int64_t K = 2 * K2, full = rows / 32 * 32;
-  // The last rows, zero-padded to 32 (a tile never reads past x).
-  std::vector<uint16_t> tail;
+  // The last rows, zero-padded to 32 (a tile never reads past x), in a buffer each thread
+  // keeps: decode calls (8-31 rows) have such a tail every call, four per layer.
+  thread_local std::vector<uint16_t> tail;
   if (full < rows) {
-    tail.assign(32 * K, 0);
-    for (int64_t m = full; m < rows; ++m)
-      std::memcpy(tail.data() + (m - full) * K, x + m * ldx, K * sizeof(uint16_t));
+    const int64_t copied = rows - full;
+    tail.resize(std::max<size_t>(tail.size(), 32 * K));
+    for (int64_t m = 0; m < copied; ++m)
+      std::memcpy(tail.data() + m * K, x + (full + m) * ldx, K * sizeof(uint16_t));
+    std::fill(tail.begin() + copied * K, tail.begin() + 32 * K, uint16_t{0});
   }
   alignas(64) float c[32 * 32];
   configure_tiles();
