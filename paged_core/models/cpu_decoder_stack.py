@@ -10,8 +10,10 @@ It serves a model only where the Python path would run exactly those kernels
 (``CpuDecoderStack.for_model`` returns ``None`` otherwise, and the model keeps its
 Python layers): one rank, the fused C++ ops of a CPU level, dense MLPs (no experts) and
 per-head q/k norms at most, every projection a
-plain ``nn.Linear`` or one that ``cpu_linear.packed_linear`` built (batch-invariant
-tiling and tensor-parallel layers keep Python), and per step (``serves``) an attention
+plain ``nn.Linear``, one that ``cpu_linear.packed_linear`` built or a weight-only 4- or
+8-bit ``Int4Linear`` / ``Int8Linear`` (whose levels the stack multiplies with the same C++
+kernels and dense threshold, ``set_quantized``; batch-invariant tiling, tensor-parallel
+layers and W8A8 keep Python), and per step (``serves``) an attention
 backend that sends these caches to the C++ kernel of the same level.
 
 LoRA adapters run inside it too: ``set_lora`` hands it a projection's slot tables (those of
@@ -25,6 +27,8 @@ import torch
 from torch import nn
 
 from ..attention import AttentionBackend, AttentionMetadata
+from ..quantization.int4_linear import Int4Linear
+from ..quantization.int8_linear import Int8Linear
 from .bf16_dot_linear import Bf16DotLinear
 from .cpu_linear import PACKED_LINEARS
 from .elementwise import FusedCpuOps
@@ -58,6 +62,11 @@ class CpuDecoderStack:
                  (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)],
                 _amx_min_rows((attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)),
                 attn.sliding_window or 0)
+        for index, layer in enumerate(model.layers):
+            for projection in PROJECTIONS:
+                module = _projection(layer, projection)
+                if type(module) in QUANTIZED_LINEARS:
+                    self._set_quantized(index, projection, module)
         self.lora_batch = None  # the LoRA runtime's LoRABatch (this step's rows per slot)
 
     @classmethod
@@ -75,6 +84,17 @@ class CpuDecoderStack:
         if not all(type(p) in _STACKED_PROJECTIONS for p in projections):
             return None
         return cls(model, model.ops.cpu_isa)
+
+    def _set_quantized(self, layer: int, projection: str, module: nn.Module) -> None:
+        """Hand the stack ``module``'s levels (shared): it then runs that projection as
+        ``QuantizedLinear.forward`` does."""
+        four_bits = type(module) is Int4Linear
+        self._stack.set_quantized(
+            layer, PROJECTIONS.index(projection), 4 if four_bits else 8, module.levels,
+            module.scales, module.offsets if four_bits else None,
+            module.zeros if four_bits else None, module.group_size, module.dense_rows,
+            module.dense_dtype, module.column_outputs if four_bits else 0,
+            module.amx_min_rows if four_bits and module.column_outputs else 0)
 
     def set_lora(self, layer: int, projection: str, a: torch.Tensor, b_t: torch.Tensor,
                  part_starts: list[int]) -> None:
@@ -106,8 +126,16 @@ class CpuDecoderStack:
                                    meta.query_start_loc, token_slots)
 
 
+def _projection(layer: nn.Module, name: str) -> nn.Module:
+    """Projection ``name`` (of ``PROJECTIONS``) of a decoder layer."""
+    return getattr(layer.self_attn if name in ("qkv_proj", "o_proj") else layer.mlp, name)
+
+
 def _weight_and_bias(projection: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The weight the C++ projection multiplies by (packed or plain) and its bias."""
+    """The weight the C++ projection multiplies by (packed or plain; a quantized one's
+    levels, which ``set_quantized`` then tells the stack how to read) and its bias."""
+    if type(projection) in QUANTIZED_LINEARS:
+        return projection.levels, projection.bias
     if isinstance(projection, PACKED_LINEARS):
         return projection.packed_weight, projection.bias
     return projection.weight, projection.bias
@@ -127,6 +155,10 @@ def _amx_min_rows(projections: tuple[nn.Module, ...]) -> int:
 # The projections of a layer, in the C++ stack's order.
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
+# Weight-only quantized linears the stack runs itself (exactly these types: W8A8Linear, a
+# subclass, quantizes its inputs first).
+QUANTIZED_LINEARS = (Int4Linear, Int8Linear)
+
 # Exactly these types (subclasses may compute otherwise); a RowParallelLinear of one rank
 # is a plain nn.Linear.
-_STACKED_PROJECTIONS = (nn.Linear, RowParallelLinear, *PACKED_LINEARS)
+_STACKED_PROJECTIONS = (nn.Linear, RowParallelLinear, *PACKED_LINEARS, *QUANTIZED_LINEARS)

@@ -43,6 +43,7 @@ class QuantizedLinear(nn.Module):
         self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING, "24"))
         level = selected_cpu_isa()
         self.kernels = cpu_ops(level) if cpu_extension_available(level) else None
+        self.level = level if self.kernels is not None else None  # whose kernels
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype),
                                  requires_grad=False) if has_bias else None
 

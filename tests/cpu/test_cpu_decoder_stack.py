@@ -100,3 +100,22 @@ def test_models_the_stack_cannot_serve_keep_the_python_layers(tmp_path, tokenize
     model = LLM(model=folder, dtype="float32", num_kv_blocks=8).engine.core.executor.runner.model
     model.use_ops(TORCH_OPS)
     assert model.decoder_stack is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("scheme", ["W4A16", "W4A16_ASYM", "W8A16"])
+def test_stack_matches_the_python_layers_with_quantized_weights(scheme, dtype, tokenizer,
+                                                                tmp_path, cpu_isa):
+    """Weight-only 4- and 8-bit projections run in the stack by the same kernels: decode
+    steps (fewer rows than ``dense_rows``) on the levels, prefill chunks densely."""
+    pytest.importorskip("compressed_tensors")
+    from paged_core.bench.quantized_models import compressed_tensors_checkpoint
+    from paged_core.quantization.int4_linear import Int4Linear
+    from paged_core.quantization.int8_linear import Int8Linear
+
+    folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
+    checkpoint, _ = compressed_tensors_checkpoint(folder, scheme, str(tmp_path / scheme), 32, None)
+    llm = _generate_through_both_paths(checkpoint, dtype, cpu_isa)
+    projection = llm.engine.core.executor.runner.model.layers[0].mlp.down_proj
+    assert type(projection) is (Int8Linear if scheme == "W8A16" else Int4Linear)
+    assert 1 < projection.dense_rows < 48  # both the kernels and the dense path ran

@@ -58,6 +58,37 @@ def test_kernels_equal_the_dequantized_product(cpu_isa, monkeypatch, kind, group
     assert (out.float() - expected).abs().max() <= 1e-2 * expected.abs().max()  # bf16 rounding
 
 
+# out 40 and 70: column groups of 32 with a short last one; 1-13 rows: every row tile
+@pytest.mark.parametrize("group_size,out", [(16, 40), (32, 70), (128, 40)])
+@pytest.mark.parametrize("rows", [1, 2, 6, 7, 13])
+def test_bf16_int4_column_kernel_equals_the_dequantized_product(cpu_isa, group_size, out, rows):
+    """At the avx512_bf16 level a bfloat16 Int4Linear keeps int4_column_pack's layout: its
+    float32 product of bfloat16 rows is the dequantized weight's (float32 sums: near exact),
+    its dequantized weight is exactly the levels', and its many-rows path (rows past
+    AMX_MIN_ROWS included) multiplies by that weight in bfloat16; below that level the row
+    kernels keep the row layout."""
+    gen = torch.Generator().manual_seed(rows + group_size)
+    weight = int4_weight(out, 256, group_size, gen)
+    layer = Int4Linear(weight, False, torch.bfloat16)
+    assert bool(layer.column_outputs) == (cpu_isa == "avx512_bf16")
+    if not layer.column_outputs:
+        pytest.skip(f"the column layout is the avx512_bf16 level's; this run is {cpu_isa}")
+    assert layer.levels.shape == ((out + 31) // 32, 128, 32)
+    assert torch.equal(layer.dequantized_weight(), weight.dequantize())
+    x = torch.randn(rows, 256, generator=gen).bfloat16()
+    product = layer.product(x)
+    assert product.dtype is torch.float32
+    expected = F.linear(x.double(), weight.dequantize().double())
+    torch.testing.assert_close(product.double(), expected, atol=1e-5, rtol=1e-5)
+    # one row alone gives the same bits as in the batch (its sums depend on it alone)
+    assert torch.equal(layer.product(x[-1:]), product[-1:])
+    layer.dense_rows = 1  # every call: W widened into Bf16DotLinear's layout, then its GEMM
+    dense = layer.product(x)
+    assert dense.dtype is torch.bfloat16
+    expected = F.linear(x.float(), weight.dequantize().bfloat16().float())
+    assert (dense.float() - expected).abs().max() <= 1e-2 * expected.abs().max()  # bf16 output
+
+
 def test_without_the_cpp_kernels_every_call_is_dense():
     gen = torch.Generator().manual_seed(0)
     weight = int4_weight(8, 64, 32, gen)

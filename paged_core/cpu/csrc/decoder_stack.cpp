@@ -23,7 +23,8 @@
 // the torch attention backend and cpu_linear's PackedLinear, Bf16DotLinear or F.linear)
 // calls, so both give bit-identical results. Projections are a oneDNN-packed weight (mkldnn layout:
 // computed in the weight's dtype, the result cast back), a bf16_dot_linear weight
-// (avx512_bf16 build) or a plain one (at::linear).
+// (avx512_bf16 build), a plain one (at::linear) or weight-only 4- or 8-bit levels
+// (set_quantized: quantization/quantized_linear.py's QuantizedLinear, same kernels).
 // Registered as torch.classes.paged_core_cpu_<level>.DecoderStack.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -40,6 +41,7 @@
 #include "fused_ops.h"
 #include "kv_quant.h"
 #include "lora_products.h"
+#include "quantized_linear.h"
 
 // The class lives in the build's own namespace: builds of several levels share a process,
 // and torch tells custom classes apart by their C++ type.
@@ -58,12 +60,53 @@ struct LoRASlots {
   std::vector<int64_t> width, part_starts;
 };
 
+// A projection's weight-only 4- or 8-bit levels (quantization/int4_linear.py's Int4Linear or
+// int8_linear.py's Int8Linear, tensors shared): product() is their product().
+struct QuantizedWeight {
+  int64_t bits;  // 4 or 8
+  at::Tensor levels, scales;
+  at::Tensor offsets, zeros;  // 4-bit: zero - 8 * scale, and zero, per group
+  int64_t group_size;
+  int64_t dense_rows;          // calls of this many rows take one dense GEMM
+  at::ScalarType dense_dtype;  // what that GEMM multiplies in
+  int64_t column_outputs;      // > 0: 4-bit levels in int4_column_pack's layout, N outputs
+  int64_t amx_min_rows;        // the column layout's dense GEMM: AMX from this many rows
+
+  // rows [M, in] -> rows W^T: float32 (the kernels), or dense_dtype / bfloat16 (many rows).
+  at::Tensor product(const at::Tensor& rows) const {
+    if (column_outputs > 0) return column_product(rows.to(at::kBFloat16).contiguous());
+    if (rows.size(0) >= dense_rows) {
+      const at::Tensor w = bits == 4
+          ? paged_core_cpu::int4_dequantize(levels, scales, zeros, group_size)
+          : paged_core_cpu::int8_dequantize(levels, scales, group_size);
+      return at::linear(rows.to(dense_dtype), w.to(dense_dtype));
+    }
+    const at::Tensor x = rows.to(at::kFloat).contiguous();
+    return bits == 4 ? paged_core_cpu::int4_gemm(x, levels, scales, offsets, group_size)
+                     : paged_core_cpu::int8_gemm(x, levels, scales, group_size);
+  }
+
+ private:
+  at::Tensor column_product(const at::Tensor& x) const {
+#if defined(__AVX512BF16__)
+    if (x.size(0) < dense_rows)
+      return paged_core_cpu::int4_column_gemm(x, levels, scales, offsets, group_size, column_outputs);
+    return paged_core_cpu::int4_column_dense(x, levels, scales, zeros, group_size, column_outputs,
+                                             amx_min_rows);
+#else
+    TORCH_CHECK(false, "int4 column layouts need the avx512_bf16 build");
+    return x;
+#endif
+  }
+};
+
 struct Projection {
   at::Tensor weight;  // [out, in], oneDNN's packed layout of it, or pack_bf16_dot_weight's
   std::optional<at::Tensor> bias;
   int64_t bf16_dot_out_features;  // > 0: weight is pack_bf16_dot_weight's, of this many outputs
   int64_t amx_min_rows;           // bf16_dot_linear's: calls of this many rows take AMX (0: none)
   std::optional<LoRASlots> lora;
+  std::optional<QuantizedWeight> quantized;  // set: weight is unused
 
   // The base product, plus each row's adapter product (LoRALinear.forward's ops);
   // lora_token_slots: each row's slot (-1: none), undefined when no row has an adapter.
@@ -76,6 +119,10 @@ struct Projection {
   }
 
   at::Tensor base(const at::Tensor& x) const {
+    if (quantized) {  // QuantizedLinear.forward: the product in x's dtype, then the bias
+      at::Tensor y = quantized->product(x).to(x.scalar_type());
+      return bias ? y + *bias : y;
+    }
     if (bf16_dot_out_features > 0) {
 #if defined(__AVX512BF16__)
       return paged_core_cpu::bf16_dot_linear(x, weight, bf16_dot_out_features, bias, amx_min_rows);
@@ -217,6 +264,25 @@ class DecoderStack : public torch::CustomClassHolder {
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
+  // Make projection `projection` (0 qkv, 1 o, 2 gate_up, 3 down) of layer `layer` multiply
+  // by weight-only levels of `bits` (QuantizedWeight; offsets and zeros for 4 bits only;
+  // column_outputs > 0: int4_column_pack's layout, its many-rows GEMM on AMX from
+  // amx_min_rows rows) instead of the weight add_layer gave it; its bias stays.
+  void set_quantized(int64_t layer, int64_t projection, int64_t bits, at::Tensor levels,
+                     at::Tensor scales, std::optional<at::Tensor> offsets,
+                     std::optional<at::Tensor> zeros, int64_t group_size, int64_t dense_rows,
+                     at::ScalarType dense_dtype, int64_t column_outputs, int64_t amx_min_rows) {
+    TORCH_CHECK(bits == 8 || (bits == 4 && offsets && zeros),
+                "quantized projections are 8-bit, or 4-bit with offsets and zeros");
+    TORCH_CHECK(levels.is_contiguous() && scales.is_contiguous() &&
+                    scales.scalar_type() == at::kFloat && group_size > 0,
+                "levels and float32 scales must be contiguous, group_size positive");
+    projection_at(layer, projection).quantized = QuantizedWeight{
+        bits, std::move(levels), std::move(scales), offsets.value_or(at::Tensor()),
+        zeros.value_or(at::Tensor()), group_size, dense_rows, dense_dtype, column_outputs,
+        amx_min_rows};
+  }
+
   // Give projection `projection` (0 qkv, 1 o, 2 gate_up, 3 down) of layer `layer` the LoRA
   // slot tables a [slots, width, in] and b_t [slots, width, out] (shared; every slot unused)
   // and its parts' output column boundaries.
@@ -353,6 +419,7 @@ PAGED_CORE_LIBRARY_FRAGMENT(m) {
       .def(torch::init<int64_t, int64_t, int64_t, double, double, at::Tensor, at::Tensor, at::Tensor>())
       .def("add_layer", &PAGED_CORE_OPS::DecoderStack::add_layer)
       .def("num_layers", &PAGED_CORE_OPS::DecoderStack::num_layers)
+      .def("set_quantized", &PAGED_CORE_OPS::DecoderStack::set_quantized)
       .def("set_lora", &PAGED_CORE_OPS::DecoderStack::set_lora)
       .def("set_lora_width", &PAGED_CORE_OPS::DecoderStack::set_lora_width)
       .def("forward", &PAGED_CORE_OPS::DecoderStack::forward);

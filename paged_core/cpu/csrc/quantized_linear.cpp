@@ -18,6 +18,7 @@
 #include <torch/library.h>
 
 #include "cpu_common.h"
+#include "quantized_linear.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -203,16 +204,6 @@ at::Tensor quantized_gemm(const at::Tensor& x, const at::Tensor& levels, const a
   return y;
 }
 
-at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
-                     const at::Tensor& offsets, int64_t group_size) {
-  return quantized_gemm<true>(x, levels, scales, offsets, group_size);
-}
-
-at::Tensor int8_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
-                     int64_t group_size) {
-  return quantized_gemm<false>(x, levels, scales, c10::nullopt, group_size);
-}
-
 template <bool kInt4>
 at::Tensor dequantize(const at::Tensor& levels, const at::Tensor& scales,
                       const c10::optional<at::Tensor>& zeros, int64_t G) {
@@ -247,6 +238,20 @@ at::Tensor dequantize(const at::Tensor& levels, const at::Tensor& scales,
   return w;
 }
 
+}  // namespace
+
+namespace paged_core_cpu {
+
+at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
+                     const at::Tensor& offsets, int64_t group_size) {
+  return quantized_gemm<true>(x, levels, scales, offsets, group_size);
+}
+
+at::Tensor int8_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
+                     int64_t group_size) {
+  return quantized_gemm<false>(x, levels, scales, c10::nullopt, group_size);
+}
+
 at::Tensor int4_dequantize(const at::Tensor& levels, const at::Tensor& scales,
                            const at::Tensor& zeros, int64_t group_size) {
   return dequantize<true>(levels, scales, zeros, group_size);
@@ -257,9 +262,10 @@ at::Tensor int8_dequantize(const at::Tensor& levels, const at::Tensor& scales,
   return dequantize<false>(levels, scales, c10::nullopt, group_size);
 }
 
-}  // namespace
+}  // namespace paged_core_cpu
 
 PAGED_CORE_LIBRARY_FRAGMENT(m) {
+  using namespace paged_core_cpu;
   m.def("int4_dequantize(Tensor levels, Tensor scales, Tensor zeros, int group_size) -> Tensor");
   m.def("int8_dequantize(Tensor levels, Tensor scales, int group_size) -> Tensor");
   m.impl("int4_dequantize", c10::DispatchKey::CPU, TORCH_FN(int4_dequantize));

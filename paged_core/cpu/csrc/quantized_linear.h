@@ -1,0 +1,37 @@
+// The weight-only quantized products of quantized_linear.cpp (see there for the layouts
+// and the sum order), callable from the other C++ kernels of the same build.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace paged_core_cpu {
+
+// x float32 [M, K] contiguous -> x W^T, float32 [M, N], W 4-bit (offsets = zero - 8 scale).
+at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
+                     const at::Tensor& offsets, int64_t group_size);
+// The same for W 8-bit.
+at::Tensor int8_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
+                     int64_t group_size);
+// W itself, float32 [N, K].
+at::Tensor int4_dequantize(const at::Tensor& levels, const at::Tensor& scales,
+                           const at::Tensor& zeros, int64_t group_size);
+at::Tensor int8_dequantize(const at::Tensor& levels, const at::Tensor& scales, int64_t group_size);
+
+#if defined(__AVX512BF16__)
+// int4_column_linear.cpp: 4-bit levels in column groups of 32 outputs, bfloat16 rows.
+std::vector<at::Tensor> int4_column_pack(const at::Tensor& q, const at::Tensor& scales,
+                                         const at::Tensor& offsets, const at::Tensor& zeros);
+at::Tensor int4_column_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
+                            const at::Tensor& offsets, int64_t group_size, int64_t out_features);
+at::Tensor int4_column_dequantize(const at::Tensor& levels, const at::Tensor& scales,
+                                  const at::Tensor& zeros, int64_t group_size, int64_t out_features);
+// x [M, K] -> x W^T bfloat16 for many rows: W widened into bf16_dot_linear's layout, then it.
+at::Tensor int4_column_dense(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
+                             const at::Tensor& zeros, int64_t group_size, int64_t out_features,
+                             int64_t amx_min_rows);
+#endif
+
+}  // namespace paged_core_cpu
