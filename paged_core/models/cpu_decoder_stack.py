@@ -88,13 +88,10 @@ class CpuDecoderStack:
     def _set_quantized(self, layer: int, projection: str, module: nn.Module) -> None:
         """Hand the stack ``module``'s levels (shared): it then runs that projection as
         ``QuantizedLinear.forward`` does."""
-        four_bits = type(module) is Int4Linear
         self._stack.set_quantized(
-            layer, PROJECTIONS.index(projection), 4 if four_bits else 8, module.levels,
-            module.scales, module.offsets if four_bits else None,
-            module.zeros if four_bits else None, module.group_size, module.dense_rows,
-            module.dense_dtype, module.column_outputs if four_bits else 0,
-            module.amx_min_rows if four_bits and module.column_outputs else 0)
+            layer, PROJECTIONS.index(projection), 4 if type(module) is Int4Linear else 8,
+            module.levels, module.scales, module.offsets, module.zeros, module.group_size,
+            module.dense_rows, module.dense_dtype, module.column_outputs, module.amx_min_rows)
 
     def set_lora(self, layer: int, projection: str, a: torch.Tensor, b_t: torch.Tensor,
                  part_starts: list[int]) -> None:

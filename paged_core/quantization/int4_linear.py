@@ -11,12 +11,8 @@ is ``zero = (8 - z) * s``. Scales and offsets stay float32 whatever the model's 
 
 ``Int4Linear`` keeps two levels per byte, in the C++ kernel's order: in each group, byte
 ``j`` holds feature ``j`` in its low nibble and feature ``j + group_size / 2`` in its high
-nibble (``pack_nibbles``; half a byte per weight, nothing else kept of ``q``). A bfloat16
-linear at the ``avx512_bf16`` level instead keeps ``int4_column_pack``'s column groups of 32
-outputs (levels, scales, offsets and zeros; ``cpu/csrc/int4_column_linear.cpp``), whose
-``vdpbf16ps`` kernel multiplies the bfloat16 rows as they are, and whose many-rows path widens
-the weight once per call straight into ``Bf16DotLinear``'s layout (bfloat16 of the float32
-dequantization) for its GEMM; ``column_outputs`` says which layout.
+nibble (``pack_nibbles``; half a byte per weight, nothing else kept of ``q``), or the column
+layout (``quantized_linear``'s module doc).
 """
 from __future__ import annotations
 
@@ -80,13 +76,6 @@ def unpack_nibbles(packed: torch.Tensor, group_size: int) -> torch.Tensor:
     return torch.stack([groups & 15, groups >> 4], dim=2).reshape(out, half * 2)
 
 
-def _takes_column_kernel(level: str, dtype: torch.dtype, dense_dtype: torch.dtype) -> bool:
-    """Whether a linear of ``dtype`` (many rows in ``dense_dtype``) at CPU ``level`` keeps the
-    column layout: bfloat16 throughout (the kernels multiply bfloat16 rows) and the
-    ``avx512_bf16`` kernels."""
-    return level == "avx512_bf16" and dtype == dense_dtype == torch.bfloat16
-
-
 class Int4Linear(QuantizedLinear):
     """``y = x @ W.T (+ bias)`` for an ``Int4Weight`` ``W`` (inference only, CPU)."""
 
@@ -99,38 +88,18 @@ class Int4Linear(QuantizedLinear):
         self.group_size = weight.group_size
         scales, zeros = weight.scales.float().contiguous(), weight.zeros.float().contiguous()
         offsets = (zeros - 8 * scales).contiguous()
-        # > 0: the levels are int4_column_pack's for this many outputs (else pack_nibbles')
-        self.column_outputs = self.out_features if _takes_column_kernel(self.level, dtype,
-                                                                         self.dense_dtype) else 0
-        if self.column_outputs:
-            from ..models.cpu_linear import bf16_amx_min_rows
-
-            self.levels, self.scales, self.offsets, self.zeros = self.kernels.int4_column_pack(
-                weight.q.to(torch.uint8), scales, offsets, zeros)
-            # many rows: the weight widened into Bf16DotLinear's layout, AMX from these rows
-            self.amx_min_rows = bf16_amx_min_rows()
+        q = weight.q.to(torch.uint8)
+        packed = self._column_layout(q, [scales, offsets, zeros])
+        if packed is not None:
+            self.levels, self.scales, self.offsets, self.zeros = packed
         else:
-            self.levels = pack_nibbles(weight.q.to(torch.uint8), weight.group_size)
+            self.levels = pack_nibbles(q, weight.group_size)
             self.scales, self.offsets, self.zeros = scales, offsets, zeros
-
-    def product(self, rows: torch.Tensor) -> torch.Tensor:
-        if not self.column_outputs:
-            return super().product(rows)
-        rows = rows.to(torch.bfloat16).contiguous()
-        if rows.shape[0] < self.dense_rows:  # float32 sums
-            return self.kernels.int4_column_gemm(rows, self.levels, self.scales, self.offsets,
-                                                 self.group_size, self.column_outputs)
-        return self.kernels.int4_column_dense(rows, self.levels, self.scales, self.zeros,
-                                              self.group_size, self.column_outputs,
-                                              self.amx_min_rows)  # bfloat16
 
     def quantized_product(self, rows: torch.Tensor) -> torch.Tensor:
         return self.kernels.int4_gemm(rows, self.levels, self.scales, self.offsets, self.group_size)
 
-    def dequantized_weight(self) -> torch.Tensor:
-        if self.column_outputs:
-            return self.kernels.int4_column_dequantize(self.levels, self.scales, self.zeros,
-                                                       self.group_size, self.column_outputs)
+    def row_layout_weight(self) -> torch.Tensor:
         if self.kernels is not None:
             return self.kernels.int4_dequantize(self.levels, self.scales, self.zeros, self.group_size)
         return Int4Weight(unpack_nibbles(self.levels, self.group_size), self.scales, self.zeros,

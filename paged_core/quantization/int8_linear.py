@@ -8,6 +8,8 @@ group of ``group_size`` consecutive input features of a row:
 ``group_size == in`` is one scale per output channel (compressed-tensors' W8A16 ``channel``
 strategy); GGUF Q8_0 has groups of 32, Q6_K groups of 16. Every 8-bit layout served here is
 symmetric. ``activations_int8`` marks W8A8 weights, whose inputs are quantized too (``W8A8Linear``).
+``Int8Linear`` keeps the levels as they are, or the column layout (``quantized_linear``'s
+module doc).
 """
 from __future__ import annotations
 
@@ -62,13 +64,15 @@ class Int8Linear(QuantizedLinear):
             raise ValueError(f"int8 weights need groups of a multiple of 16 features dividing "
                              f"the input features ({self.in_features}), got {weight.group_size}")
         self.group_size = weight.group_size
-        self.levels = weight.q.to(torch.int8).contiguous()
-        self.scales = weight.scales.float().contiguous()
+        q, scales = weight.q.to(torch.int8).contiguous(), weight.scales.float().contiguous()
+        # W8A8's inputs are float32 levels: those keep the row layout's float32 kernels
+        packed = None if weight.activations_int8 else self._column_layout(q, [scales])
+        self.levels, self.scales = packed if packed is not None else (q, scales)
 
     def quantized_product(self, rows: torch.Tensor) -> torch.Tensor:
         return self.kernels.int8_gemm(rows, self.levels, self.scales, self.group_size)
 
-    def dequantized_weight(self) -> torch.Tensor:
+    def row_layout_weight(self) -> torch.Tensor:
         if self.kernels is not None:
             return self.kernels.int8_dequantize(self.levels, self.scales, self.group_size)
         return Int8Weight(self.levels, self.scales, self.group_size).dequantize()

@@ -9,6 +9,12 @@ the weight is dequantized for that one call and multiplied densely: the model st
 only the levels. Without the C++ kernels (another architecture, no compiler) every call
 takes the dense path.
 
+A bfloat16 linear at the ``avx512_bf16`` level keeps its levels in column groups of 32
+outputs instead (``column_pack``; ``cpu/csrc/quantized_column_linear.cpp``): its decode
+kernel multiplies the bfloat16 rows as they are with ``vdpbf16ps``, and its many-rows path
+widens the weight once per call straight into ``Bf16DotLinear``'s layout for that GEMM (AMX
+where the CPU has it). ``column_outputs`` says which layout a linear keeps.
+
 Invariants: the output has the input's dtype (the ``dtype`` the linear was built for);
 ``bias`` is a parameter of that dtype under the dense layer's name, loaded with the
 model's other weights; the kernels compute in float32.
@@ -44,8 +50,22 @@ class QuantizedLinear(nn.Module):
         level = selected_cpu_isa()
         self.kernels = cpu_ops(level) if cpu_extension_available(level) else None
         self.level = level if self.kernels is not None else None  # whose kernels
+        self.column_outputs = 0  # > 0: the levels are column_pack's, of this many outputs
+        self.amx_min_rows = 0  # the column layout's many-rows GEMM: AMX from these rows
+        self.offsets = self.zeros = None  # 4-bit weights' (zero - 8 scale, zero) per group
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype),
                                  requires_grad=False) if has_bias else None
+
+    def _column_layout(self, q: torch.Tensor, per_group: list[torch.Tensor]) -> list | None:
+        """``column_pack``'s levels and per-group tensors where this linear keeps the column
+        layout (bfloat16 throughout, the ``avx512_bf16`` kernels), else ``None``."""
+        if not (self.level == "avx512_bf16" and self.dtype == self.dense_dtype == torch.bfloat16):
+            return None
+        from ..models.cpu_linear import bf16_amx_min_rows
+
+        self.column_outputs = self.out_features
+        self.amx_min_rows = bf16_amx_min_rows()
+        return self.kernels.column_pack(q, per_group)
 
     def quantized_product(self, rows: torch.Tensor) -> torch.Tensor:
         """``rows @ W.T`` (float32 ``[n, in]`` → ``[n, out]``) by the C++ kernel."""
@@ -53,6 +73,13 @@ class QuantizedLinear(nn.Module):
 
     def dequantized_weight(self) -> torch.Tensor:
         """``W`` in float32, built for one call."""
+        if self.column_outputs:
+            return self.kernels.column_dequantize(self.levels, self.scales, self.zeros,
+                                                  self.group_size, self.column_outputs)
+        return self.row_layout_weight()
+
+    def row_layout_weight(self) -> torch.Tensor:
+        """``W`` in float32 from the row layout's levels."""
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -63,6 +90,14 @@ class QuantizedLinear(nn.Module):
 
     def product(self, rows: torch.Tensor) -> torch.Tensor:
         """``rows @ W.T`` (no bias), by the kernel or, for many rows, densely."""
+        if self.column_outputs:
+            rows = rows.to(torch.bfloat16).contiguous()
+            if rows.shape[0] < self.dense_rows:  # float32 sums
+                return self.kernels.column_gemm(rows, self.levels, self.scales, self.offsets,
+                                                self.group_size, self.column_outputs)
+            return self.kernels.column_dense(rows, self.levels, self.scales, self.zeros,
+                                             self.group_size, self.column_outputs,
+                                             self.amx_min_rows)  # bfloat16
         if self.kernels is None or rows.shape[0] >= self.dense_rows:
             weight = self.dequantized_weight().to(self.dense_dtype)
             return F.linear(rows.to(self.dense_dtype), weight)

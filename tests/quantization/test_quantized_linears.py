@@ -58,22 +58,29 @@ def test_kernels_equal_the_dequantized_product(cpu_isa, monkeypatch, kind, group
     assert (out.float() - expected).abs().max() <= 1e-2 * expected.abs().max()  # bf16 rounding
 
 
-# out 40 and 70: column groups of 32 with a short last one; 1-13 rows: every row tile
-@pytest.mark.parametrize("group_size,out", [(16, 40), (32, 70), (128, 40)])
-@pytest.mark.parametrize("rows", [1, 2, 6, 7, 13])
-def test_bf16_int4_column_kernel_equals_the_dequantized_product(cpu_isa, group_size, out, rows):
-    """At the avx512_bf16 level a bfloat16 Int4Linear keeps int4_column_pack's layout: its
-    float32 product of bfloat16 rows is the dequantized weight's (float32 sums: near exact),
-    its dequantized weight is exactly the levels', and its many-rows path (rows past
+# out 40 and 70: column groups of 32 with a short last one; 1-13 rows: every row tile;
+# int8 groups of 256: one scale per output channel
+@pytest.mark.parametrize("kind,group_size,out", [("int4", 16, 40), ("int4", 32, 70),
+                                                 ("int4", 128, 40), ("int8", 32, 40),
+                                                 ("int8", 256, 70)])
+@pytest.mark.parametrize("rows", [1, 2, 7, 13])
+def test_bf16_column_kernels_equal_the_dequantized_product(cpu_isa, kind, group_size, out, rows):
+    """At the avx512_bf16 level a bfloat16 Int4Linear / Int8Linear keeps column_pack's layout:
+    its float32 product of bfloat16 rows is the dequantized weight's (float32 sums: near
+    exact), its dequantized weight is exactly the levels', and its many-rows path (rows past
     AMX_MIN_ROWS included) multiplies by that weight in bfloat16; below that level the row
-    kernels keep the row layout."""
+    kernels keep the row layout, and W8A8 keeps it everywhere."""
     gen = torch.Generator().manual_seed(rows + group_size)
-    weight = int4_weight(out, 256, group_size, gen)
-    layer = Int4Linear(weight, False, torch.bfloat16)
+    make, linear = (int4_weight, Int4Linear) if kind == "int4" else (int8_weight, Int8Linear)
+    weight = make(out, 256, group_size, gen)
+    layer = linear(weight, False, torch.bfloat16)
     assert bool(layer.column_outputs) == (cpu_isa == "avx512_bf16")
     if not layer.column_outputs:
         pytest.skip(f"the column layout is the avx512_bf16 level's; this run is {cpu_isa}")
-    assert layer.levels.shape == ((out + 31) // 32, 128, 32)
+    per_channel = int8_weight(out, 256, 256, gen)
+    per_channel.activations_int8 = True
+    assert W8A8Linear(per_channel, False, torch.bfloat16).column_outputs == 0
+    assert layer.levels.shape == ((out + 31) // 32, 128, 32 if kind == "int4" else 64)
     assert torch.equal(layer.dequantized_weight(), weight.dequantize())
     x = torch.randn(rows, 256, generator=gen).bfloat16()
     product = layer.product(x)

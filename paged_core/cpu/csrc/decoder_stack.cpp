@@ -69,7 +69,7 @@ struct QuantizedWeight {
   int64_t group_size;
   int64_t dense_rows;          // calls of this many rows take one dense GEMM
   at::ScalarType dense_dtype;  // what that GEMM multiplies in
-  int64_t column_outputs;      // > 0: 4-bit levels in int4_column_pack's layout, N outputs
+  int64_t column_outputs;      // > 0: levels in column_pack's layout, of this many outputs
   int64_t amx_min_rows;        // the column layout's dense GEMM: AMX from this many rows
 
   // rows [M, in] -> rows W^T: float32 (the kernels), or dense_dtype / bfloat16 (many rows).
@@ -89,12 +89,16 @@ struct QuantizedWeight {
  private:
   at::Tensor column_product(const at::Tensor& x) const {
 #if defined(__AVX512BF16__)
+    const auto given = [](const at::Tensor& t) {
+      return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+    };
     if (x.size(0) < dense_rows)
-      return paged_core_cpu::int4_column_gemm(x, levels, scales, offsets, group_size, column_outputs);
-    return paged_core_cpu::int4_column_dense(x, levels, scales, zeros, group_size, column_outputs,
-                                             amx_min_rows);
+      return paged_core_cpu::column_gemm(x, levels, scales, given(offsets), group_size,
+                                         column_outputs);
+    return paged_core_cpu::column_dense(x, levels, scales, given(zeros), group_size, column_outputs,
+                                        amx_min_rows);
 #else
-    TORCH_CHECK(false, "int4 column layouts need the avx512_bf16 build");
+    TORCH_CHECK(false, "column layouts need the avx512_bf16 build");
     return x;
 #endif
   }
@@ -266,7 +270,7 @@ class DecoderStack : public torch::CustomClassHolder {
 
   // Make projection `projection` (0 qkv, 1 o, 2 gate_up, 3 down) of layer `layer` multiply
   // by weight-only levels of `bits` (QuantizedWeight; offsets and zeros for 4 bits only;
-  // column_outputs > 0: int4_column_pack's layout, its many-rows GEMM on AMX from
+  // column_outputs > 0: column_pack's layout, its many-rows GEMM on AMX from
   // amx_min_rows rows) instead of the weight add_layer gave it; its bias stays.
   void set_quantized(int64_t layer, int64_t projection, int64_t bits, at::Tensor levels,
                      at::Tensor scales, std::optional<at::Tensor> offsets,

@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace paged_core_cpu {
@@ -21,17 +22,19 @@ at::Tensor int4_dequantize(const at::Tensor& levels, const at::Tensor& scales,
 at::Tensor int8_dequantize(const at::Tensor& levels, const at::Tensor& scales, int64_t group_size);
 
 #if defined(__AVX512BF16__)
-// int4_column_linear.cpp: 4-bit levels in column groups of 32 outputs, bfloat16 rows.
-std::vector<at::Tensor> int4_column_pack(const at::Tensor& q, const at::Tensor& scales,
-                                         const at::Tensor& offsets, const at::Tensor& zeros);
-at::Tensor int4_column_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
-                            const at::Tensor& offsets, int64_t group_size, int64_t out_features);
-at::Tensor int4_column_dequantize(const at::Tensor& levels, const at::Tensor& scales,
-                                  const at::Tensor& zeros, int64_t group_size, int64_t out_features);
+// quantized_column_linear.cpp: levels in column groups of 32 outputs (column_pack), bfloat16
+// rows; 4-bit levels take offsets (products) and zeros (dense, dequantize), 8-bit neither.
+std::vector<at::Tensor> column_pack(const at::Tensor& q, const std::vector<at::Tensor>& per_group);
+at::Tensor column_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
+                       const std::optional<at::Tensor>& offsets, int64_t group_size,
+                       int64_t out_features);
 // x [M, K] -> x W^T bfloat16 for many rows: W widened into bf16_dot_linear's layout, then it.
-at::Tensor int4_column_dense(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
-                             const at::Tensor& zeros, int64_t group_size, int64_t out_features,
-                             int64_t amx_min_rows);
+at::Tensor column_dense(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
+                        const std::optional<at::Tensor>& zeros, int64_t group_size,
+                        int64_t out_features, int64_t amx_min_rows);
+at::Tensor column_dequantize(const at::Tensor& levels, const at::Tensor& scales,
+                             const std::optional<at::Tensor>& zeros, int64_t group_size,
+                             int64_t out_features);
 #endif
 
 }  // namespace paged_core_cpu
