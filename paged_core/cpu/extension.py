@@ -46,7 +46,8 @@ logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("paged_attention.cpp", "fused_ops.cpp", "bf16_dot_linear.cpp", "bf16_amx_linear.cpp",
-            "decoder_stack.cpp", "quantized_linear.cpp", "quantized_column_linear.cpp", "lora_products.cpp",
+            "decoder_stack.cpp", "quantized_linear.cpp", "quantized_column_linear.cpp",
+            "quantized_column_amx.cpp", "lora_products.cpp",
             "greedy_tokens.cpp")
 
 # Compiler flags each level adds to the one below it (see ``paged_core.cpu.isa``).

@@ -82,6 +82,7 @@ class Int4Linear(QuantizedLinear):
     def __init__(self, weight: Int4Weight, has_bias: bool, dtype: torch.dtype,
                  dense_dtype: torch.dtype | None = None) -> None:
         super().__init__(*weight.shape, has_bias, dtype, dense_dtype)
+        self.bits = 4
         if not kernel_takes(weight.group_size, self.in_features):
             raise ValueError(f"int4 weights need groups of a multiple of 16 features dividing "
                              f"the input features ({self.in_features}), got {weight.group_size}")

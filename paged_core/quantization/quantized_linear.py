@@ -11,9 +11,11 @@ takes the dense path.
 
 A bfloat16 linear at the ``avx512_bf16`` level keeps its levels in column groups of 32
 outputs instead (``column_pack``; ``cpu/csrc/quantized_column_linear.cpp``): its decode
-kernel multiplies the bfloat16 rows as they are with ``vdpbf16ps``, and its many-rows path
-widens the weight once per call straight into ``Bf16DotLinear``'s layout for that GEMM (AMX
-where the CPU has it). ``column_outputs`` says which layout a linear keeps.
+kernel multiplies the bfloat16 rows as they are with ``vdpbf16ps``, or, on a CPU with AMX
+tiles, from ``COLUMN_AMX_MIN_ROWS`` rows, on the tiles (``quantized_column_amx.cpp``; the
+same float32 sums); its many-rows path widens the weight straight into ``Bf16DotLinear``'s
+layout for that GEMM (AMX where the CPU has it). ``column_outputs`` says which layout a
+linear keeps.
 
 Invariants: the output has the input's dtype (the ``dtype`` the linear was built for);
 ``bias`` is a parameter of that dtype under the dense layer's name, loaded with the
@@ -35,6 +37,14 @@ from ..cpu.isa import selected_cpu_isa
 # GEMM's much slower); overridable for tuning and tests
 DENSE_ROWS_SETTING = "PAGED_CORE_QUANTIZED_DENSE_ROWS"
 
+# The column layout on AMX tiles. Its kernel beats one dense GEMM up to about 64 rows (30
+# SmolLM2 layers x 4 projections, 2-core Xeon with AMX: 4-bit 23 against 33 ms at 48 rows,
+# alike at 64-96), so the dense path starts there. 4-bit rows take the tiles from one row
+# (one row: 6.7 against the vdpbf16ps kernel's 7.3 ms, 8 rows 9.2 against 18.0); 8-bit rows,
+# whose widening costs more, from 8 (8 rows: 15.8 against 25.5 ms; 1 row: 13.2 against 11.8).
+COLUMN_AMX_DENSE_ROWS = 64
+COLUMN_AMX_MIN_ROWS = {4: 1, 8: 8}
+
 
 class QuantizedLinear(nn.Module):
     def __init__(self, out_features: int, in_features: int, has_bias: bool,
@@ -47,11 +57,12 @@ class QuantizedLinear(nn.Module):
         self.dtype = dtype
         self.dense_dtype = dense_dtype or dtype
         self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING, "24"))
+        self.bits = 0  # 4 or 8: the subclass's
         level = selected_cpu_isa()
         self.kernels = cpu_ops(level) if cpu_extension_available(level) else None
         self.level = level if self.kernels is not None else None  # whose kernels
         self.column_outputs = 0  # > 0: the levels are column_pack's, of this many outputs
-        self.amx_min_rows = 0  # the column layout's many-rows GEMM: AMX from these rows
+        self.amx_min_rows = 0  # the column layout's kernels: AMX tiles from these rows (0: none)
         self.offsets = self.zeros = None  # 4-bit weights' (zero - 8 scale, zero) per group
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype),
                                  requires_grad=False) if has_bias else None
@@ -64,7 +75,9 @@ class QuantizedLinear(nn.Module):
         from ..models.cpu_linear import bf16_amx_min_rows
 
         self.column_outputs = self.out_features
-        self.amx_min_rows = bf16_amx_min_rows()
+        if bf16_amx_min_rows() > 0:  # AMX tiles selected and granted
+            self.amx_min_rows = COLUMN_AMX_MIN_ROWS[self.bits]
+            self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING, COLUMN_AMX_DENSE_ROWS))
         return self.kernels.column_pack(q, per_group)
 
     def quantized_product(self, rows: torch.Tensor) -> torch.Tensor:
@@ -94,7 +107,8 @@ class QuantizedLinear(nn.Module):
             rows = rows.to(torch.bfloat16).contiguous()
             if rows.shape[0] < self.dense_rows:  # float32 sums
                 return self.kernels.column_gemm(rows, self.levels, self.scales, self.offsets,
-                                                self.group_size, self.column_outputs)
+                                                self.group_size, self.column_outputs,
+                                                self.amx_min_rows)
             return self.kernels.column_dense(rows, self.levels, self.scales, self.zeros,
                                              self.group_size, self.column_outputs,
                                              self.amx_min_rows)  # bfloat16

@@ -105,13 +105,17 @@ def test_models_the_stack_cannot_serve_keep_the_python_layers(tmp_path, tokenize
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("scheme", ["W4A16", "W4A16_ASYM", "W8A16"])
 def test_stack_matches_the_python_layers_with_quantized_weights(scheme, dtype, tokenizer,
-                                                                tmp_path, cpu_isa):
+                                                                tmp_path, cpu_isa, monkeypatch):
     """Weight-only 4- and 8-bit projections run in the stack by the same kernels: decode
-    steps (fewer rows than ``dense_rows``) on the levels, prefill chunks densely."""
+    steps (fewer rows than ``dense_rows``) on the levels (AMX tiles too, on a CPU with them),
+    prefill chunks densely."""
     pytest.importorskip("compressed_tensors")
     from paged_core.bench.quantized_models import compressed_tensors_checkpoint
     from paged_core.quantization.int4_linear import Int4Linear
     from paged_core.quantization.int8_linear import Int8Linear
+    from paged_core.quantization.quantized_linear import DENSE_ROWS_SETTING
+
+    monkeypatch.setenv(DENSE_ROWS_SETTING, "24")  # below this test's prompts: both paths run
 
     folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
     checkpoint, _ = compressed_tensors_checkpoint(folder, scheme, str(tmp_path / scheme), 32, None)

@@ -67,7 +67,7 @@ def test_kernels_equal_the_dequantized_product(cpu_isa, monkeypatch, kind, group
 def test_bf16_column_kernels_equal_the_dequantized_product(cpu_isa, kind, group_size, out, rows):
     """At the avx512_bf16 level a bfloat16 Int4Linear / Int8Linear keeps column_pack's layout:
     its float32 product of bfloat16 rows is the dequantized weight's (float32 sums: near
-    exact), its dequantized weight is exactly the levels', and its many-rows path (rows past
+    exact, by vdpbf16ps and, on a CPU with AMX, by the tiles), its dequantized weight is exactly the levels', and its many-rows path (rows past
     AMX_MIN_ROWS included) multiplies by that weight in bfloat16; below that level the row
     kernels keep the row layout, and W8A8 keeps it everywhere."""
     gen = torch.Generator().manual_seed(rows + group_size)
@@ -87,8 +87,15 @@ def test_bf16_column_kernels_equal_the_dequantized_product(cpu_isa, kind, group_
     assert product.dtype is torch.float32
     expected = F.linear(x.double(), weight.dequantize().double())
     torch.testing.assert_close(product.double(), expected, atol=1e-5, rtol=1e-5)
-    # one row alone gives the same bits as in the batch (its sums depend on it alone)
-    assert torch.equal(layer.product(x[-1:]), product[-1:])
+    # both kernels, whichever the rows took: vdpbf16ps, and AMX tiles where the CPU has them
+    for amx_min_rows in (0, 1):
+        both = layer.kernels.column_gemm(x, layer.levels, layer.scales, layer.offsets,
+                                         group_size, out, amx_min_rows)
+        torch.testing.assert_close(both.double(), expected, atol=1e-5, rtol=1e-5)
+    # a row's sums depend on it alone: the last row in any call taking the same kernel
+    # (AMX tiles from layer.amx_min_rows rows) gives the same bits
+    fewest = layer.amx_min_rows if 0 < layer.amx_min_rows <= rows else 1
+    assert torch.equal(layer.product(x[-fewest:])[-1:], product[-1:])
     layer.dense_rows = 1  # every call: W widened into Bf16DotLinear's layout, then its GEMM
     dense = layer.product(x)
     assert dense.dtype is torch.bfloat16

@@ -17,6 +17,10 @@
 // took AMX (bf16_dot_linear's amx_min_rows); within AMX calls they do not depend on the
 // other rows.
 //
+// The weights may also come a chunk at a time from a widening function (AmxWeights.widen:
+// the quantized column layout's dense path), written into a per-thread buffer that the
+// chunk's row tiles then read from L2.
+//
 // Linux hands out AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM, once per
 // process): bf16_amx_ready() asks once and says whether it was granted.
 #include <ATen/ATen.h>
@@ -29,10 +33,10 @@
 #include "bf16_dot_linear.h"
 #include "bf16_linear_epilogue.h"
 
+#include "amx_tiles.h"
+
 #if defined(__AVX512BF16__)
-#if defined(__x86_64__) && defined(__linux__) && \
-    (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
-#define PAGED_CORE_AMX_BUILT 1
+#if defined(PAGED_CORE_AMX_BUILT)
 #include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
@@ -57,21 +61,7 @@ struct alignas(64) TileConfig {
 
 // Every tile used here is 16 rows of 64 bytes: C tiles 16 x 16 float32, A tiles 16 rows x
 // 32 bfloat16, B tiles 16 k pairs x 16 columns.
-TileConfig all_tiles_16_by_64() {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.rows[t] = 16;
-    config.colsb[t] = 64;
-  }
-  return config;
-}
-
-// The configuration lives in static storage: GCC's ldtilecfg asm names only the first 8
-// bytes as its input, so the stores of a local configuration could be dropped.
-__attribute__((target("amx-tile"))) void configure_tiles() {
-  static const TileConfig config = all_tiles_16_by_64();
-  _tile_loadconfig(&config);
-}
+constexpr uint8_t kAllTiles16Rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
 
 // C tiles 0-3 = rows [x, x + 32) of x (ldx elements apart) times group w's 32 columns, over
 // K = 32 * kt_count; stored to c [32][32] float32. `prefetch`, if set, is the next group's
@@ -127,7 +117,6 @@ int64_t groups_in_l2(int64_t K2) {
   return std::max<int64_t>(1, kChunkBytes / (K2 * 128));
 }
 
-__attribute__((target("amx-tile"))) void release_tiles() { _tile_release(); }
 
 // CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE.
 bool cpu_has_amx_bf16() {
@@ -142,15 +131,29 @@ bool request_tile_state() {
 
 }  // namespace
 
+// The configuration lives in thread storage, not on the stack: GCC's ldtilecfg asm names
+// only the first 8 bytes as its input, so the stores of a local configuration could be dropped.
+__attribute__((target("amx-tile"))) void configure_amx_tiles(const uint8_t (&rows)[8]) {
+  thread_local TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = rows[t];
+    config.colsb[t] = rows[t] > 0 ? 64 : 0;
+  }
+  asm volatile("" : : "r"(&config) : "memory");  // the stores happen before ldtilecfg
+  _tile_loadconfig(&config);
+}
+
+__attribute__((target("amx-tile"))) void release_amx_tiles() { _tile_release(); }
+
 bool bf16_amx_ready() {
   static const bool ready = cpu_has_amx_bf16() && request_tile_state();
   return ready;
 }
 
-void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* w, int64_t K2,
+void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const AmxWeights& w, int64_t K2,
                      int64_t g_begin, int64_t g_end, const uint16_t* bias, uint16_t* y,
                      int64_t ldy, int64_t N) {
-  const int64_t K = 2 * K2, full = rows / 32 * 32;
+  const int64_t K = 2 * K2, full = rows / 32 * 32, group_values = K2 * 64;
   // The last rows, zero-padded to 32 (a tile never reads past x), in a buffer each thread
   // keeps: decode calls (8-31 rows) have such a tail every call, four per layer.
   thread_local std::vector<uint16_t> tail;
@@ -161,20 +164,30 @@ void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_
       std::memcpy(tail.data() + m * K, x + (full + m) * ldx, K * sizeof(uint16_t));
     std::fill(tail.begin() + copied * K, tail.begin() + 32 * K, uint16_t{0});
   }
+  // Widened weights: a chunk at a time, written where the chunk's row tiles read it (L2).
+  thread_local std::vector<uint16_t> widened;
   alignas(64) float c[32 * 32];
-  configure_tiles();
+  configure_amx_tiles(kAllTiles16Rows);
   const int64_t chunk = groups_in_l2(K2);
   for (int64_t g0 = g_begin; g0 < g_end; g0 += chunk) {
     const int64_t g1 = std::min(g_end, g0 + chunk);
+    const uint16_t* chunk_weights = w.packed + g0 * group_values;
+    if (w.packed == nullptr) {
+      widened.resize(std::max<size_t>(widened.size(), chunk * group_values));
+      w.widen(g0, g1, widened.data());
+      chunk_weights = widened.data();
+    }
+    // Groups after this chunk's: in the packed weight only.
+    const int64_t next_end = w.packed != nullptr ? g_end : g1;
     for (int64_t m = 0; m < rows; m += 32) {
       const bool in_tail = m >= full;
       const uint16_t* a = in_tail ? tail.data() : x + m * ldx;
       for (int64_t g = g0; g < g1; ++g) {
-        const uint16_t* wg = w + g * K2 * 64;
+        const uint16_t* wg = chunk_weights + (g - g0) * group_values;
         // The first row tile streams the chunk's weights in, each group's while the one
         // before it runs.
-        const char* next = m == 0 && g + 1 < g_end
-                               ? reinterpret_cast<const char*>(wg + K2 * 64) : nullptr;
+        const char* next = m == 0 && g + 1 < next_end
+                               ? reinterpret_cast<const char*>(wg + group_values) : nullptr;
         tile_product(a, in_tail ? K : ldx, wg, K / 32, next, c);
         for (int half = 0; half < 2; ++half)
           store_bf16_rows(c + 16 * half, 32, std::min<int64_t>(32, rows - m), bias, y + m * ldy,
@@ -182,12 +195,16 @@ void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_
       }
     }
   }
-  release_tiles();
+  release_amx_tiles();
 }
 #else
 bool bf16_amx_ready() { return false; }
 
-void bf16_amx_groups(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, int64_t,
+void configure_amx_tiles(const uint8_t (&)[8]) { TORCH_CHECK(false, "this build has no AMX tiles"); }
+
+void release_amx_tiles() {}
+
+void bf16_amx_groups(const uint16_t*, int64_t, int64_t, const AmxWeights&, int64_t, int64_t,
                      int64_t, const uint16_t*, uint16_t*, int64_t, int64_t) {
   TORCH_CHECK(false, "this build has no AMX tiles");
 }

@@ -144,7 +144,7 @@ at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& packed, int64_
   auto* yp = static_cast<uint16_t*>(y.mutable_data_ptr());
   if (amx_min_rows > 0 && M >= amx_min_rows && K2 % 16 == 0 && bf16_amx_ready()) {
     at::parallel_for(0, groups, 1, [&](int64_t g_begin, int64_t g_end) {
-      bf16_amx_groups(xp, ldx, M, wp, K2, g_begin, g_end, bp, yp, N, N);
+      bf16_amx_groups(xp, ldx, M, AmxWeights{wp, {}}, K2, g_begin, g_end, bp, yp, N, N);
     });
     return y.view(out_shape);
   }

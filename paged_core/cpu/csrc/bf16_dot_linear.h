@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 
 namespace paged_core_cpu {
@@ -20,9 +21,16 @@ at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& packed, int64_
 // True if this CPU has AMX-BF16, this build has the AMX code and the OS granted the tile
 // state (asked once per process; bf16_amx_linear.cpp).
 bool bf16_amx_ready();
-// Rows [0, rows) of x (ldx elements apart) times column groups [g_begin, g_end) of the packed
-// weight w (K2 k pairs) on AMX tiles, plus bias, into y (ldy apart, N columns); K2 % 16 == 0.
-void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* w, int64_t K2,
+// The weights bf16_amx_groups multiplies, in the packed layout: the whole packed weight, or
+// (packed null) `widen(g0, g1, out)`, which writes column groups [g0, g1) into out (K2 * 64
+// values a group; e.g. quantized levels, dequantized a chunk at a time).
+struct AmxWeights {
+  const uint16_t* packed = nullptr;
+  std::function<void(int64_t g0, int64_t g1, uint16_t* out)> widen;
+};
+// Rows [0, rows) of x (ldx elements apart) times column groups [g_begin, g_end) of w (K2 k
+// pairs) on AMX tiles, plus bias, into y (ldy apart, N columns); K2 % 16 == 0.
+void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const AmxWeights& w, int64_t K2,
                      int64_t g_begin, int64_t g_end, const uint16_t* bias, uint16_t* y,
                      int64_t ldy, int64_t N);
 #endif

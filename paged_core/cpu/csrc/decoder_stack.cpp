@@ -70,7 +70,7 @@ struct QuantizedWeight {
   int64_t dense_rows;          // calls of this many rows take one dense GEMM
   at::ScalarType dense_dtype;  // what that GEMM multiplies in
   int64_t column_outputs;      // > 0: levels in column_pack's layout, of this many outputs
-  int64_t amx_min_rows;        // the column layout's dense GEMM: AMX from this many rows
+  int64_t amx_min_rows;        // the column layout: AMX tiles from this many rows
 
   // rows [M, in] -> rows W^T: float32 (the kernels), or dense_dtype / bfloat16 (many rows).
   at::Tensor product(const at::Tensor& rows) const {
@@ -94,7 +94,7 @@ struct QuantizedWeight {
     };
     if (x.size(0) < dense_rows)
       return paged_core_cpu::column_gemm(x, levels, scales, given(offsets), group_size,
-                                         column_outputs);
+                                         column_outputs, amx_min_rows);
     return paged_core_cpu::column_dense(x, levels, scales, given(zeros), group_size, column_outputs,
                                         amx_min_rows);
 #else

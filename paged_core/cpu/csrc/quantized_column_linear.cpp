@@ -11,17 +11,26 @@
 //          nibble, q[32 c + j][2 p + e] and, in its high nibble, q[32 c + 16 + j][2 p + e];
 //   8-bit: int8 [ceil(N / 32), K / 2, 64]: byte 2j + e holds q[32 c + j][2 p + e] (j < 32);
 //   scales (offsets, zeros) [ceil(N / 32), K / G, 32] float32 (outputs past N: zeros).
-// So one load holds a k pair of 32 outputs. Widening it to bfloat16 is exact (4-bit: a mask, a
-// shift and a table lookup, vpermw, per 16 outputs; 8-bit: to float32, then bfloat16); each row
-// then adds x's pair times them with one vdpbf16ps per 16 outputs. A group's sums of x . q are
-// exact products added in float32; then y += s * sums (+ o * the group's sum of x). Rows are
-// taken up to 4 at a time (their sums and the widened levels stay in registers; more rows
-// widen the levels again, from L1); a row's sums run in one order whatever the rows beside it.
+// So one load holds a k pair of 32 outputs. Widening it to bfloat16 is exact (4-bit: 128 + q,
+// whose bfloat16 bits are 0x4300 | q, by a mask or a shift and an or per 16 outputs, no
+// shuffle; 8-bit: to float32, then bfloat16); each row then adds x's pair times them with one
+// vdpbf16ps per 16 outputs. A group's sums of x . (q + bias) are exact products added in
+// float32; then y += s * sums (+ (o - bias s) * the group's sum of x). Rows are taken up to 4
+// at a time (their sums and the widened levels stay in registers; more rows widen the levels
+// again, from L1); a row's sums run in one order whatever the rows beside it. While a thread's
+// first row tile runs a column group, the next group's levels and scales are fetched into L1
+// (30 SmolLM2 layers, one row, one process alternating: int4 8.1 -> 6.3 ms, int8 12.2 -> 9.0
+// ms on a 2-core Xeon with AMX).
 //
-// Many rows (a prefill chunk) take column_dense instead: the weight widened once per call,
-// straight into bf16_dot_linear's packed layout (the same column groups: one pass, no
-// transposition), each value bfloat16 of the float32 dequantization, then bf16_dot_linear
-// (AMX tiles from amx_min_rows rows).
+// On a CPU with AMX tiles column_gemm takes them from amx_min_rows rows (the same sums:
+// quantized_column_amx.cpp). The widening and the per-group sums are quantized_column_layout.h.
+//
+// Many rows (a prefill chunk) take column_dense instead: the weight widened straight into
+// bf16_dot_linear's packed layout (the same column groups: one pass, no transposition), each
+// value bfloat16 of the float32 dequantization, then multiplied: on AMX tiles (from
+// amx_min_rows rows) a chunk of column groups at a time, widened into L2 just before its
+// tiles read it (the whole bfloat16 weight is never written out), else the whole weight
+// widened once, then bf16_dot_linear.
 //
 // Against quantized_linear.cpp's row kernels (float32 x, levels widened to float32, one
 // horizontal sum per output) this reads each byte of levels once for every row in flight
@@ -39,6 +48,7 @@
 
 #include "bf16_dot_linear.h"
 #include "cpu_common.h"
+#include "quantized_column_layout.h"
 #include "quantized_linear.h"
 
 #if defined(__AVX512BF16__)
@@ -46,86 +56,10 @@
 
 namespace {
 
-constexpr int64_t kColumns = 32;  // outputs per column group
+using namespace paged_core_cpu::column_layout;
+
 constexpr int kRowTile = 4;       // rows per pass over a column group
 constexpr int kChains = 2;        // sums per row and 16 outputs: even and odd pairs
-
-// 16 float32 lanes of 8 consecutive outputs, each twice (both k of a pair): from 8 floats.
-inline __m512 output_pairs(const float* eight) {
-  alignas(64) static const int32_t kPairLanes[16] = {0, 0, 1, 1, 2, 2, 3, 3,
-                                                     4, 4, 5, 5, 6, 6, 7, 7};
-  return _mm512_permutexvar_ps(_mm512_load_si512(kPairLanes),
-                               _mm512_castps256_ps512(_mm256_loadu_ps(eight)));
-}
-
-// 4-bit levels (see the file comment): what sets them apart from 8-bit ones.
-struct Int4Levels {
-  static constexpr int64_t kPairBytes = 32;
-  static constexpr bool kOffsets = true;  // W = s * q + o: y also takes o * sum(x)
-  __m512i table;  // vpermw's: level -> its bfloat16 bits
-
-  Int4Levels() {
-    alignas(64) uint16_t bits[32] = {};
-    for (int i = 0; i < 16; ++i) bits[i] = paged_core_cpu::float_to_bf16_bits(static_cast<float>(i));
-    table = _mm512_load_si512(bits);
-  }
-  // A pair's bfloat16 pairs of outputs 0..15 (lo) and 16..31 (hi).
-  void widen(const uint8_t* pair, __m512bh& lo, __m512bh& hi) const {
-    const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pair)));
-    lo = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(bytes, _mm512_set1_epi16(0x0F)), table);
-    hi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(bytes, 4), table);
-  }
-  // Levels of outputs 8b .. 8b + 7 (both k of the pair each), as float32.
-  static __m512 levels8(const uint8_t* pair, int b) {
-    const __m512i bytes = _mm512_cvtepu8_epi32(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(pair + 16 * (b % 2))));
-    const __m512i level = b < 2 ? _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F))
-                                : _mm512_srli_epi32(bytes, 4);
-    return _mm512_cvtepi32_ps(level);
-  }
-  // The float32 weights of levels (q - 8) * s + zero, rounded after each step.
-  static __m512 weights(__m512 level, __m512 s, __m512 zero) {
-    return _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(level, _mm512_set1_ps(8.f)), s), zero);
-  }
-  static float weight(int level, float s, float zero) {
-    return (static_cast<float>(level) - 8.f) * s + zero;
-  }
-  static int level(const uint8_t* pair, int64_t j, int64_t e) {
-    return j < 16 ? pair[2 * j + e] & 15 : pair[2 * (j - 16) + e] >> 4;
-  }
-  static void put(uint8_t* pair, int64_t j, int64_t e, int level) {
-    pair[2 * (j % 16) + e] |= static_cast<uint8_t>((level & 15) << (j < 16 ? 0 : 4));
-  }
-};
-
-// 8-bit levels.
-struct Int8Levels {
-  static constexpr int64_t kPairBytes = 64;
-  static constexpr bool kOffsets = false;
-
-  static __m512bh half(const uint8_t* p) {
-    const auto* v = reinterpret_cast<const __m128i*>(p);
-    const __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(v)));
-    const __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(v + 1)));
-    return _mm512_cvtne2ps_pbh(b, a);  // a: the low 16 words
-  }
-  void widen(const uint8_t* pair, __m512bh& lo, __m512bh& hi) const {
-    lo = half(pair);
-    hi = half(pair + 32);
-  }
-  static __m512 levels8(const uint8_t* pair, int b) {
-    return _mm512_cvtepi32_ps(
-        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pair + 16 * b))));
-  }
-  static __m512 weights(__m512 level, __m512 s, __m512) { return _mm512_mul_ps(level, s); }
-  static float weight(int level, float s, float) { return static_cast<float>(level) * s; }
-  static int level(const uint8_t* pair, int64_t j, int64_t e) {
-    return static_cast<int8_t>(pair[2 * j + e]);
-  }
-  static void put(uint8_t* pair, int64_t j, int64_t e, int level) {
-    pair[2 * j + e] = static_cast<uint8_t>(static_cast<int8_t>(level));
-  }
-};
 
 bool is_int4(const at::Tensor& levels) { return levels.scalar_type() == at::kByte; }
 
@@ -151,18 +85,15 @@ const float* data_of(const std::optional<at::Tensor>& t) {
   return t ? t->data_ptr<float>() : nullptr;
 }
 
-inline __mmask16 lanes_below(int64_t n) {
-  return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
-}
 
-// Column group c (its levels w: K / 2 pairs; its scales / offsets s, o: groups x 32) for rows
-// [0, R) of x (bfloat16 pairs, ldx pairs apart; their group sums xsum, `groups` apart):
-// y[m * ldy + 32 c ..] = float32 products (masked past N). kChains sums per row and 16
-// outputs (pairs taken kChains at a time) keep few rows from waiting on vdpbf16ps' latency.
+// Column group `col` for rows [0, R) of x (bfloat16 pairs, ldx pairs apart; their group
+// sums xsum, `groups` apart): y[m * ldy ..] = float32 products (masked past N); `next`
+// (levels null: none) is fetched meanwhile. kChains sums per row and 16 outputs (pairs taken
+// kChains at a time) keep few rows from waiting on vdpbf16ps' latency.
 template <typename L, int R>
-void column_rows(const L& lv, const int32_t* x, int64_t ldx, const float* xsum, const uint8_t* w,
-                 const float* s, const float* o, int64_t groups, int64_t pairs_per_group, float* y,
-                 int64_t ldy, __mmask16 mask_lo, __mmask16 mask_hi) {
+void column_rows(const int32_t* x, int64_t ldx, const float* xsum, const ColumnGroup& col,
+                 int64_t groups, int64_t pairs_per_group, float* y, int64_t ldy, __mmask16 mask_lo,
+                 __mmask16 mask_hi, const ColumnGroup& next) {
   constexpr int U = kChains;
   __m512 total[R][2];
   for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm512_setzero_ps();
@@ -170,26 +101,24 @@ void column_rows(const L& lv, const int32_t* x, int64_t ldx, const float* xsum, 
     __m512 acc[U][R][2];
     for (int u = 0; u < U; ++u)
       for (int r = 0; r < R; ++r) acc[u][r][0] = acc[u][r][1] = _mm512_setzero_ps();
+    if (next.levels != nullptr) fetch_group<L>(next, g, pairs_per_group);
     const int64_t end = (g + 1) * pairs_per_group;
     for (int64_t p = g * pairs_per_group; p < end; p += U)
       for (int u = 0; u < U && p + u < end; ++u) {
         __m512bh lo, hi;
-        lv.widen(w + (p + u) * L::kPairBytes, lo, hi);
+        L::widen(col.levels + (p + u) * L::kPairBytes, lo, hi);
         for (int r = 0; r < R; ++r) {
           const __m512bh xp = (__m512bh)_mm512_set1_epi32(x[r * ldx + p + u]);
           acc[u][r][0] = _mm512_dpbf16_ps(acc[u][r][0], lo, xp);
           acc[u][r][1] = _mm512_dpbf16_ps(acc[u][r][1], hi, xp);
         }
       }
-    const __m512 s0 = _mm512_loadu_ps(s + g * kColumns), s1 = _mm512_loadu_ps(s + g * kColumns + 16);
+    const GroupFactors<L> factors(col, g);
     for (int r = 0; r < R; ++r)
       for (int h = 0; h < 2; ++h) {
         __m512 sums = acc[0][r][h];
         for (int u = 1; u < U; ++u) sums = _mm512_add_ps(sums, acc[u][r][h]);
-        total[r][h] = _mm512_fmadd_ps(sums, h == 0 ? s0 : s1, total[r][h]);
-        if constexpr (L::kOffsets)
-          total[r][h] = _mm512_fmadd_ps(_mm512_loadu_ps(o + g * kColumns + 16 * h),
-                                        _mm512_set1_ps(xsum[r * groups + g]), total[r][h]);
+        total[r][h] = factors.add(h, sums, L::kOffsets ? xsum[r * groups + g] : 0.f, total[r][h]);
       }
   }
   for (int r = 0; r < R; ++r) {
@@ -198,67 +127,96 @@ void column_rows(const L& lv, const int32_t* x, int64_t ldx, const float* xsum, 
   }
 }
 
+// x [M, K] times W: float32 y [M, N]; on AMX tiles from amx_min_rows rows (0: never) where
+// the CPU has them and whole tile steps fit a group (group_size % 32 == 0).
 template <typename L>
-void column_gemm_of(const uint16_t* xp, int64_t M, int64_t K, const at::Tensor& levels,
-                    const float* sp, const float* op, int64_t group_size, int64_t N, float* yp) {
-  const L lv;
-  const int64_t C = levels.size(0), groups = K / group_size;
+void column_gemm_of(const uint16_t* xp, int64_t M, int64_t K, const ColumnGroups& w, int64_t C,
+                    int64_t N, int64_t amx_min_rows, float* yp) {
+  const int64_t group_size = w.group_size, groups = K / group_size;
   std::vector<float> xsum;  // each row's sum over each group, for the offsets
   if (L::kOffsets) {
-    xsum.assign(M * groups, 0.f);
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t k = 0; k < K; ++k)
-        xsum[m * groups + k / group_size] += paged_core_cpu::bf16_bits_to_float(xp[m * K + k]);
+    xsum.resize(M * groups);
+    group_sums(xp, M, K, group_size, xsum.data());
   }
-  using Rows = void (*)(const L&, const int32_t*, int64_t, const float*, const uint8_t*,
-                        const float*, const float*, int64_t, int64_t, float*, int64_t, __mmask16,
-                        __mmask16);
+  if (amx_min_rows > 0 && M >= amx_min_rows && group_size % 32 == 0 &&
+      paged_core_cpu::bf16_amx_ready()) {
+    at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
+      amx_column_groups<L>(xp, M, K, xsum.data(), w, c0, c1, N, yp);
+    });
+    return;
+  }
+  using Rows = void (*)(const int32_t*, int64_t, const float*, const ColumnGroup&, int64_t,
+                        int64_t, float*, int64_t, __mmask16, __mmask16, const ColumnGroup&);
   static constexpr Rows kRows[kRowTile] = {column_rows<L, 1>, column_rows<L, 2>,
                                            column_rows<L, 3>, column_rows<L, 4>};
   const auto* x_pairs = reinterpret_cast<const int32_t*>(xp);
-  const auto* lp = static_cast<const uint8_t*>(levels.const_data_ptr());
   at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       const __mmask16 lo = lanes_below(N - c * kColumns), hi = lanes_below(N - c * kColumns - 16);
+      const ColumnGroup col = w.column<L>(c, K);
+      const ColumnGroup next = c + 1 < c1 ? w.column<L>(c + 1, K) : ColumnGroup{};
       for (int64_t m = 0; m < M; m += kRowTile) {
         const int rows = static_cast<int>(std::min<int64_t>(kRowTile, M - m));
-        kRows[rows - 1](lv, x_pairs + m * (K / 2), K / 2, xsum.data() + m * groups,
-                        lp + c * (K / 2) * L::kPairBytes, sp + c * groups * kColumns,
-                        op ? op + c * groups * kColumns : nullptr, groups, group_size / 2,
-                        yp + m * N + c * kColumns, N, lo, hi);
+        kRows[rows - 1](x_pairs + m * (K / 2), K / 2, xsum.data() + m * groups, col, groups,
+                        group_size / 2, yp + m * N + c * kColumns, N, lo, hi,
+                        m == 0 ? next : ColumnGroup{});
       }
     }
   });
 }
 
-// W in bf16_dot_linear's packed layout [C, K / 2, 32, 2], bfloat16 of the float32 weights.
+// Column groups [c0, c1) of W in bf16_dot_linear's packed layout (K2 * 64 values a group),
+// each value bfloat16 of its float32 weight, into out.
 template <typename L>
-at::Tensor widen_to_bf16_dot(const at::Tensor& levels, const float* sp, const float* zp,
-                             int64_t group_size, const at::TensorOptions& options) {
-  const int64_t C = levels.size(0), K2 = levels.size(1), groups = K2 * 2 / group_size;
-  at::Tensor packed = at::empty({C, K2, kColumns, 2}, options.dtype(at::kBFloat16));
+void widen_groups(const uint8_t* lp, const float* sp, const float* zp, int64_t group_size,
+                  int64_t K2, int64_t c0, int64_t c1, uint16_t* out) {
+  const int64_t groups = K2 * 2 / group_size;
+  for (int64_t c = c0; c < c1; ++c)
+    for (int64_t g = 0; g < groups; ++g) {
+      __m512 s[4], z[4];  // of outputs 8b .. 8b + 7, each twice
+      const int64_t at = (c * groups + g) * kColumns;
+      for (int b = 0; b < 4; ++b) {
+        s[b] = output_pairs(sp + at + 8 * b);
+        z[b] = zp ? output_pairs(zp + at + 8 * b) : _mm512_setzero_ps();
+      }
+      for (int64_t p = g * group_size / 2; p < (g + 1) * group_size / 2; ++p) {
+        const uint8_t* pair = lp + (c * K2 + p) * L::kPairBytes;
+        uint16_t* dst = out + ((c - c0) * K2 + p) * kColumns * 2;
+        for (int b = 0; b < 4; ++b)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16 * b),
+                              reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(
+                                  L::weights(L::levels8(pair, b), s[b], z[b]))));
+      }
+    }
+}
+
+// x [M, K] bfloat16 times W widened to bfloat16 (widen_groups), as bfloat16: on AMX tiles
+// from amx_min_rows rows (the weight widened a chunk of column groups at a time, in L2, never
+// whole), else the whole weight widened once, then bf16_dot_linear.
+template <typename L>
+at::Tensor dense_product(const at::Tensor& x, const at::Tensor& levels, const float* sp,
+                         const float* zp, int64_t group_size, int64_t N, int64_t amx_min_rows) {
+  const int64_t C = levels.size(0), K2 = levels.size(1), M = x.size(0);
   const auto* lp = static_cast<const uint8_t*>(levels.const_data_ptr());
+  if (amx_min_rows > 0 && M >= amx_min_rows && K2 % 16 == 0 && paged_core_cpu::bf16_amx_ready()) {
+    at::Tensor y = at::empty({M, N}, x.options());
+    const auto* xp = static_cast<const uint16_t*>(x.const_data_ptr());
+    auto* yp = static_cast<uint16_t*>(y.data_ptr());
+    const paged_core_cpu::AmxWeights widened{
+        nullptr, [&](int64_t c0, int64_t c1, uint16_t* out) {
+          widen_groups<L>(lp, sp, zp, group_size, K2, c0, c1, out);
+        }};
+    at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
+      paged_core_cpu::bf16_amx_groups(xp, 2 * K2, M, widened, K2, c0, c1, nullptr, yp, N, N);
+    });
+    return y;
+  }
+  at::Tensor packed = at::empty({C, K2, kColumns, 2}, x.options());
   auto* out = reinterpret_cast<uint16_t*>(packed.data_ptr());
   at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c)
-      for (int64_t g = 0; g < groups; ++g) {
-        __m512 s[4], z[4];  // of outputs 8b .. 8b + 7, each twice
-        const int64_t at = (c * groups + g) * kColumns;
-        for (int b = 0; b < 4; ++b) {
-          s[b] = output_pairs(sp + at + 8 * b);
-          z[b] = zp ? output_pairs(zp + at + 8 * b) : _mm512_setzero_ps();
-        }
-        for (int64_t p = g * group_size / 2; p < (g + 1) * group_size / 2; ++p) {
-          const uint8_t* pair = lp + (c * K2 + p) * L::kPairBytes;
-          uint16_t* dst = out + (c * K2 + p) * kColumns * 2;
-          for (int b = 0; b < 4; ++b)
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16 * b),
-                                reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(
-                                    L::weights(L::levels8(pair, b), s[b], z[b]))));
-        }
-      }
+    widen_groups<L>(lp, sp, zp, group_size, K2, c0, c1, out + c0 * K2 * kColumns * 2);
   });
-  return packed;
+  return paged_core_cpu::bf16_dot_linear(x, packed, N, std::nullopt, amx_min_rows);
 }
 
 template <typename L>
@@ -322,7 +280,7 @@ std::vector<at::Tensor> column_pack(const at::Tensor& q, const std::vector<at::T
 
 at::Tensor column_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
                        const std::optional<at::Tensor>& offsets, int64_t group_size,
-                       int64_t out_features) {
+                       int64_t out_features, int64_t amx_min_rows) {
   const int64_t K = check_layout(levels, scales, group_size, out_features, "scales");
   TORCH_CHECK(offsets.has_value() == is_int4(levels), "4-bit levels need offsets, 8-bit none");
   if (offsets) check_layout(levels, *offsets, group_size, out_features, "offsets");
@@ -332,12 +290,14 @@ at::Tensor column_gemm(const at::Tensor& x, const at::Tensor& levels, const at::
   at::Tensor y = at::empty({M, out_features}, x.options().dtype(at::kFloat));
   if (M == 0 || out_features == 0) return y;
   const auto* xp = reinterpret_cast<const uint16_t*>(x.const_data_ptr());
+  const ColumnGroups w{static_cast<const uint8_t*>(levels.const_data_ptr()),
+                       scales.data_ptr<float>(), data_of(offsets), group_size};
   if (is_int4(levels))
-    column_gemm_of<Int4Levels>(xp, M, K, levels, scales.data_ptr<float>(), data_of(offsets),
-                               group_size, out_features, y.data_ptr<float>());
+    column_gemm_of<Int4Levels>(xp, M, K, w, levels.size(0), out_features, amx_min_rows,
+                               y.data_ptr<float>());
   else
-    column_gemm_of<Int8Levels>(xp, M, K, levels, scales.data_ptr<float>(), nullptr, group_size,
-                               out_features, y.data_ptr<float>());
+    column_gemm_of<Int8Levels>(xp, M, K, w, levels.size(0), out_features, amx_min_rows,
+                               y.data_ptr<float>());
   return y;
 }
 
@@ -347,14 +307,13 @@ at::Tensor column_dense(const at::Tensor& x, const at::Tensor& levels, const at:
   check_layout(levels, scales, group_size, out_features, "scales");
   TORCH_CHECK(zeros.has_value() == is_int4(levels), "4-bit levels need zeros, 8-bit none");
   if (zeros) check_layout(levels, *zeros, group_size, out_features, "zeros");
-  const at::Tensor packed =
-      is_int4(levels)
-          ? widen_to_bf16_dot<Int4Levels>(levels, scales.data_ptr<float>(), data_of(zeros),
-                                          group_size, scales.options())
-          : widen_to_bf16_dot<Int8Levels>(levels, scales.data_ptr<float>(), nullptr, group_size,
-                                          scales.options());
-  return bf16_dot_linear(x.to(at::kBFloat16).contiguous(), packed, out_features, std::nullopt,
-                         amx_min_rows);
+  const at::Tensor rows = x.to(at::kBFloat16).contiguous();
+  TORCH_CHECK(rows.dim() == 2 && rows.size(1) == levels.size(1) * 2, "x must be [M, K]");
+  return is_int4(levels)
+             ? dense_product<Int4Levels>(rows, levels, scales.data_ptr<float>(), data_of(zeros),
+                                         group_size, out_features, amx_min_rows)
+             : dense_product<Int8Levels>(rows, levels, scales.data_ptr<float>(), nullptr,
+                                         group_size, out_features, amx_min_rows);
 }
 
 at::Tensor column_dequantize(const at::Tensor& levels, const at::Tensor& scales,
@@ -375,7 +334,7 @@ at::Tensor column_dequantize(const at::Tensor& levels, const at::Tensor& scales,
 PAGED_CORE_LIBRARY_FRAGMENT(m) {
   m.def("column_pack(Tensor q, Tensor[] per_group) -> Tensor[]");
   m.def("column_gemm(Tensor x, Tensor levels, Tensor scales, Tensor? offsets, int group_size, "
-        "int out_features) -> Tensor");
+        "int out_features, int amx_min_rows=0) -> Tensor");
   m.def("column_dense(Tensor x, Tensor levels, Tensor scales, Tensor? zeros, int group_size, "
         "int out_features, int amx_min_rows) -> Tensor");
   m.def("column_dequantize(Tensor levels, Tensor scales, Tensor? zeros, int group_size, "

@@ -1,0 +1,186 @@
+// The column layout of the weight-only 4- and 8-bit linears for bfloat16 rows (see
+// quantized_column_linear.cpp for the layout and the sums): the two kinds of levels, how a
+// k pair of 32 outputs widens to bfloat16, and the per-group sums of x the offsets take.
+// Shared by the vdpbf16ps kernel (quantized_column_linear.cpp) and the AMX one
+// (quantized_column_amx.cpp); the avx512_bf16 build only.
+#pragma once
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace paged_core_cpu::column_layout {
+
+constexpr int64_t kColumns = 32;  // outputs per column group
+
+// 16 float32 lanes of 8 consecutive outputs, each twice (both k of a pair): from 8 floats.
+inline __m512 output_pairs(const float* eight) {
+  alignas(64) static const int32_t kPairLanes[16] = {0, 0, 1, 1, 2, 2, 3, 3,
+                                                     4, 4, 5, 5, 6, 6, 7, 7};
+  return _mm512_permutexvar_ps(_mm512_load_si512(kPairLanes),
+                               _mm512_castps256_ps512(_mm256_loadu_ps(eight)));
+}
+
+// 4-bit levels (see the file comment): what sets them apart from 8-bit ones.
+struct Int4Levels {
+  static constexpr int64_t kPairBytes = 32;
+  static constexpr bool kOffsets = true;  // W = s * q + o: y also takes o * sum(x)
+  // widen gives 128 + q: bfloat16 bits 0x4300 | q, exact (128..143 are whole bfloat16
+  // numbers), with no table lookup (vpermw runs on one port; this took 11-16% off a row's
+  // product of 30 layers, in and out of cache). The offsets take 128 s * sum(x) back.
+  static constexpr float kLevelBias = 128.f;
+
+  // A pair's bfloat16 pairs of outputs 0..15 (lo) and 16..31 (hi), plus kLevelBias.
+  static void widen(const uint8_t* pair, __m512bh& lo, __m512bh& hi) {
+    const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pair)));
+    const __m512i bias = _mm512_set1_epi16(0x4300);  // 128.0 in bfloat16
+    constexpr int kAndOr = 0xEA;                      // vpternlog: (a & b) | c
+    lo = (__m512bh)_mm512_ternarylogic_epi32(bytes, _mm512_set1_epi16(0x0F), bias, kAndOr);
+    hi = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(bytes, 4), bias);
+  }
+  // Levels of outputs 8b .. 8b + 7 (both k of the pair each), as float32.
+  static __m512 levels8(const uint8_t* pair, int b) {
+    const __m512i bytes = _mm512_cvtepu8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(pair + 16 * (b % 2))));
+    const __m512i level = b < 2 ? _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F))
+                                : _mm512_srli_epi32(bytes, 4);
+    return _mm512_cvtepi32_ps(level);
+  }
+  // The float32 weights of levels (q - 8) * s + zero, rounded after each step.
+  static __m512 weights(__m512 level, __m512 s, __m512 zero) {
+    return _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(level, _mm512_set1_ps(8.f)), s), zero);
+  }
+  static float weight(int level, float s, float zero) {
+    return (static_cast<float>(level) - 8.f) * s + zero;
+  }
+  static int level(const uint8_t* pair, int64_t j, int64_t e) {
+    return j < 16 ? pair[2 * j + e] & 15 : pair[2 * (j - 16) + e] >> 4;
+  }
+  static void put(uint8_t* pair, int64_t j, int64_t e, int level) {
+    pair[2 * (j % 16) + e] |= static_cast<uint8_t>((level & 15) << (j < 16 ? 0 : 4));
+  }
+};
+
+// 8-bit levels.
+struct Int8Levels {
+  static constexpr int64_t kPairBytes = 64;
+  static constexpr bool kOffsets = false;
+  static constexpr float kLevelBias = 0.f;
+
+  static __m512bh half(const uint8_t* p) {
+    const auto* v = reinterpret_cast<const __m128i*>(p);
+    const __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(v)));
+    const __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(v + 1)));
+    return _mm512_cvtne2ps_pbh(b, a);  // a: the low 16 words
+  }
+  static void widen(const uint8_t* pair, __m512bh& lo, __m512bh& hi) {
+    lo = half(pair);
+    hi = half(pair + 32);
+  }
+  static __m512 levels8(const uint8_t* pair, int b) {
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pair + 16 * b))));
+  }
+  static __m512 weights(__m512 level, __m512 s, __m512) { return _mm512_mul_ps(level, s); }
+  static float weight(int level, float s, float) { return static_cast<float>(level) * s; }
+  static int level(const uint8_t* pair, int64_t j, int64_t e) {
+    return static_cast<int8_t>(pair[2 * j + e]);
+  }
+  static void put(uint8_t* pair, int64_t j, int64_t e, int level) {
+    pair[2 * j + e] = static_cast<uint8_t>(static_cast<int8_t>(level));
+  }
+};
+
+// The first n of 16 lanes.
+inline __mmask16 lanes_below(int64_t n) {
+  return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+}
+
+// A column group's levels (K / 2 pairs) and per-group scales and offsets (groups x 32;
+// offsets null for 8 bits).
+struct ColumnGroup {
+  const uint8_t* levels;
+  const float* scales;
+  const float* offsets;
+};
+
+// A whole weight in the column layout: levels [C, K / 2, L::kPairBytes], per-group scales
+// and offsets [C, K / group_size, 32] (offsets null for 8 bits).
+struct ColumnGroups {
+  const uint8_t* levels;
+  const float* scales;
+  const float* offsets;
+  int64_t group_size;
+
+  // Column group c of a weight of K input features.
+  template <typename L>
+  ColumnGroup column(int64_t c, int64_t K) const {
+    const int64_t at = c * (K / group_size) * kColumns;
+    return ColumnGroup{levels + c * (K / 2) * L::kPairBytes, scales + at,
+                       offsets != nullptr ? offsets + at : nullptr};
+  }
+};
+
+// Fetches column group `next`'s group g (levels, scales, offsets) into L1.
+template <typename L>
+inline void fetch_group(const ColumnGroup& next, int64_t g, int64_t pairs_per_group) {
+  for (const float* t : {next.scales, next.offsets})
+    if (t != nullptr) {
+      _mm_prefetch(reinterpret_cast<const char*>(t + g * kColumns), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(t + g * kColumns + 16), _MM_HINT_T0);
+    }
+  const char* levels = reinterpret_cast<const char*>(next.levels);
+  for (int64_t b = g * pairs_per_group * L::kPairBytes; b < (g + 1) * pairs_per_group * L::kPairBytes;
+       b += 64)
+    _mm_prefetch(levels + b, _MM_HINT_T0);
+}
+
+// A column group's group g as y takes it: y += s * sums (+ (o - kLevelBias s) * sum of x),
+// for outputs 0-15 (h = 0) and 16-31 (h = 1).
+template <typename L>
+struct GroupFactors {
+  __m512 scale[2], offset[2];
+
+  GroupFactors(const ColumnGroup& col, int64_t g) {
+    const float* s = col.scales + g * kColumns;
+    for (int h = 0; h < 2; ++h) {
+      scale[h] = _mm512_loadu_ps(s + 16 * h);
+      if constexpr (L::kOffsets)
+        offset[h] = _mm512_fnmadd_ps(_mm512_set1_ps(L::kLevelBias), scale[h],
+                                     _mm512_loadu_ps(col.offsets + g * kColumns + 16 * h));
+    }
+  }
+  // total + the group's part of y, from its sums of x . widened levels and its sum of x.
+  __m512 add(int h, __m512 sums, float xsum, __m512 total) const {
+    total = _mm512_fmadd_ps(sums, scale[h], total);
+    if constexpr (L::kOffsets) total = _mm512_fmadd_ps(offset[h], _mm512_set1_ps(xsum), total);
+    return total;
+  }
+};
+
+// quantized_column_amx.cpp: rows [0, M) of x (bfloat16, K apart; their group_sums xsum)
+// times column groups [c0, c1) of w on AMX tiles (w.group_size % 32 == 0; only where
+// bf16_amx_ready()): y[m * N + 32 c ..] float32, masked past N.
+template <typename L>
+void amx_column_groups(const uint16_t* x, int64_t M, int64_t K, const float* xsum,
+                       const ColumnGroups& w, int64_t c0, int64_t c1, int64_t N, float* y);
+
+// Each row's sums over each group of x's bfloat16 values (the offsets' factor):
+// xsum[m * groups + g] = sum of x[m, g G .. (g + 1) G), in one order whatever M.
+inline void group_sums(const uint16_t* x, int64_t M, int64_t K, int64_t group_size, float* xsum) {
+  const int64_t groups = K / group_size;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < groups; ++g) {
+      __m512 sum = _mm512_setzero_ps();
+      for (int64_t k = g * group_size; k < (g + 1) * group_size; k += 16) {
+        const __m256i bits = _mm256_maskz_loadu_epi16(lanes_below((g + 1) * group_size - k), x + m * K + k);
+        sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)));
+      }
+      xsum[m * groups + g] = _mm512_reduce_add_ps(sum);
+    }
+}
+
+}  // namespace paged_core_cpu::column_layout
+
+#endif  // __AVX512BF16__
