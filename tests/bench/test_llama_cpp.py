@@ -13,6 +13,7 @@ import os
 import stat
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -91,15 +92,19 @@ def test_ggml_cpu_features_come_from_the_system_info_line():
 
 
 # A stand-in llama-server: the endpoints LlamaCpp uses, refusing any body the bench must not send.
+# With several slots it serves them concurrently and reports the most completions it had in
+# flight at once (``in_flight``), each held a moment so that they overlap.
 STAND_IN = '''
-import argparse, json, sys
-from http.server import BaseHTTPRequestHandler, HTTPServer
+import argparse, json, sys, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 parser = argparse.ArgumentParser()
 for flag in ("-m", "-np", "-t", "-c", "--cache-ram", "-lv", "--host", "--port"):
     parser.add_argument(flag, required=True)
 args = parser.parse_args()
-assert args.np == "1", "one slot"
+slots = int(args.np)
+assert int(args.c) == 64 * slots, "64 tokens of context per slot"
+lock, in_flight, most = threading.Lock(), [0], [0]
 print("I cmn common_param: system_info: n_threads = %s / 2 | CPU : AVX2 = 1 | " % args.t,
       file=sys.stderr, flush=True)
 
@@ -121,22 +126,33 @@ class Handler(BaseHTTPRequestHandler):
         ok = (all(isinstance(t, int) for t in body["prompt"]) and body["temperature"] == 0
               and body["ignore_eos"] is True and body["cache_prompt"] is False)
         n = body["n_predict"]
-        self._send(200 if ok else 400, {"tokens_predicted": n, "timings": {
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        time.sleep(0.2 if slots > 1 else 0)
+        with lock:
+            in_flight[0] -= 1
+        self._send(200 if ok else 400, {"tokens_predicted": n, "in_flight": most[0], "timings": {
             "prompt_n": len(body["prompt"]), "cache_n": 0, "prompt_ms": 1.0,
             "predicted_ms": 2.0 * (n - 1), "predicted_n": n}})
 
     def log_message(self, *args):
         pass
 
-HTTPServer((args.host, int(args.port)), Handler).serve_forever()
+ThreadingHTTPServer((args.host, int(args.port)), Handler).serve_forever()
 '''
 
 
-def test_llama_cpp_system_serves_requests_one_by_one_and_stops(tmp_path):
+def _stand_in(tmp_path) -> Path:
     binary = tmp_path / "llama-server"
     binary.write_text(f"#!{sys.executable}\n" + textwrap.dedent(STAND_IN))
     binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
-    system = LlamaCpp(binary, tmp_path / "model.gguf", "llama.cpp-test", threads=2, ctx_size=64)
+    return binary
+
+
+def test_llama_cpp_system_serves_requests_one_by_one_and_stops(tmp_path):
+    system = LlamaCpp(_stand_in(tmp_path), tmp_path / "model.gguf", "llama.cpp-test", threads=2,
+                      ctx_size=64)
     try:
         assert system.build_info == "b1-stand-in"
         assert system.cpu_features == ["AVX2"]
@@ -155,13 +171,45 @@ def test_llama_cpp_system_serves_requests_one_by_one_and_stops(tmp_path):
         os.kill(pid, 0)
 
 
-def test_llama_cpp_needs_concurrency_one():
+def test_batched_llama_cpp_keeps_its_slots_busy(tmp_path, monkeypatch):
+    """Several slots: the requests go concurrently, that many at a time, each checked; the
+    run's seconds are its wall time and no per-sequence decode step is claimed."""
+    requests = [BenchRequest([40 + i, 41], 3) for i in range(6)]
+    system = LlamaCpp(_stand_in(tmp_path), tmp_path / "model.gguf", "llama.cpp-test", threads=2,
+                      ctx_size=64, slots=3)
+    seen = []
+    complete = system.complete
+    monkeypatch.setattr(system, "complete", lambda r: seen.append(r) or complete(r))
+    try:
+        assert system.command[system.command.index("-np") + 1] == "3"
+        start = time.perf_counter()
+        result = system.run(requests)
+        elapsed = time.perf_counter() - start
+        in_flight = system._client.post("/completion", json=completion_body(requests[0])).json()
+    finally:
+        system.close()
+    assert sorted(map(id, seen)) == sorted(map(id, requests))
+    assert in_flight["in_flight"] == 3  # never more than the slots, and all of them used
+    assert result.output_tokens == 18 and "decode_steps" not in result.extra
+    assert 0.4 <= result.seconds <= elapsed  # 6 requests of 0.2 s, 3 at a time
+
+
+def _parsed(*argv):
     parser = argparse.ArgumentParser()
     throughput.add_arguments(parser)
     parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args(["--llama-cpp", "q4_1"])
-    with pytest.raises(SystemExit, match="needs --concurrency 1"):
-        throughput.run(args)
+    return parser.parse_args(list(argv))
+
+
+def test_llama_cpp_slots_follow_the_batch():
+    assert throughput.llama_cpp_slots(_parsed("--concurrency", "1")) == 1
+    assert throughput.llama_cpp_slots(_parsed()) == throughput.DEFAULT_LLAMA_CPP_SLOTS
+    assert throughput.llama_cpp_slots(_parsed("--max-num-seqs", "8")) == 8
+    assert throughput.llama_cpp_slots(_parsed("--max-num-seqs", "8", "--llama-cpp-slots", "4")) == 4
+    with pytest.raises(SystemExit, match="must be 1"):
+        throughput.llama_cpp_slots(_parsed("--concurrency", "1", "--llama-cpp-slots", "4"))
+    with pytest.raises(SystemExit, match="at least 1"):
+        throughput.llama_cpp_slots(_parsed("--llama-cpp-slots", "0"))
 
 
 class _Recorder:
