@@ -105,3 +105,15 @@ def test_silu_and_mul(rows, dtype, cpu_isa):
     out = FusedCpuOps(cpu_isa).silu_and_mul(gate_up)
     assert out.shape == (rows, 1539) and torch.isfinite(out).all()
     _close_to_one_rounding(out, TORCH_OPS.silu_and_mul(gate_up))
+
+
+@pytest.mark.parametrize("width", [1539, 1547])  # 16-lane blocks, then 3 / 8 + 3 left over
+def test_silu_and_mul_gives_the_avx2_bits_on_the_avx512_levels(width, cpu_isa):
+    """The avx512 levels' 16-lane exp and silu are lane for lane the AVX2 ones."""
+    if cpu_isa not in ("avx512", "avx512_bf16"):
+        pytest.skip(f"the 16-lane silu is the avx512 levels'; this run is {cpu_isa}")
+    gen = torch.Generator().manual_seed(width)
+    gate_up = (torch.randn(5, 2 * width, generator=gen) * 6).bfloat16()
+    gate_up[0, :5] = torch.tensor([-100.0, 100.0, 0.0, -0.0, -87.5])  # clamped exp, zeros
+    assert torch.equal(FusedCpuOps(cpu_isa).silu_and_mul(gate_up),
+                       FusedCpuOps("avx2").silu_and_mul(gate_up))

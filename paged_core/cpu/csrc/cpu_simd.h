@@ -1,5 +1,6 @@
 // AVX2 helpers shared by the CPU kernels; PAGED_CORE_AVX2 says whether they exist
-// (built with -mavx2 -mfma), else the kernels use their scalar loops.
+// (built with -mavx2 -mfma), else the kernels use their scalar loops. The avx512 builds
+// also get 16-lane twins of exp and silu.
 #pragma once
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -48,6 +49,44 @@ inline __m256 silu8(__m256 x) {
   const __m256 sigmoid = _mm256_blendv_ps(inv, _mm256_mul_ps(t, inv), negative);
   return _mm256_mul_ps(x, sigmoid);
 }
+
+#if defined(__AVX512F__)
+// The same with 16 lanes (the avx512 builds): lane for lane the bits of exp8 / silu8.
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+inline __m512 exp16(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.3f);
+  const __mmask16 is_tiny = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  x = _mm512_max_ps(x, lo);
+  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
+  __m512 y = _mm512_set1_ps(1.9875691500E-4f);
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.f)));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  y = _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~is_tiny), y);
+}
+
+inline __m512 silu16(__m512 x) {
+  const __m512 abs_x = _mm512_abs_ps(x);
+  const __m512 t = exp16(_mm512_sub_ps(_mm512_setzero_ps(), abs_x));
+  const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_add_ps(_mm512_set1_ps(1.f), t));
+  const __mmask16 negative = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
+  const __m512 sigmoid = _mm512_mask_mov_ps(inv, negative, _mm512_mul_ps(t, inv));
+  return _mm512_mul_ps(x, sigmoid);
+}
+#endif
 
 }  // namespace paged_core_cpu
 

@@ -146,6 +146,10 @@ void rotate_tensor(at::Tensor& x, const int64_t* pos, const T* cos, const T* sin
 template <typename T>
 inline void silu_mul_row(const T* gate, const T* up, T* out, int64_t I, float* buf) {
   int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= I; i += 16)
+    _mm512_storeu_ps(buf + i, paged_core_cpu::silu16(paged_core_cpu::load16(gate + i)));
+#endif
 #if PAGED_CORE_AVX2
   for (; i + 8 <= I; i += 8) _mm256_storeu_ps(buf + i, paged_core_cpu::silu8(paged_core_cpu::load8(gate + i)));
 #endif
