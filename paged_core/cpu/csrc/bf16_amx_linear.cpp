@@ -30,10 +30,9 @@
 #include <cstring>
 #include <vector>
 
+#include "amx_tiles.h"
 #include "bf16_dot_linear.h"
 #include "bf16_linear_epilogue.h"
-
-#include "amx_tiles.h"
 
 #if defined(__AVX512BF16__)
 #if defined(PAGED_CORE_AMX_BUILT)
@@ -117,7 +116,6 @@ int64_t groups_in_l2(int64_t K2) {
   return std::max<int64_t>(1, kChunkBytes / (K2 * 128));
 }
 
-
 // CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE.
 bool cpu_has_amx_bf16() {
   unsigned eax, ebx, ecx, edx;
@@ -171,8 +169,10 @@ void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const AmxWeig
   const int64_t chunk = groups_in_l2(K2);
   for (int64_t g0 = g_begin; g0 < g_end; g0 += chunk) {
     const int64_t g1 = std::min(g_end, g0 + chunk);
-    const uint16_t* chunk_weights = w.packed + g0 * group_values;
-    if (w.packed == nullptr) {
+    const uint16_t* chunk_weights;
+    if (w.packed != nullptr) {
+      chunk_weights = w.packed + g0 * group_values;
+    } else {
       widened.resize(std::max<size_t>(widened.size(), chunk * group_values));
       w.widen(g0, g1, widened.data());
       chunk_weights = widened.data();

@@ -85,7 +85,6 @@ const float* data_of(const std::optional<at::Tensor>& t) {
   return t ? t->data_ptr<float>() : nullptr;
 }
 
-
 // Column group `col` for rows [0, R) of x (bfloat16 pairs, ldx pairs apart; their group
 // sums xsum, `groups` apart): y[m * ldy ..] = float32 products (masked past N); `next`
 // (levels null: none) is fetched meanwhile. kChains sums per row and 16 outputs (pairs taken

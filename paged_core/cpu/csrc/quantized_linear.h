@@ -30,7 +30,8 @@ std::vector<at::Tensor> column_pack(const at::Tensor& q, const std::vector<at::T
 at::Tensor column_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
                        const std::optional<at::Tensor>& offsets, int64_t group_size,
                        int64_t out_features, int64_t amx_min_rows);
-// x [M, K] -> x W^T bfloat16 for many rows: W widened into bf16_dot_linear's layout, then it.
+// x [M, K] -> x W^T bfloat16 for many rows: W widened into bf16_dot_linear's layout, then
+// its GEMM (on AMX tiles from amx_min_rows rows, widened a chunk of column groups at a time).
 at::Tensor column_dense(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
                         const std::optional<at::Tensor>& zeros, int64_t group_size,
                         int64_t out_features, int64_t amx_min_rows);
