@@ -89,7 +89,7 @@ class CpuDecoderStack:
         """Hand the stack ``module``'s levels (shared): it then runs that projection as
         ``QuantizedLinear.forward`` does."""
         self._stack.set_quantized(
-            layer, PROJECTIONS.index(projection), 4 if type(module) is Int4Linear else 8,
+            layer, PROJECTIONS.index(projection), module.bits,
             module.levels, module.scales, module.offsets, module.zeros, module.group_size,
             module.dense_rows, module.dense_dtype, module.column_outputs, module.amx_min_rows)
 

@@ -79,10 +79,11 @@ def unpack_nibbles(packed: torch.Tensor, group_size: int) -> torch.Tensor:
 class Int4Linear(QuantizedLinear):
     """``y = x @ W.T (+ bias)`` for an ``Int4Weight`` ``W`` (inference only, CPU)."""
 
+    bits = 4
+
     def __init__(self, weight: Int4Weight, has_bias: bool, dtype: torch.dtype,
                  dense_dtype: torch.dtype | None = None) -> None:
         super().__init__(*weight.shape, has_bias, dtype, dense_dtype)
-        self.bits = 4
         if not kernel_takes(weight.group_size, self.in_features):
             raise ValueError(f"int4 weights need groups of a multiple of 16 features dividing "
                              f"the input features ({self.in_features}), got {weight.group_size}")

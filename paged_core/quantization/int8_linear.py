@@ -57,10 +57,11 @@ class Int8Weight:
 class Int8Linear(QuantizedLinear):
     """``y = x @ W.T (+ bias)`` for an ``Int8Weight`` ``W`` (inference only, CPU)."""
 
+    bits = 8
+
     def __init__(self, weight: Int8Weight, has_bias: bool, dtype: torch.dtype,
                  dense_dtype: torch.dtype | None = None) -> None:
         super().__init__(*weight.shape, has_bias, dtype, dense_dtype)
-        self.bits = 8
         if not kernel_takes(weight.group_size, self.in_features):
             raise ValueError(f"int8 weights need groups of a multiple of 16 features dividing "
                              f"the input features ({self.in_features}), got {weight.group_size}")

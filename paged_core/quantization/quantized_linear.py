@@ -47,6 +47,8 @@ COLUMN_AMX_MIN_ROWS = {4: 1, 8: 8}
 
 
 class QuantizedLinear(nn.Module):
+    bits: int  # 4 or 8: each subclass's
+
     def __init__(self, out_features: int, in_features: int, has_bias: bool,
                  dtype: torch.dtype, dense_dtype: torch.dtype | None = None) -> None:
         """``dense_dtype``: what the many-rows path multiplies in (default ``dtype``; the
@@ -57,7 +59,6 @@ class QuantizedLinear(nn.Module):
         self.dtype = dtype
         self.dense_dtype = dense_dtype or dtype
         self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING, "24"))
-        self.bits = 0  # 4 or 8: the subclass's
         level = selected_cpu_isa()
         self.kernels = cpu_ops(level) if cpu_extension_available(level) else None
         self.level = level if self.kernels is not None else None  # whose kernels

@@ -27,15 +27,13 @@ constexpr float kExpPoly[6] = {1.9875691500E-4f, 1.3981999507E-3f, 8.3334519073E
                                4.1665795894E-2f, 1.6666665459E-1f, 5.0000001201E-1f};
 
 // One register of float32 lanes, for the algorithms below written once for every width:
-// 8 lanes (AVX2) and, in the avx512 builds, 16. Same op per lane: the same bits.
+// 8 lanes (AVX2) and, in the avx512 builds, 16. Same op per lane: the same bits. + - * /
+// are the vector types' own operators (GCC and clang vector extensions); what has no
+// operator is here.
 struct Lanes8 {
   using F = __m256;
   using Mask = __m256;  // all ones where true
   static F set1(float v) { return _mm256_set1_ps(v); }
-  static F add(F a, F b) { return _mm256_add_ps(a, b); }
-  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
-  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
-  static F div(F a, F b) { return _mm256_div_ps(a, b); }
   static F max(F a, F b) { return _mm256_max_ps(a, b); }
   static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   static F fnmadd(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
@@ -46,7 +44,7 @@ struct Lanes8 {
   // y * 2^n for whole-number n.
   static F times_pow2(F y, F n) {
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return y * _mm256_castsi256_ps(e);
   }
 };
 
@@ -55,10 +53,6 @@ struct Lanes16 {
   using F = __m512;
   using Mask = __mmask16;
   static F set1(float v) { return _mm512_set1_ps(v); }
-  static F add(F a, F b) { return _mm512_add_ps(a, b); }
-  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
-  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
-  static F div(F a, F b) { return _mm512_div_ps(a, b); }
   static F max(F a, F b) { return _mm512_max_ps(a, b); }
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F fnmadd(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
@@ -68,7 +62,7 @@ struct Lanes16 {
   static F select(Mask m, F if_true, F if_false) { return _mm512_mask_mov_ps(if_false, m, if_true); }
   static F times_pow2(F y, F n) {
     const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+    return y * _mm512_castsi512_ps(e);
   }
 };
 #endif
@@ -79,12 +73,12 @@ inline typename V::F exp_lanes(typename V::F x) {
   const auto lowest = V::set1(kExpLowest);
   const auto is_tiny = V::less(x, lowest);
   x = V::max(x, lowest);
-  const auto n = V::round(V::mul(x, V::set1(kLog2e)));
+  const auto n = V::round(x * V::set1(kLog2e));
   x = V::fnmadd(n, V::set1(kLn2High), x);
   x = V::fnmadd(n, V::set1(kLn2Low), x);
   auto y = V::set1(kExpPoly[0]);
   for (int i = 1; i < 6; ++i) y = V::fmadd(y, x, V::set1(kExpPoly[i]));
-  y = V::fmadd(y, V::mul(x, x), V::add(x, V::set1(1.f)));
+  y = V::fmadd(y, x * x, x + V::set1(1.f));
   return V::select(is_tiny, V::set1(0.f), V::times_pow2(y, n));
 }
 
@@ -93,9 +87,9 @@ inline typename V::F exp_lanes(typename V::F x) {
 template <typename V>
 inline typename V::F silu_lanes(typename V::F x) {
   const auto zero = V::set1(0.f), one = V::set1(1.f);
-  const auto t = exp_lanes<V>(V::sub(zero, V::abs(x)));
-  const auto inv = V::div(one, V::add(one, t));
-  return V::mul(x, V::select(V::less(x, zero), V::mul(t, inv), inv));
+  const auto t = exp_lanes<V>(zero - V::abs(x));
+  const auto inv = one / (one + t);
+  return x * V::select(V::less(x, zero), t * inv, inv);
 }
 
 inline __m256 exp8(__m256 x) { return exp_lanes<Lanes8>(x); }
