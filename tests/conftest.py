@@ -69,10 +69,32 @@ def cpu_isa(request, monkeypatch):
     """Each CPU path (``paged_core.cpu.isa`` level) in turn, selected through the user's
     setting ``PAGED_CORE_CPU_ISA`` for the test's duration; a level this CPU cannot run
     skips, saying which flags it lacks, and one whose kernels do not build skips with why."""
+    return _use_cpu_isa(request.param, monkeypatch)
+
+
+@pytest.fixture(params=[*_cpu_isa_params(), "avx512_bf16+amx"])
+def attention_path(request, monkeypatch):
+    """``cpu_isa``'s levels, the ``avx512_bf16`` one with its bfloat16 attention tiles on
+    ``vdpbf16ps`` (``PAGED_CORE_CPU_ATTENTION=bf16_dot``), then ``avx512_bf16+amx``: the same
+    level with them on AMX tiles (``amx``; skips, saying why, on CPUs without AMX-BF16 or
+    whose OS grants no tile state). Returns the level."""
+    from paged_core.attention.cpu_kernels import bf16_attention_amx
+
+    level, _, tiles = request.param.partition("+")
+    level = _use_cpu_isa(level, monkeypatch)
+    monkeypatch.setenv("PAGED_CORE_CPU_ATTENTION", tiles or "bf16_dot")
+    if tiles:
+        try:
+            assert bf16_attention_amx(level)
+        except (ValueError, RuntimeError) as error:
+            pytest.skip(str(error))
+    return level
+
+
+def _use_cpu_isa(level, monkeypatch):
     from paged_core.cpu.extension import cpu_extension_available, cpu_extension_error
     from paged_core.cpu.isa import unsupported_reason
 
-    level = request.param
     reason = unsupported_reason(level)
     if reason is not None:
         pytest.skip(reason)
@@ -80,3 +102,18 @@ def cpu_isa(request, monkeypatch):
         pytest.skip(f"the {level} C++ kernels do not build here: {cpu_extension_error(level)}")
     monkeypatch.setenv("PAGED_CORE_CPU_ISA", level)
     return level
+
+
+@pytest.fixture
+def amx_cpu_without_tile_state(monkeypatch):
+    """A CPU that reports AMX-BF16 while the OS grants no AMX tile state (Linux before 5.16):
+    the ``avx512_bf16`` kernels' ``bf16_amx_ready`` says no."""
+    from paged_core.cpu import extension, isa
+
+    class NoTileState:
+        @staticmethod
+        def bf16_amx_ready() -> bool:
+            return False
+
+    monkeypatch.setattr(isa, "has_amx_bf16", lambda: True)
+    monkeypatch.setattr(extension, "cpu_ops", lambda level: NoTileState)

@@ -10,13 +10,24 @@ in float32; every query reads only the keys it may see (causal, sliding window).
 
 The kernel is ``paged_core/cpu/csrc/paged_attention.cpp``, built with the other C++
 CPU kernels by ``paged_core.cpu.extension`` (on first use, then cached); where it
-cannot be built, the torch backend keeps its plain-torch path.
+cannot be built, the torch backend keeps its plain-torch path. At the ``avx512_bf16``
+level, bfloat16 tiles multiply with ``vdpbf16ps`` or, on CPUs with AMX-BF16, AMX tiles
+(``PAGED_CORE_CPU_ATTENTION``, ``bf16_attention_amx``).
 """
 from __future__ import annotations
 
 import torch
 
-from ..cpu.extension import cpu_ops
+from ..cpu.extension import amx_granted, cpu_ops
+from ..cpu.isa import ATTENTION_SETTING, selected_cpu_isa
+
+
+def bf16_attention_amx(cpu_isa: str | None = None) -> bool:
+    """True if the ``cpu_isa`` build (default: the selected level) multiplies bfloat16
+    attention tiles on AMX: the ``avx512_bf16`` level with ``PAGED_CORE_CPU_ATTENTION``
+    selecting ``amx`` (``auto``: CPUs with AMX-BF16) and the OS granting the tile state
+    (``cpu.extension.amx_granted``: else ``auto`` is False and ``amx`` raises ``RuntimeError``)."""
+    return (cpu_isa or selected_cpu_isa()) == "avx512_bf16" and amx_granted(ATTENTION_SETTING)
 
 
 def cpu_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -24,7 +35,8 @@ def cpu_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                         query_start_loc: torch.Tensor, scale: float,
                         sliding_window: int | None = None,
                         out: torch.Tensor | None = None, cpu_isa: str | None = None,
-                        logits_soft_cap: float | None = None) -> torch.Tensor:
+                        logits_soft_cap: float | None = None,
+                        amx_tiles: bool | None = None) -> torch.Tensor:
     """Attention of a packed step's queries over each sequence's paged context.
 
     ``query`` ``[num_tokens, Hq, D]`` (last dim contiguous): sequence ``s`` owns rows
@@ -37,7 +49,9 @@ def cpu_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     float32 or bfloat16 (accumulated in float32). Returns ``[num_tokens, Hq, D]`` in the
     query dtype, written into ``out`` (contiguous, like query) if given; rows past
     ``query_start_loc[-1]`` (padding) are left as they were.
-    ``cpu_isa`` picks the build (``paged_core.cpu.isa`` level; default: the selected one).
+    ``cpu_isa`` picks the build (``paged_core.cpu.isa`` level; default: the selected one);
+    ``amx_tiles`` whether its bfloat16 tiles multiply on AMX (default:
+    ``bf16_attention_amx(cpu_isa)``; True needs that to be possible).
     Raises ``RuntimeError`` if that kernel is unavailable (``cpu_extension_available``)
     or an argument is inconsistent (the message says which).
     """
@@ -52,6 +66,8 @@ def cpu_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
              for t in (block_tables, seq_lens, query_start_loc)]
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    if amx_tiles is None:
+        amx_tiles = bf16_attention_amx(cpu_isa)
     ops.paged_attention(query, k_cache, v_cache, *int32, float(scale), int(sliding_window or 0),
-                        float(logits_soft_cap or 0.0), out)
+                        float(logits_soft_cap or 0.0), out, bool(amx_tiles))
     return out

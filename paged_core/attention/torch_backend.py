@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from ..cpu.extension import cpu_extension_available, cpu_ops
 from ..cpu.isa import selected_cpu_isa
-from .cpu_kernels import cpu_paged_attention
+from .cpu_kernels import bf16_attention_amx, cpu_paged_attention
 from .kv_quant import QUANTIZED_DTYPES, as_bytes, dequantize, is_quantized, quantize
 from .metadata import AttentionMetadata
 
@@ -62,7 +62,8 @@ class TorchAttentionBackend:
     float32/bfloat16 (the cache: the same dtype, or quantized) and the kernel builds here;
     off, or where it cannot be used, the plain-torch path runs. Both compute the same attention.
     ``cpu_isa`` is the kernel build it uses (``paged_core.cpu.isa`` level, fixed at
-    construction: the selected one by default), ``None`` without the kernel.
+    construction: the selected one by default), ``None`` without the kernel; ``amx_tiles``
+    whether its bfloat16 tiles multiply on AMX (``bf16_attention_amx``, fixed likewise).
     """
 
     name = "torch"
@@ -71,6 +72,7 @@ class TorchAttentionBackend:
         cpu_isa = cpu_isa or selected_cpu_isa()
         # Build the kernel now (once per machine, then cached) rather than in the first step.
         self.cpu_isa = cpu_isa if cpu_kernel and cpu_extension_available(cpu_isa) else None
+        self.amx_tiles = self.cpu_isa is not None and bf16_attention_amx(self.cpu_isa)
 
     @property
     def cpu_kernel(self) -> bool:
@@ -110,7 +112,8 @@ class TorchAttentionBackend:
         if self.uses_cpu_kernel(k_cache.device, query.dtype, k_cache.dtype):
             return cpu_paged_attention(query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                        meta.query_start_loc, scale, sliding_window, out=out,
-                                       cpu_isa=self.cpu_isa, logits_soft_cap=logits_soft_cap)
+                                       cpu_isa=self.cpu_isa, logits_soft_cap=logits_soft_cap,
+                                       amx_tiles=self.amx_tiles)
         key = (self.name, sliding_window)
         plan = meta.backend_plans.get(key)
         if plan is None:

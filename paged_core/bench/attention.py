@@ -2,8 +2,10 @@
 
 For every CPU path level this host supports (``paged_core.cpu.isa``; ``generic``, slow,
 only with ``--full``), each level's own build of the kernel (``cpu_paged_attention(...,
-cpu_isa=level)``, all loaded side by side), in bfloat16 and float32 (the kernel's
-dtypes; the common ``--dtype`` is not used):
+cpu_isa=level)``, all loaded side by side; the ``avx512_bf16`` level's bfloat16 tiles on
+``vdpbf16ps``, and again on AMX tiles as path ``avx512_bf16+amx`` where the CPU has
+AMX-BF16), in bfloat16 and float32 (the kernel's dtypes; the common ``--dtype`` is not
+used):
 
 - decode: one new token per sequence, over a grid of batch sizes and context lengths, for
   SmolLM2-135M's shape (3 KV heads x 3 query heads, head_dim 64, block size 16) and a
@@ -36,8 +38,8 @@ from typing import Any
 
 import torch
 
-from ..cpu.extension import cpu_extension_available, cpu_extension_error
-from ..cpu.isa import supported_cpu_isas
+from ..cpu.extension import cpu_extension_available, cpu_extension_error, cpu_ops
+from ..cpu.isa import has_amx_bf16, supported_cpu_isas
 from .attention_cases import (LLAMA_8B, SMOLLM2, KvPool, ModelShape, blocks_for, kv_pool,
                               paged_step, sdpa_call)
 from .attention_plot import plot  # noqa: F401 - the benchmark's ``plot(results, out_dir, name)``
@@ -48,6 +50,7 @@ from .report import command_line, cpu_model
 NAME = "attention"
 DTYPES = ("bfloat16", "float32")
 SDPA = "torch_sdpa"
+AMX_PATH = "avx512_bf16+amx"  # the avx512_bf16 build, bfloat16 tiles on AMX
 MIB = 2**20
 GRID = {"decode_shapes": [SMOLLM2, LLAMA_8B], "batches": [1, 4, 16, 64],
         "contexts": [128, 512, 2048], "prefill_shapes": [SMOLLM2], "prefill_batches": [1, 4],
@@ -78,6 +81,19 @@ def _levels(full: bool) -> tuple[list[str], dict[str, str]]:
     return levels, {level: cpu_extension_error(level) for level in wanted if level not in levels}
 
 
+def _paths(levels: list[str], dtype: str) -> dict[str, tuple[str, bool]]:
+    """{path: (level, amx_tiles)} timed for ``dtype``: every level with its tiles on
+    ``vdpbf16ps``, and ``AMX_PATH`` for bfloat16 where the avx512_bf16 build may use AMX."""
+    paths = {level: (level, False) for level in levels}
+    if dtype == "bfloat16" and "avx512_bf16" in levels and _amx_tiles_granted():
+        paths[AMX_PATH] = ("avx512_bf16", True)
+    return paths
+
+
+def _amx_tiles_granted() -> bool:
+    return has_amx_bf16() and cpu_ops("avx512_bf16").bf16_amx_ready()
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     s = _settings(args)
     levels, unavailable = _levels(args.full)
@@ -88,10 +104,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for dtype in DTYPES:
         for shape in dict.fromkeys(s["decode_shapes"] + s["prefill_shapes"]):
             pool = kv_pool(shape, getattr(torch, dtype), _pool_blocks(shape, dtype, s), generator)
+            paths = _paths(levels, dtype)
             if shape in s["decode_shapes"]:
-                decode += _decode_rows(pool, levels, s, generator)
+                decode += _decode_rows(pool, paths, s, generator)
             if shape in s["prefill_shapes"]:
-                prefill += _prefill_rows(pool, levels, s, generator)
+                prefill += _prefill_rows(pool, paths, s, generator)
             del pool  # before the next one is allocated
     after = memory_bandwidth(s["bandwidth_mib"] * MIB, s["bandwidth_passes"])
     load_after = os.getloadavg()[0]
@@ -100,6 +117,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         row["fraction_of_bandwidth"] = row["gbs"] / bandwidth["read_gbs"]
     settings = {k: [v.name for v in s[k]] if k.endswith("shapes") else v for k, v in s.items()}
     return {"dtypes": list(DTYPES), "levels": levels, "unavailable_levels": unavailable,
+            "paths": list(_paths(levels, "bfloat16")),
             "shapes": {shape.name: dataclasses.asdict(shape) for shape in (SMOLLM2, LLAMA_8B)},
             "settings": settings, "machine_summary": f"{cpu_model()}, {os.cpu_count()} cores",
             "run_command": command_line(getattr(args, "argv", [NAME])),
@@ -125,40 +143,41 @@ def _timing(seconds: list[float]) -> dict[str, Any]:
     return {"us_median": median_us(seconds), "us_samples": [round(t * 1e6, 2) for t in seconds]}
 
 
-def _decode_rows(pool: KvPool, levels: list[str], s: dict[str, Any],
+def _decode_rows(pool: KvPool, paths: dict[str, tuple[str, bool]], s: dict[str, Any],
                  generator: torch.Generator) -> list[dict[str, Any]]:
     rows = []
     for batch in s["batches"]:
         for context in s["contexts"]:
             step = paged_step(pool, batch, context, 1, generator)
             kv_bytes = pool.shape.kv_bytes(batch * context, pool.dtype)
-            samples = time_interleaved({level: step.call(level) for level in levels},
+            samples = time_interleaved({path: step.call(*how) for path, how in paths.items()},
                                        s["reps"], s["min_sample_ms"] / 1e3)
-            for level, seconds in samples.items():
+            for path, seconds in samples.items():
                 t = _timing(seconds)
                 rows.append(_case(pool, batch=batch, context=context, kv_bytes=kv_bytes,
-                                  table_copies=step.instances, path=level, **t,
+                                  table_copies=step.instances, path=path, **t,
                                   gbs=kv_bytes / t["us_median"] / 1e3))
     return rows
 
 
-def _prefill_rows(pool: KvPool, levels: list[str], s: dict[str, Any],
+def _prefill_rows(pool: KvPool, paths: dict[str, tuple[str, bool]], s: dict[str, Any],
                   generator: torch.Generator) -> list[dict[str, Any]]:
     shape, dtype = pool.shape, pool.dtype
     rows = []
     for batch in s["prefill_batches"]:
         for prompt in s["prompts"]:
             step = paged_step(pool, batch, prompt, prompt, generator)
-            calls = {level: step.call(level) for level in levels}
+            calls = {path: step.call(*how) for path, how in paths.items()}
             calls[SDPA] = sdpa_call(shape, dtype, batch, prompt, generator)
-            kinds = {level: linear_kind(dtype, level) for level in levels}
-            for level, kind in kinds.items():  # each kind of linear timed once
+            kinds = {path: linear_kind(dtype, level) for path, (level, _) in paths.items()}
+            for path, kind in kinds.items():  # each kind of linear timed once
                 if kind not in calls:
-                    calls[kind] = linear_call(shape, dtype, level, batch * prompt, generator)
+                    calls[kind] = linear_call(shape, dtype, paths[path][0], batch * prompt,
+                                              generator)
             samples = time_interleaved(calls, s["reps"], s["min_sample_ms"] / 1e3)
             flops = batch * shape.causal_flops(prompt)
             lin_flops = linear_flops(shape, batch * prompt)
-            for path in [*levels, SDPA]:
+            for path in [*paths, SDPA]:
                 t = _timing(samples[path])
                 row = _case(pool, batch=batch, prompt=prompt, flops=flops, path=path, **t,
                             gflops=flops / t["us_median"] / 1e3)
@@ -195,24 +214,26 @@ def print_summary(results: dict[str, Any]) -> None:
     print(f"{results['machine_summary']}; memory bandwidth {bw['read_gbs']:.1f} GB/s read, "
           f"{bw['copy_gbs']:.1f} GB/s copy; load {results['load_average_before']:.1f} -> "
           f"{results['load_average_after']:.1f}")
-    levels = results["levels"]
+    columns = results.get("paths", results["levels"])  # older results: levels only
+    blank = f"{'-':>26}"
     print("decode: median us, GB/s of K+V read, fraction of measured bandwidth")
     print(f"{'shape':<15}{'dtype':<10}{'batch':>6}{'ctx':>6}"
-          + "".join(f"{level:>26}" for level in levels))
+          + "".join(f"{path:>26}" for path in columns))
     for (shape, dtype, batch, ctx), paths in _by(results["decode"], "shape", "dtype", "batch",
                                                  "context").items():
         print(f"{shape:<15}{dtype:<10}{batch:>6}{ctx:>6}" + "".join(
-            f"{paths[lv]['us_median']:>10.0f}{paths[lv]['gbs']:>9.2f}"
-            f"{paths[lv]['fraction_of_bandwidth']:>7.0%}" for lv in levels))
+            f"{paths[p]['us_median']:>10.0f}{paths[p]['gbs']:>9.2f}"
+            f"{paths[p]['fraction_of_bandwidth']:>7.0%}" if p in paths else blank
+            for p in columns))
     print("prefill: GFLOP/s of attention / of the layer's linears (ratio)")
     print(f"{'shape':<15}{'dtype':<10}{'batch':>6}{'prompt':>7}"
-          + "".join(f"{level:>26}" for level in levels) + f"{SDPA:>12}")
+          + "".join(f"{path:>26}" for path in columns) + f"{SDPA:>12}")
     for (shape, dtype, batch, prompt), paths in _by(results["prefill"], "shape", "dtype",
                                                     "batch", "prompt").items():
         print(f"{shape:<15}{dtype:<10}{batch:>6}{prompt:>7}" + "".join(
-            f"{paths[lv]['gflops']:>9.1f} /{paths[lv]['linear_gflops']:>7.1f}"
-            f"{paths[lv]['linear_over_attention']:>8.1f}x" for lv in levels)
-            + f"{paths[SDPA]['gflops']:>12.1f}")
+            f"{paths[p]['gflops']:>9.1f} /{paths[p]['linear_gflops']:>7.1f}"
+            f"{paths[p]['linear_over_attention']:>8.1f}x" if p in paths else blank
+            for p in columns) + f"{paths[SDPA]['gflops']:>12.1f}")
     for note in results["notes"]:
         print(f"note: {note}")
 

@@ -103,9 +103,10 @@ class PagedStep:
     def instances(self) -> int:
         return self.tables.shape[0]
 
-    def call(self, cpu_isa: str) -> Callable[[], torch.Tensor]:
-        """The step through the ``cpu_isa`` build of the C++ kernel, on the next table copy
-        each invocation (its output buffer is reused)."""
+    def call(self, cpu_isa: str, amx_tiles: bool = False) -> Callable[[], torch.Tensor]:
+        """The step through the ``cpu_isa`` build of the C++ kernel (bfloat16 tiles on AMX
+        with ``amx_tiles``), on the next table copy each invocation (its output buffer is
+        reused)."""
         out = torch.empty_like(self.query)
         scale = self.pool.shape.head_dim ** -0.5
 
@@ -114,7 +115,7 @@ class PagedStep:
             self._next = (i + 1) % self.instances
             return cpu_paged_attention(self.query, self.pool.k, self.pool.v, self.tables[i],
                                        self.seq_lens, self.query_start_loc, scale, out=out,
-                                       cpu_isa=cpu_isa)
+                                       cpu_isa=cpu_isa, amx_tiles=amx_tiles)
         return attend
 
 

@@ -14,7 +14,7 @@ from .report import new_figure, save_plot
 
 STYLES = ("o-", "s--", "^-.")
 COLORS = {"generic": "tab:gray", "avx2": "tab:blue", "avx512": "tab:orange",
-          "avx512_bf16": "tab:green"}
+          "avx512_bf16": "tab:green", "avx512_bf16+amx": "tab:red"}
 
 
 def plot(results: dict[str, Any], out_dir, name: str) -> None:
@@ -33,9 +33,11 @@ def _decode_panel(ax, results: dict[str, Any], dtype: str) -> None:
     s = results["settings"]
     batch = max(s["batches"])
     for style, shape in zip(STYLES, s["decode_shapes"]):
-        for level in results["levels"]:
+        for level in results.get("paths", results["levels"]):
             rows = [r for r in results["decode"] if r["dtype"] == dtype and r["shape"] == shape
                     and r["batch"] == batch and r["path"] == level]
+            if not rows:  # the AMX path times bfloat16 only
+                continue
             ax.plot([r["context"] for r in rows], [r["gbs"] for r in rows], style,
                     color=COLORS.get(level), label=f"{level}, {shape}")
     ax.axhline(results["bandwidth"]["read_gbs"], color="black", linestyle=":",
@@ -50,8 +52,10 @@ def _prefill_panel(ax, results: dict[str, Any], dtype: str) -> None:
     s = results["settings"]
     batch = min(s["prefill_batches"])
     rows = [r for r in results["prefill"] if r["dtype"] == dtype and r["batch"] == batch]
-    for level in [*results["levels"], "torch_sdpa"]:
+    for level in [*results.get("paths", results["levels"]), "torch_sdpa"]:
         mine = [r for r in rows if r["path"] == level]
+        if not mine:
+            continue
         prompts = [r["prompt"] for r in mine]
         color = COLORS.get(level, "black")
         ax.plot(prompts, [r["gflops"] for r in mine], "o-", color=color, label=level)

@@ -40,7 +40,8 @@ from pathlib import Path
 
 import torch
 
-from .isa import selected_cpu_isa, unsupported_reason
+from .isa import (others_than_amx, requested_bf16_kernel, selected_bf16_kernel, selected_cpu_isa,
+                  unsupported_reason)
 
 logger = logging.getLogger(__name__)
 
@@ -183,3 +184,19 @@ def _ops_of(level: str):
     if not cpu_extension_available(level):
         raise RuntimeError(f"the {level} C++ CPU kernels are unavailable: {_load(level)}")
     return getattr(torch.ops, ops_namespace(level))
+
+
+def amx_granted(setting: str) -> bool:
+    """True if ``setting`` selects ``amx`` (``selected_bf16_kernel``) and the OS granted this
+    process the AMX tile state (Linux 5.16 or later; the ``avx512_bf16`` kernels ask once).
+    Where the OS refused, ``auto`` falls back to ``bf16_dot`` (False) and an explicit ``amx``
+    raises ``RuntimeError`` naming the setting."""
+    if selected_bf16_kernel(setting) != "amx":
+        return False
+    if cpu_ops("avx512_bf16").bf16_amx_ready():
+        return True
+    if requested_bf16_kernel(setting) == "auto":
+        return False
+    raise RuntimeError(f"{setting}=amx: the OS did not grant this process the AMX tile state "
+                       f"(arch_prctl ARCH_REQ_XCOMP_PERM; Linux 5.16 or later); choose "
+                       f"{others_than_amx(setting)}")

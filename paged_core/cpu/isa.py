@@ -21,7 +21,9 @@ The bfloat16 linears of the ``avx512_bf16`` level run paged-core's own ``vdpbf16
 kernel (``bf16_dot``, ``models/bf16_dot_linear.py``), the same kernel with AMX tiles for
 calls of many rows (``amx``: CPUs with AMX-BF16 only) or oneDNN's bfloat16 GEMM
 (``onednn``): ``PAGED_CORE_CPU_LINEAR`` (``auto``: ``amx`` on CPUs with AMX-BF16, else
-``bf16_dot``) picks one.
+``bf16_dot``) picks one. Its bfloat16 attention tiles likewise multiply with ``vdpbf16ps``
+(``bf16_dot``) or AMX tiles (``amx``): ``PAGED_CORE_CPU_ATTENTION`` (``auto``: ``amx`` on
+CPUs with AMX-BF16, else ``bf16_dot``).
 """
 from __future__ import annotations
 
@@ -43,6 +45,11 @@ _LEVEL_FLAGS = {
 SETTING = "PAGED_CORE_CPU_ISA"
 LINEAR_SETTING = "PAGED_CORE_CPU_LINEAR"
 BF16_LINEAR_KERNELS = ("bf16_dot", "amx", "onednn")
+ATTENTION_SETTING = "PAGED_CORE_CPU_ATTENTION"
+BF16_ATTENTION_KERNELS = ("bf16_dot", "amx")
+# What each kernel setting picks, and its kernels.
+_KERNELS = {LINEAR_SETTING: ("linear", BF16_LINEAR_KERNELS),
+            ATTENTION_SETTING: ("attention", BF16_ATTENTION_KERNELS)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -108,24 +115,43 @@ def has_amx_bf16() -> bool:
     return _capabilities().get("amx_bf16") is True
 
 
-def requested_bf16_linear() -> str:
-    """``PAGED_CORE_CPU_LINEAR`` as the user wrote it, lower-cased: ``auto`` when unset, else the
-    raw value, unchecked (``selected_bf16_linear`` checks it)."""
-    return os.environ.get(LINEAR_SETTING, "").strip().lower() or "auto"
+def requested_bf16_kernel(setting: str = LINEAR_SETTING) -> str:
+    """``setting`` (``PAGED_CORE_CPU_LINEAR`` or ``PAGED_CORE_CPU_ATTENTION``) as the user wrote
+    it, lower-cased: ``auto`` when unset, else the raw value, unchecked
+    (``selected_bf16_kernel`` checks it)."""
+    return os.environ.get(setting, "").strip().lower() or "auto"
+
+
+def selected_bf16_kernel(setting: str = LINEAR_SETTING) -> str:
+    """The kernel ``setting`` picks for the ``avx512_bf16`` level's bfloat16 linears
+    (``PAGED_CORE_CPU_LINEAR``) or attention tiles (``PAGED_CORE_CPU_ATTENTION``; see the
+    module doc): its value if set (not ``auto``), else ``amx`` on CPUs with AMX-BF16 and
+    ``bf16_dot`` on the others. Read on every call; raises ``ValueError`` for a value the
+    setting does not know or ``amx`` on a CPU without AMX-BF16."""
+    what, kernels = _KERNELS[setting]
+    raw = requested_bf16_kernel(setting)
+    if raw == "auto":
+        return "amx" if has_amx_bf16() else "bf16_dot"
+    if raw not in kernels:
+        raise ValueError(f"{setting}={raw!r} is not a bfloat16 {what} kernel; choose auto or one "
+                         f"of {', '.join(kernels)}")
+    if raw == "amx" and not has_amx_bf16():
+        raise ValueError(f"{setting}=amx: this CPU lacks amx_bf16; choose auto or "
+                         f"{others_than_amx(setting)}")
+    return raw
+
+
+def others_than_amx(setting: str) -> str:
+    """The kernels ``setting`` offers besides ``amx``, for error messages."""
+    kernels = _KERNELS[setting][1]
+    return " or ".join(k for k in kernels if k != "amx")
 
 
 def selected_bf16_linear() -> str:
-    """The kernel of the ``avx512_bf16`` level's bfloat16 linears (see the module doc):
-    ``PAGED_CORE_CPU_LINEAR`` if set (not ``auto``), else ``amx`` on CPUs with AMX-BF16 and
-    ``bf16_dot`` on the others. Read on every call; raises ``ValueError`` for an unknown value
-    or ``amx`` on a CPU without AMX-BF16."""
-    raw = requested_bf16_linear()
-    if raw == "auto":
-        return "amx" if has_amx_bf16() else "bf16_dot"
-    if raw not in BF16_LINEAR_KERNELS:
-        raise ValueError(f"{LINEAR_SETTING}={raw!r} is not a bfloat16 linear kernel; choose auto "
-                         f"or one of {', '.join(BF16_LINEAR_KERNELS)}")
-    if raw == "amx" and not has_amx_bf16():
-        raise ValueError(f"{LINEAR_SETTING}=amx: this CPU lacks amx_bf16; choose auto, bf16_dot "
-                         "or onednn")
-    return raw
+    """``selected_bf16_kernel`` of ``PAGED_CORE_CPU_LINEAR``."""
+    return selected_bf16_kernel(LINEAR_SETTING)
+
+
+def selected_bf16_attention() -> str:
+    """``selected_bf16_kernel`` of ``PAGED_CORE_CPU_ATTENTION``."""
+    return selected_bf16_kernel(ATTENTION_SETTING)

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ..attention import AttentionBackend, AttentionMetadata
+from ..attention.cpu_kernels import bf16_attention_amx
 from ..quantization.int4_linear import Int4Linear
 from ..quantization.int8_linear import Int8Linear
 from .bf16_dot_linear import Bf16DotLinear
@@ -44,12 +45,13 @@ class CpuDecoderStack:
 
         spec = model.spec
         self.cpu_isa = cpu_isa
+        self.amx_tiles = bf16_attention_amx(cpu_isa)  # the attention's, as the backend's
         self.dtype = model.norm.weight.dtype  # the activations' (the final norm runs in C++)
         stack_class = getattr(torch.classes, ops_namespace(cpu_isa)).DecoderStack
         first = model.layers[0].self_attn
         self._stack = stack_class(first.num_heads, first.num_kv_heads, first.head_dim,
                                   spec.rms_norm_eps, first.scale, model.rotary.cos,
-                                  model.rotary.sin, model.norm.weight)
+                                  model.rotary.sin, model.norm.weight, self.amx_tiles)
         for layer in model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             self._stack.add_layer(
@@ -104,11 +106,12 @@ class CpuDecoderStack:
         self._stack.set_lora_width(layer, PROJECTIONS.index(projection), slot, width)
 
     def serves(self, backend: AttentionBackend, kv_caches: list[tuple[torch.Tensor, ...]]) -> bool:
-        """True if this step's attention would run the C++ kernel of this stack's level (over
-        caches in the model dtype or quantized: the stack stores K/V with the backend's own
-        C++ write, ``write_kv_slots``, so both paths store the same bits)."""
+        """True if this step's attention would run the C++ kernel of this stack's level and
+        tiles (over caches in the model dtype or quantized: the stack stores K/V with the
+        backend's own C++ write, ``write_kv_slots``, so both paths store the same bits)."""
         k_cache = kv_caches[0][0]
         return (getattr(backend, "cpu_isa", None) == self.cpu_isa
+                and getattr(backend, "amx_tiles", False) == self.amx_tiles
                 and backend.uses_cpu_kernel(k_cache.device, self.dtype, k_cache.dtype))
 
     def __call__(self, residual: torch.Tensor, positions: torch.Tensor,

@@ -75,19 +75,11 @@ def bf16_amx_min_rows() -> int:
     """``Bf16DotLinear``'s ``amx_min_rows`` under the selected kernel: ``AMX_MIN_ROWS`` for
     ``amx``, 0 (never AMX) for ``bf16_dot``. Where the OS refuses this process the AMX tile
     state (Linux before 5.16), ``auto`` keeps ``vdpbf16ps`` for every call (0) and an explicit
-    ``amx`` raises ``RuntimeError``."""
-    from ..cpu.extension import cpu_ops
-    from ..cpu.isa import LINEAR_SETTING, requested_bf16_linear, selected_bf16_linear
+    ``amx`` raises ``RuntimeError`` (``cpu.extension.amx_granted``)."""
+    from ..cpu.extension import amx_granted
+    from ..cpu.isa import LINEAR_SETTING
 
-    if selected_bf16_linear() != "amx":
-        return 0
-    if cpu_ops("avx512_bf16").bf16_amx_ready():
-        return AMX_MIN_ROWS
-    if requested_bf16_linear() == "auto":
-        return 0
-    raise RuntimeError(f"{LINEAR_SETTING}=amx: the OS did not grant this process the AMX tile "
-                       "state (arch_prctl ARCH_REQ_XCOMP_PERM; Linux 5.16 or later); choose "
-                       "bf16_dot or onednn")
+    return AMX_MIN_ROWS if amx_granted(LINEAR_SETTING) else 0
 
 
 def pack_linear_layers(model: nn.Module, compute_dtype: torch.dtype) -> None:

@@ -74,6 +74,20 @@ def test_every_supported_level_but_generic_is_timed(quick_run):
     assert quick_run["machine"]["paged_core_cpu_isa"] in supported
 
 
+def test_bfloat16_tiles_are_also_timed_on_amx_where_the_cpu_has_it(quick_run):
+    from paged_core.cpu.extension import cpu_ops
+    from paged_core.cpu.isa import has_amx_bf16
+
+    amx = ("avx512_bf16" in quick_run["levels"] and has_amx_bf16()
+           and cpu_ops("avx512_bf16").bf16_amx_ready())
+    assert quick_run["paths"] == quick_run["levels"] + (["avx512_bf16+amx"] if amx else [])
+
+
+def _paths(run, dtype):
+    """The paths a run times for ``dtype``: the AMX one for bfloat16 only."""
+    return run["paths"] if dtype == "bfloat16" else run["levels"]
+
+
 def _close(a, b):
     return math.isclose(a, b, rel_tol=1e-9)
 
@@ -89,10 +103,10 @@ def test_decode_rows(quick_run):
                                         bandwidth["after"]["read_gbs"]) > 0
     assert bandwidth["copy_gbs"] > 0
     rows = quick_run["decode"]
-    assert {(r["dtype"], r["batch"], r["context"], r["path"]) for r in rows} == {
-        (d, b, c, lv) for d in ("bfloat16", "float32") for b in s["batches"]
-        for c in s["contexts"] for lv in quick_run["levels"]}
-    assert len(rows) == 2 * len(s["batches"]) * len(s["contexts"]) * len(quick_run["levels"])
+    expected = {(d, b, c, p) for d in ("bfloat16", "float32") for b in s["batches"]
+                for c in s["contexts"] for p in _paths(quick_run, d)}
+    assert {(r["dtype"], r["batch"], r["context"], r["path"]) for r in rows} == expected
+    assert len(rows) == len(expected)
     for r in rows:
         _check_timing(r)
         itemsize = 2 if r["dtype"] == "bfloat16" else 4
@@ -103,11 +117,11 @@ def test_decode_rows(quick_run):
 
 
 def test_prefill_rows(quick_run):
-    s, levels = quick_run["settings"], quick_run["levels"]
+    s = quick_run["settings"]
     rows = quick_run["prefill"]
     assert {(r["dtype"], r["batch"], r["prompt"], r["path"]) for r in rows} == {
         (d, b, t, p) for d in ("bfloat16", "float32") for b in s["prefill_batches"]
-        for t in s["prompts"] for p in [*levels, "torch_sdpa"]}
+        for t in s["prompts"] for p in [*_paths(quick_run, d), "torch_sdpa"]}
     for r in rows:
         _check_timing(r)
         t = r["prompt"]
@@ -116,7 +130,8 @@ def test_prefill_rows(quick_run):
         if r["path"] == "torch_sdpa":
             assert "linear" not in r
             continue
-        assert r["linear"] == linear_kind(getattr(torch, r["dtype"]), r["path"])
+        level = r["path"].removesuffix("+amx")  # the AMX path's linears are its level's
+        assert r["linear"] == linear_kind(getattr(torch, r["dtype"]), level)
         assert r["linear_flops"] == 2 * r["batch"] * t * sum(i * o for i, o in SMOLLM2.projections())
         assert r["linear_gflops"] > 0
         assert _close(r["linear_over_attention"], r["linear_gflops"] / r["gflops"])

@@ -98,17 +98,10 @@ def test_amx_is_refused_on_cpus_without_it(monkeypatch):
     assert isa.selected_bf16_linear() == "bf16_dot"
 
 
-def test_without_the_os_granting_tiles_auto_keeps_the_dot_loop_and_amx_is_refused(monkeypatch):
-    from paged_core.cpu import extension
+def test_without_the_os_granting_tiles_auto_keeps_the_dot_loop_and_amx_is_refused(
+        amx_cpu_without_tile_state, monkeypatch):
     from paged_core.models.cpu_linear import bf16_amx_min_rows
 
-    class NoTileState:
-        @staticmethod
-        def bf16_amx_ready() -> bool:
-            return False
-
-    monkeypatch.setattr(isa, "has_amx_bf16", lambda: True)
-    monkeypatch.setattr(extension, "cpu_ops", lambda level: NoTileState)
     monkeypatch.setenv("PAGED_CORE_CPU_LINEAR", "auto")
     assert bf16_amx_min_rows() == 0
     monkeypatch.setenv("PAGED_CORE_CPU_LINEAR", "amx")

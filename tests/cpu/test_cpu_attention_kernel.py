@@ -1,7 +1,8 @@
 """The C++ CPU paged-attention kernel matches the kernels' float64 reference on packed steps:
 decodes, fresh prefills and chunks after a cached prefix mixed, GQA, sliding windows,
 shuffled blocks, NaN in every slot no sequence owns, padding rows, bad arguments; on every
-CPU path this host can run (``cpu_isa`` fixture)."""
+CPU path this host can run, bfloat16 tiles on vdpbf16ps and on AMX (``attention_path``
+fixture)."""
 import math
 
 import pytest
@@ -52,13 +53,14 @@ STEPS = {
 @pytest.mark.parametrize("head_dim", [64, 128, 80])
 @pytest.mark.parametrize("num_kv_heads,group", [(2, 1), (2, 3), (1, 4)])
 @pytest.mark.parametrize("step", list(STEPS))
-def test_matches_reference(step, num_kv_heads, group, head_dim, block_size, window, dtype, cpu_isa):
+def test_matches_reference(step, num_kv_heads, group, head_dim, block_size, window, dtype,
+                           attention_path):
     seq_lens, query_lens = STEPS[step]
     query, k_cache, v_cache, tables, lens, starts = _step(
         seq_lens, query_lens, num_kv_heads, group, head_dim, block_size, dtype)
     scale = 1 / math.sqrt(head_dim)
     out = cpu_paged_attention(query, k_cache, v_cache, tables, lens, starts, scale, window,
-                              cpu_isa=cpu_isa)
+                              cpu_isa=attention_path)
     assert out.dtype == dtype and out.shape == query.shape
     assert torch.isfinite(out).all()
     expected = _reference(query, k_cache, v_cache, tables, lens, starts, scale, window)
@@ -72,7 +74,7 @@ def test_matches_reference(step, num_kv_heads, group, head_dim, block_size, wind
 @pytest.mark.parametrize("window", [None, 40])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("step", ["decodes", "mixed"])
-def test_logits_soft_cap_matches_reference(step, head_dim, window, dtype, cpu_isa):
+def test_logits_soft_cap_matches_reference(step, head_dim, window, dtype, attention_path):
     """Gemma 2's soft cap (scores ``s`` -> ``c * tanh(s / c)``) on every path: float32, the
     bfloat16 tiles' vector tanh and the other levels' scalar one. A cap below the scores'
     spread changes the result, so ignoring it would fail."""
@@ -81,7 +83,7 @@ def test_logits_soft_cap_matches_reference(step, head_dim, window, dtype, cpu_is
                                                           16, dtype)
     scale = 1 / math.sqrt(head_dim)
     out = cpu_paged_attention(query, k_cache, v_cache, tables, lens, starts, scale, window,
-                              cpu_isa=cpu_isa, logits_soft_cap=1.5)
+                              cpu_isa=attention_path, logits_soft_cap=1.5)
     expected = _reference(query, k_cache, v_cache, tables, lens, starts, scale, window, 1.5)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
@@ -89,7 +91,7 @@ def test_logits_soft_cap_matches_reference(step, head_dim, window, dtype, cpu_is
     assert (uncapped - expected).abs().max() > 0.1
     with pytest.raises(ValueError, match="logits_soft_cap must be positive"):
         cpu_paged_attention(query, k_cache, v_cache, tables, lens, starts, scale,
-                            logits_soft_cap=0.0, cpu_isa=cpu_isa)
+                            logits_soft_cap=0.0, cpu_isa=attention_path)
 
 
 # Few sequences with long contexts: the bf16 tiles split a tile's keys into parts across
@@ -106,7 +108,7 @@ LONG_STEPS = {
 @pytest.mark.parametrize("window", [None, 40, 700])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("step", list(LONG_STEPS))
-def test_long_contexts_match_reference(step, head_dim, window, dtype, cpu_isa):
+def test_long_contexts_match_reference(step, head_dim, window, dtype, attention_path):
     seq_lens, query_lens = LONG_STEPS[step]
     query, k_cache, v_cache, tables, lens, starts = _step(seq_lens, query_lens, 2, 3, head_dim,
                                                           16, dtype, pad=2, seed=2)
@@ -119,7 +121,7 @@ def test_long_contexts_match_reference(step, head_dim, window, dtype, cpu_isa):
             torch.set_num_threads(n)
             out = torch.full_like(query, 7.0)
             cpu_paged_attention(query, k_cache, v_cache, tables, lens, starts, scale, window,
-                                out=out, cpu_isa=cpu_isa)
+                                out=out, cpu_isa=attention_path)
             tol = 1e-5 if dtype == torch.float32 else 2e-2
             torch.testing.assert_close(out[:real].double(), expected[:real], rtol=tol, atol=tol)
             assert (out[real:] == 7.0).all()
@@ -130,7 +132,7 @@ def test_long_contexts_match_reference(step, head_dim, window, dtype, cpu_isa):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [None, 700])
 def test_a_long_sequence_gets_the_same_bits_alone_or_batched_on_any_thread_count(window, dtype,
-                                                                                  cpu_isa):
+                                                                                  attention_path):
     """Where split-KV cuts a long context depends on its own positions only, so the result of
     a sequence does not change with the rest of the step or the threads (batch-invariant mode)."""
     seq_lens, query_lens = LONG_STEPS["mixed"]
@@ -142,13 +144,13 @@ def test_a_long_sequence_gets_the_same_bits_alone_or_batched_on_any_thread_count
         for n in sorted({1, threads}):
             torch.set_num_threads(n)
             batched = cpu_paged_attention(query, k_cache, v_cache, tables, lens, starts, 0.125,
-                                          window, cpu_isa=cpu_isa)
+                                          window, cpu_isa=attention_path)
             for s in range(len(seq_lens)):  # each sequence alone
                 rows = slice(int(starts[s]), int(starts[s + 1]))
                 own_start = torch.tensor([0, rows.stop - rows.start], dtype=starts.dtype)
                 alone = cpu_paged_attention(query[rows], k_cache, v_cache, tables[s:s + 1],
                                             lens[s:s + 1], own_start, 0.125, window,
-                                            cpu_isa=cpu_isa)
+                                            cpu_isa=attention_path)
                 assert torch.equal(alone, batched[rows]), f"sequence {s} on {n} threads"
             results.append(batched)
     finally:
@@ -193,3 +195,47 @@ def test_inconsistent_arguments_raise(cpu_isa):
         cpu_paged_attention(query[:5], k_cache, v_cache, tables, lens, starts, 0.125)
     with pytest.raises(ValueError, match="sliding_window must be positive"):
         cpu_paged_attention(query, k_cache, v_cache, tables, lens, starts, 0.125, 0)
+
+
+def test_the_attention_setting_picks_the_tiles_and_refuses_what_cannot_run(monkeypatch):
+    """``PAGED_CORE_CPU_ATTENTION``: ``auto`` takes AMX only where the CPU has it; an unknown
+    value, or ``amx`` on a CPU without AMX-BF16, is an error naming the setting."""
+    from paged_core.attention.cpu_kernels import bf16_attention_amx
+    from paged_core.cpu import isa
+
+    monkeypatch.setenv("PAGED_CORE_CPU_ATTENTION", "onednn")
+    with pytest.raises(ValueError, match="PAGED_CORE_CPU_ATTENTION='onednn' is not a bfloat16 "
+                                         "attention kernel; choose auto or one of bf16_dot, amx"):
+        bf16_attention_amx("avx512_bf16")
+    monkeypatch.setenv("PAGED_CORE_CPU_ATTENTION", "bf16_dot")
+    assert not bf16_attention_amx("avx512_bf16")
+    monkeypatch.setenv("PAGED_CORE_CPU_ATTENTION", "amx")
+    assert not bf16_attention_amx("avx2")  # only the avx512_bf16 build has the tiles
+
+    monkeypatch.setattr(isa, "has_amx_bf16", lambda: False)
+    with pytest.raises(ValueError, match="PAGED_CORE_CPU_ATTENTION=amx: this CPU lacks amx_bf16; "
+                                         "choose auto or bf16_dot"):
+        bf16_attention_amx("avx512_bf16")
+    monkeypatch.setenv("PAGED_CORE_CPU_ATTENTION", "auto")
+    assert not bf16_attention_amx("avx512_bf16")
+
+
+def test_without_the_os_granting_tiles_auto_attention_keeps_vdpbf16ps(amx_cpu_without_tile_state,
+                                                                      monkeypatch):
+    from paged_core.attention.cpu_kernels import bf16_attention_amx
+
+    monkeypatch.setenv("PAGED_CORE_CPU_ATTENTION", "auto")
+    assert not bf16_attention_amx("avx512_bf16")
+    monkeypatch.setenv("PAGED_CORE_CPU_ATTENTION", "amx")
+    with pytest.raises(RuntimeError, match="PAGED_CORE_CPU_ATTENTION=amx: the OS did not grant"):
+        bf16_attention_amx("avx512_bf16")
+
+
+def test_amx_tiles_are_refused_by_a_build_without_them(cpu_isa):
+    if cpu_isa == "avx512_bf16":
+        pytest.skip("the avx512_bf16 build has AMX tiles where the CPU does")
+    query, k_cache, v_cache, tables, lens, starts = _step([20, 9], [4, 9], 1, 1, 64, 16,
+                                                          torch.bfloat16)
+    with pytest.raises(RuntimeError, match="amx_tiles: this build has no AMX attention"):
+        cpu_paged_attention(query, k_cache, v_cache, tables, lens, starts, 0.125,
+                            cpu_isa=cpu_isa, amx_tiles=True)

@@ -6,7 +6,7 @@ once through ``CpuDecoderStack`` and once through the Python layers; hidden stat
 the cache afterwards must be the same bits. Each Llama-family variant (sliding window,
 qkv bias, per-head q/k norms, tied embeddings), float32 (plain linears) and bfloat16
 (oneDNN-packed linears), and quantized KV caches (``kv_cache_dtype``), on every CPU path
-this host runs (``cpu_isa`` fixture).
+this host runs (``cpu_isa`` fixture; ``attention_path``: with AMX attention tiles too).
 """
 import pytest
 import torch
@@ -51,9 +51,14 @@ def _record_both_paths(model):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3"])
 def test_stack_matches_the_python_layers_bit_for_bit(model_type, dtype, tokenizer, tmp_path,
-                                                       cpu_isa):
+                                                       attention_path):
+    """On every level and both kinds of bfloat16 attention tiles (vdpbf16ps, AMX)."""
+    from paged_core.attention.cpu_kernels import bf16_attention_amx
+
     folder = build_tiny_model(model_type, str(tmp_path / model_type), tokenizer)
-    _generate_through_both_paths(folder, dtype, cpu_isa)
+    llm = _generate_through_both_paths(folder, dtype, attention_path)
+    stack = llm.engine.core.executor.runner.model.decoder_stack
+    assert stack.amx_tiles == bf16_attention_amx(attention_path)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -16,7 +16,9 @@
 //     16 dims and key pair with the probabilities' pair broadcast;
 //   - for groups of up to kRowBlock rows (sharing every load of Kt and Vp): scores of the
 //     whole segment in registers, one branch-free online-softmax step per row (one max,
-//     one rescale folded into the load of the row's output, one 2^x per score), p . V.
+//     one rescale folded into the load of the row's output, one 2^x per score), p . V
+//     (vdp_segment_rows; or, on CPUs with AMX, 16 rows at a time on AMX tiles:
+//     attention_tiles_amx.h's amx_segment_rows, which bf16_unit_run takes instead).
 // The next segment's rows are prefetched while this one is transposed, and the blocks two
 // segments ahead are touched so their page walks start early.
 // Scores and the online softmax are float32, in log2 units (scores times scale * log2 e, or
@@ -165,12 +167,18 @@ struct Bf16TileBuffers {
   std::vector<float> sum;     // [rows][16] denominators, 16 partial sums per row
   std::vector<uint32_t> kt;   // [chunks][D/2][16] the segment's keys, transposed per chunk
   std::vector<uint32_t> vp;   // [pairs][D] the segment's values, key pairs interleaved
+  std::vector<uint64_t> visible;  // [rows] the keys of the segment each row sees (bit j: key j)
+  std::vector<uint32_t> probs;    // [rows][32] AMX rows: a row's probabilities, as bf16 pairs
+  std::vector<float> tile_scores;  // [16][64] AMX rows: a row block's raw scores
 
+  // max_rows: a multiple of 16 (AMX rows take 16 at a time).
   Bf16TileBuffers(int max_rows, int head_dim)
       : D(head_dim), q(static_cast<size_t>(max_rows) * head_dim / 2),
         acc(static_cast<size_t>(max_rows) * head_dim), mx(max_rows), sum(static_cast<size_t>(max_rows) * 16),
         kt(static_cast<size_t>(kMaxSegChunks) * head_dim / 2 * kChunk),
-        vp(static_cast<size_t>(kMaxSegChunks) * kChunk / 2 * head_dim) {}
+        vp(static_cast<size_t>(kMaxSegChunks) * kChunk / 2 * head_dim), visible(max_rows),
+        probs(static_cast<size_t>(max_rows) * kMaxSegChunks * kChunk / 2),
+        tile_scores(static_cast<size_t>(16) * kMaxSegChunks * kChunk) {}
 
   float row_sum(int r) const { return _mm512_reduce_add_ps(_mm512_loadu_ps(sum.data() + 16 * r)); }
 };
@@ -349,6 +357,32 @@ inline void rows_step_n(int n, const int* rows, const uint64_t* visible, Bf16Til
   }
 }
 
+// The segment of n chunks (Kt and Vp in w) for every row of a unit that sees one of its keys
+// (visible[r]: bit j, key j of the segment), kRowBlock rows at a time on vdpbf16ps.
+inline void vdp_segment_rows(int rows, int n, const uint64_t* visible, Bf16TileBuffers& w,
+                             const ScoreMap& map) {
+  int active = 0;
+  int ids[kRowBlock];
+  uint64_t bits[kRowBlock];
+  auto flush = [&] {
+    switch (active) {
+      case 1: rows_step_n<1>(n, ids, bits, w, map); break;
+      case 2: rows_step_n<2>(n, ids, bits, w, map); break;
+      case 3: rows_step_n<3>(n, ids, bits, w, map); break;
+      case 4: rows_step_n<4>(n, ids, bits, w, map); break;
+      default: break;
+    }
+    active = 0;
+  };
+  for (int r = 0; r < rows; ++r) {
+    if (visible[r] == 0) continue;
+    ids[active] = r;
+    bits[active] = visible[r];
+    if (++active == kRowBlock) flush();
+  }
+  flush();
+}
+
 // Pointers to the rows of keys c0 .. c0 + count - 1 in one KV head's K and V caches
 // (nullptr at or past key_hi); false on a block table entry outside [0, num_blocks).
 inline bool key_rows(const Bf16Problem& pb, const int32_t* table, const uint16_t* k_head,
@@ -394,8 +428,9 @@ inline void touch_segment(const Bf16Problem& pb, const Bf16Unit& u, int64_t s, i
 // that see no key of the range keep mx = -inf, zero sums and outputs). next (or nullptr):
 // the unit this thread runs after u, whose first keys are prefetched during u's last
 // segment. Returns false on a block table entry outside [0, num_blocks).
-inline bool bf16_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* next,
-                          Bf16TileBuffers& w) {
+template <typename SegmentRows>
+bool bf16_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* next,
+                   Bf16TileBuffers& w, SegmentRows&& segment_rows) {
   const int D = pb.D, G = pb.G;
   const int rows = u.nq * G;
   for (int i = 0; i < u.nq; ++i)
@@ -452,36 +487,20 @@ inline bool bf16_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Un
       prefetch_row(next_v[j], D);
     }
 
-    int active = 0;  // rows that see a key of this segment, in blocks of kRowBlock
-    int ids[kRowBlock];
-    uint64_t visible[kRowBlock];
-    const ScoreMap map = score_map(pb.scale, pb.soft_cap);
-    auto flush = [&] {
-      switch (active) {
-        case 1: rows_step_n<1>(n, ids, visible, w, map); break;
-        case 2: rows_step_n<2>(n, ids, visible, w, map); break;
-        case 3: rows_step_n<3>(n, ids, visible, w, map); break;
-        case 4: rows_step_n<4>(n, ids, visible, w, map); break;
-        default: break;
-      }
-      active = 0;
-    };
     for (int i = 0; i < u.nq; ++i) {
       // Query i (position p) sees keys [lo, hi) of the segment (relative to s0).
       const int64_t p = u.pos0 + i;
       const int64_t first = std::max(u.key_lo, pb.window > 0 ? p - pb.window + 1 : 0);
       const int64_t lo = std::max<int64_t>(first, s0) - s0;
       const int64_t hi = std::min<int64_t>({s0 + seg, u.key_hi, p + 1}) - s0;
-      if (hi <= lo) continue;
-      const uint64_t below_hi = hi >= 64 ? ~uint64_t{0} : (uint64_t{1} << hi) - 1;
-      const uint64_t bits = below_hi & ~((uint64_t{1} << lo) - 1);
-      for (int g = 0; g < G; ++g) {
-        ids[active] = i * G + g;
-        visible[active] = bits;
-        if (++active == kRowBlock) flush();
+      uint64_t bits = 0;  // none where hi <= lo
+      if (hi > lo) {
+        const uint64_t below_hi = hi >= 64 ? ~uint64_t{0} : (uint64_t{1} << hi) - 1;
+        bits = below_hi & ~((uint64_t{1} << lo) - 1);
       }
+      std::fill(w.visible.begin() + i * G, w.visible.begin() + (i + 1) * G, bits);
     }
-    flush();
+    segment_rows(rows, n, w.visible.data(), w, score_map(pb.scale, pb.soft_cap));
   }
   return true;
 }

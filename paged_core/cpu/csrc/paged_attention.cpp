@@ -18,12 +18,19 @@
 // are widened on load; the output has the input dtype. Rows past
 // query_start_loc[num_seqs] (padding) are not written.
 //
+// bfloat16 caches (head_dim % 32 == 0) take attention_tiles_bf16.h's tiles; with amx_tiles
+// their products run on AMX tiles (attention_tiles_amx.h) for every unit of the call. It
+// needs the avx512_bf16 build on a CPU and OS granting AMX tiles (else an error); float32
+// and quantized-cache calls compute as they do without it.
+//
 // Registered as torch.ops.paged_core_cpu_<level>.paged_attention (no pybind needed).
 #include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "attention_tiles_amx.h"
 #include "attention_tiles_bf16.h"
+#include "bf16_dot_linear.h"
 #include "cpu_common.h"
 #include "cpu_simd.h"
 #include "kv_quant.h"
@@ -419,12 +426,19 @@ double single_thread_us(const std::vector<Task>& tasks, int64_t num_kv_heads, in
 // tens of microseconds when they sleep between parallel regions (OMP_WAIT_POLICY=PASSIVE).
 constexpr double kWakeWorthUs = 20;
 
-// attention_kernel's tasks for bfloat16 with vdpbf16ps tiles (attention_tiles_bf16.h);
-// needs head_dim % 32 == 0. Threads take jobs in order; each claims its next job when it
-// starts one, so the next job's first keys are prefetched while this one ends.
+#if PAGED_CORE_AMX_ATTENTION
+// Every tile of attention_tiles_amx.h is 16 rows of 64 bytes.
+constexpr uint8_t kAllTiles16Rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+#endif
+
+// attention_kernel's tasks for bfloat16 with tiles (attention_tiles_bf16.h); needs
+// head_dim % 32 == 0. Every unit's rows take vdpbf16ps, or with amx AMX tiles
+// (attention_tiles_amx.h): one path for the whole call, so a query's bits never depend on
+// the tile it shares. Threads take jobs in order; each claims its next job when it starts
+// one, so the next job's first keys are prefetched while this one ends.
 void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
                       const int32_t* seq_lens, const int32_t* qsl, int64_t num_kv_heads,
-                      int* error_flag) {
+                      bool amx, int* error_flag) {
   const int nthreads = single_thread_us(tasks, num_kv_heads, pb.G, pb.D) < kWakeWorthUs
                            ? 1 : std::max(1, at::get_num_threads());
   std::vector<Bf16Split> splits;
@@ -439,12 +453,24 @@ void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
 #pragma omp parallel num_threads(nthreads)
   {
     paged_core_cpu::Bf16TileBuffers buffers(max_rows, pb.D);
+#if PAGED_CORE_AMX_ATTENTION
+    if (amx) paged_core_cpu::configure_amx_tiles(kAllTiles16Rows);
+#endif
     int64_t j = __atomic_fetch_add(&next_job.value, 1, __ATOMIC_RELAXED);
     while (j < num_jobs) {
       const int64_t after = __atomic_fetch_add(&next_job.value, 1, __ATOMIC_RELAXED);
       const Bf16Job& job = jobs[j];
       const Bf16Unit* next = after < num_jobs ? &jobs[after].unit : nullptr;
-      if (!paged_core_cpu::bf16_unit_run(pb, job.unit, next, buffers)) {
+      bool ok;
+#if PAGED_CORE_AMX_ATTENTION
+      if (amx)
+        ok = paged_core_cpu::bf16_unit_run(pb, job.unit, next, buffers,
+                                           paged_core_cpu::amx_segment_rows);
+      else
+#endif
+        ok = paged_core_cpu::bf16_unit_run(pb, job.unit, next, buffers,
+                                           paged_core_cpu::vdp_segment_rows);
+      if (!ok) {
         __atomic_store_n(error_flag, 2, __ATOMIC_RELAXED);
       } else if (job.slot < 0) {
         paged_core_cpu::bf16_unit_store(pb, job.unit, buffers);
@@ -458,6 +484,9 @@ void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
       }
       j = after;
     }
+#if PAGED_CORE_AMX_ATTENTION
+    if (amx) paged_core_cpu::release_amx_tiles();
+#endif
   }
 }
 #endif  // PAGED_CORE_BF16_TILES
@@ -515,7 +544,14 @@ bool is_quantized_cache(at::ScalarType t) {
 void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_lens,
                      const at::Tensor& query_start_loc, double scale, int64_t sliding_window,
-                     double logits_soft_cap, at::Tensor& out) {
+                     double logits_soft_cap, at::Tensor& out, bool amx_tiles) {
+#if PAGED_CORE_AMX_ATTENTION
+  const bool amx_granted = paged_core_cpu::bf16_amx_ready();
+#else
+  const bool amx_granted = false;
+#endif
+  TORCH_CHECK(!amx_tiles || amx_granted,
+              "amx_tiles: this build has no AMX attention, or the CPU or OS grants no AMX tiles");
   TORCH_CHECK(query.dim() == 3, "query must be [num_tokens, num_heads, head_dim]");
   TORCH_CHECK(k_cache.dim() == 4 && v_cache.dim() == 4,
               "caches must be [num_kv_heads, num_blocks, block_size, head_dim]");
@@ -586,7 +622,7 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
                          static_cast<int>(D), static_cast<float>(scale), sliding_window,
                          static_cast<float>(logits_soft_cap),
                          reinterpret_cast<uint16_t*>(out.mutable_data_ptr()), Hq};
-    bf16_tile_kernel(pb, tasks, sl, qsl, Hk, &error_flag);
+    bf16_tile_kernel(pb, tasks, sl, qsl, Hk, amx_tiles, &error_flag);
 #endif
   } else {
     dispatch_dim<uint16_t, uint16_t>(query, k_cache, v_cache, block_tables, seq_lens,
@@ -603,6 +639,6 @@ PAGED_CORE_LIBRARY(m) {
       "paged_attention(Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
       "Tensor seq_lens, Tensor query_start_loc, float scale, int sliding_window, "
       "float logits_soft_cap, "
-      "Tensor(a!) out) -> ()");
+      "Tensor(a!) out, bool amx_tiles=False) -> ()");
   m.impl("paged_attention", c10::DispatchKey::CPU, TORCH_FN(paged_attention));
 }
