@@ -8,9 +8,9 @@ faster and matched oneDNN at prefill sizes. Each row is summed in one fixed orde
 whatever the batch, so a row's result never depends on the rows beside it.
 
 On CPUs with AMX-BF16 (``PAGED_CORE_CPU_LINEAR=amx``, the default there) calls of
-``AMX_MIN_ROWS`` rows or more run on AMX tiles (``bf16_amx_linear.cpp``), which read the same
-packed weight: prefill-sized products at AMX's rate, decode-sized ones streamed by
-``vdpbf16ps``, with one copy of the weights.
+``AMX_MIN_ROWS`` rows or more (``cpu_linear``: every call) run on AMX tiles
+(``bf16_amx_linear.cpp``), which read the same packed weight, with one copy of the weights:
+prefill-sized products at AMX's rate, decode-sized ones on tiles of their own rows.
 """
 from __future__ import annotations
 

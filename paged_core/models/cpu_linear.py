@@ -95,11 +95,13 @@ def pack_linear_layers(model: nn.Module, compute_dtype: torch.dtype) -> None:
                 setattr(module, name, packed_linear(child.weight, child.bias, compute_dtype))
 
 
-# Calls of this many rows or more take AMX tiles under ``amx``: on a 2-core Xeon with AMX (30
-# layers of SmolLM2's projections, distinct weights) the vdpbf16ps loop ran 1-2 rows faster
-# than AMX (12.2 vs 15.3 ms at 1 row), 4 rows alike, 8 rows slower (17.0 vs 14.5 ms) and
-# 12-16 rows 1.4-1.7x slower.
-AMX_MIN_ROWS = 8
+# Calls of this many rows or more take AMX tiles under ``amx``: every call, since a call's
+# last row block configures its tiles for its own rows (bf16_amx_linear.cpp). On a 2-core Xeon
+# with AMX (30 layers of SmolLM2's projections, distinct weights, one process alternating)
+# AMX took 10.6-12.2 ms at 1 row against vdpbf16ps' 12.2-14.5, 9.5-10.2 against 13.8-15.2 at
+# 4-6 rows and 12.4 against 18.8 at 8. (Tiles of 32 rows, padded, had lost to vdpbf16ps
+# below 8 rows.) With every call on AMX, a row's bits never depend on the call's size.
+AMX_MIN_ROWS = 1
 
 # Every prepacked kind ``packed_linear`` builds.
 PACKED_LINEARS = (PackedLinear, Bf16DotLinear)

@@ -19,6 +19,10 @@ namespace paged_core_cpu {
 void configure_amx_tiles(const uint8_t (&rows)[8]);
 // Hands the tile state back (tiles zeroed, the configuration cleared).
 void release_amx_tiles();
+// configure_amx_tiles for a block of rows (<= 32) of a GEMM: tiles 0, 1 C of rows 0-15
+// (outputs 0-15, 16-31), 2, 3 C of rows 16-31, 4, 5 A of rows 0-15, 16-31 (each only as
+// many rows as the block has there; none past 16 rows for 2, 3, 5), 6, 7 B of 16 k pairs.
+void configure_row_block_tiles(int64_t rows);
 
 }  // namespace paged_core_cpu
 #endif  // __AVX512BF16__

@@ -7,12 +7,13 @@
 //
 // A unit of work is 32 rows x one group (32 columns): four float32 C tiles (rows 0-15 /
 // 16-31 x columns 0-15 / 16-31), two A tiles (the rows' next 32 k), two B tiles (the
-// group's next 16 k pairs); per 32 k, four tdpbf16ps. A thread's groups go in chunks whose
-// weights fit L2 (groups_in_l2), every row tile of the call passing each chunk: weights are
+// group's next 16 k pairs); per 32 k, four tdpbf16ps. A call's last block holds only its
+// own rows (tiles configured for them, so no tile reads past x: two tdpbf16ps on one A tile
+// up to 16 rows). A thread's groups go in chunks whose weights fit L2 (groups_in_l2), every
+// row tile of the call passing each chunk: weights are
 // read from memory once per call and each row tile's A is reused across the chunk (row
 // blocks re-reading every weight per block ran at half this speed at 2048 rows, on two
-// threads with distinct weights per layer). Rows past the call's end are read
-// from a zeroed copy, so no tile reads past x. tdpbf16ps sums each k pair differently from
+// threads with distinct weights per layer). tdpbf16ps sums each k pair differently from
 // vdpbf16ps (measured: the last bits differ), so a row's bits depend on whether its call
 // took AMX (bf16_dot_linear's amx_min_rows); within AMX calls they do not depend on the
 // other rows.
@@ -27,7 +28,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "amx_tiles.h"
@@ -58,28 +58,32 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Every tile used here is 16 rows of 64 bytes: C tiles 16 x 16 float32, A tiles 16 rows x
-// 32 bfloat16, B tiles 16 k pairs x 16 columns.
-constexpr uint8_t kAllTiles16Rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
-
-// C tiles 0-3 = rows [x, x + 32) of x (ldx elements apart) times group w's 32 columns, over
-// K = 32 * kt_count; stored to c [32][32] float32. `prefetch`, if set, is the next group's
-// weights, fetched into L2 as these are read (weights stream from memory during a group's
-// first row tile; into L2 rather than L1 took 30 layers of 8-128 rows 5-15% faster, in one
-// process alternating both, on a 2-core Xeon with AMX). The A and B lines of the step
-// kAhead on are prefetched into L1: a tileloadd that meets L2 stalls the tiles (measured on
-// one core, 32x32 units over 2048 rows: 570-610 GFLOP/s without, 770-870 with).
+// C tiles 0-3 = rows [x, x + rows) of x (ldx elements apart; rows <= 32, tiles configured by
+// configure_row_block_tiles(rows): C tiles 2-3 and A tile 5 only past 16 rows) times group
+// w's 32 columns, over K = 32 * kt_count; stored to c [rows][32] float32. A tile holds only
+// the block's rows, so a decode step of 8-16 rows pays 2 tdpbf16ps of its own rows per 32 k,
+// not 4 of 32, and every output is the same sum whatever the block's other rows.
+// `prefetch`, if set, is the next group's weights, fetched into L2 as these are read
+// (weights stream from memory during a group's first row tile; into L2 rather than L1 took
+// 30 layers of 8-128 rows 5-15% faster, in one process alternating both, on a 2-core Xeon
+// with AMX). The A and B lines of the step kAhead on are prefetched into L1: a tileloadd that
+// meets L2 stalls the tiles (measured on one core, 32x32 units over 2048 rows: 570-610
+// GFLOP/s without, 770-870 with).
 __attribute__((target("amx-tile,amx-bf16"))) void tile_product(const uint16_t* x, int64_t ldx,
-                                                                const uint16_t* w, int64_t kt_count,
+                                                                int64_t rows, const uint16_t* w,
+                                                                int64_t kt_count,
                                                                 const char* prefetch, float* c) {
   constexpr int64_t kGroupRowBytes = 32 * 2 * sizeof(uint16_t);  // one k pair of 32 columns
   constexpr int64_t kAhead = 2;  // k steps between a prefetch and the tile load it serves
   const int64_t x_stride = ldx * static_cast<int64_t>(sizeof(uint16_t));
   const uint16_t* x_lower = x + 16 * ldx;
+  const bool lower = rows > 16;
   _tile_zero(0);
   _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
+  if (lower) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
   for (int64_t kt = 0; kt < kt_count; ++kt) {
     const uint16_t* b = w + kt * 16 * 64;  // 16 k pairs x 32 columns x 2
     if (prefetch != nullptr)
@@ -87,26 +91,29 @@ __attribute__((target("amx-tile,amx-bf16"))) void tile_product(const uint16_t* x
         _mm_prefetch(prefetch + (kt * 32 + line) * 64, _MM_HINT_T1);
     if (kt + kAhead < kt_count) {  // the lines of the tiles kAhead steps on, into L1
       const char* b_ahead = reinterpret_cast<const char*>(b + kAhead * 16 * 64);
-      for (int line = 0; line < 32; ++line) {
-        _mm_prefetch(b_ahead + line * 64, _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(x + line * ldx + (kt + kAhead) * 32),
+      for (int line = 0; line < 32; ++line) _mm_prefetch(b_ahead + line * 64, _MM_HINT_T0);
+      for (int64_t row = 0; row < rows; ++row)
+        _mm_prefetch(reinterpret_cast<const char*>(x + row * ldx + (kt + kAhead) * 32),
                      _MM_HINT_T0);
-      }
     }
     _tile_loadd(4, x + kt * 32, x_stride);
-    _tile_loadd(5, x_lower + kt * 32, x_stride);
     _tile_loadd(6, b, kGroupRowBytes);
     _tile_loadd(7, b + 32, kGroupRowBytes);
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
+    if (lower) {
+      _tile_loadd(5, x_lower + kt * 32, x_stride);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
   }
   constexpr int64_t kRowBytes = 32 * sizeof(float);
   _tile_stored(0, c, kRowBytes);
   _tile_stored(1, c + 16, kRowBytes);
-  _tile_stored(2, c + 16 * 32, kRowBytes);
-  _tile_stored(3, c + 16 * 32 + 16, kRowBytes);
+  if (lower) {
+    _tile_stored(2, c + 16 * 32, kRowBytes);
+    _tile_stored(3, c + 16 * 32 + 16, kRowBytes);
+  }
 }
 
 // Column groups per chunk: a chunk's weights (K2 * 128 bytes a group) stay in L2 while
@@ -143,6 +150,13 @@ __attribute__((target("amx-tile"))) void configure_amx_tiles(const uint8_t (&row
 
 __attribute__((target("amx-tile"))) void release_amx_tiles() { _tile_release(); }
 
+void configure_row_block_tiles(int64_t rows) {
+  const auto upper = static_cast<uint8_t>(std::min<int64_t>(rows, 16));
+  const auto lower = static_cast<uint8_t>(std::max<int64_t>(0, rows - 16));
+  const uint8_t tile_rows[8] = {upper, upper, lower, lower, upper, lower, 16, 16};
+  configure_amx_tiles(tile_rows);
+}
+
 bool bf16_amx_ready() {
   static const bool ready = cpu_has_amx_bf16() && request_tile_state();
   return ready;
@@ -151,21 +165,11 @@ bool bf16_amx_ready() {
 void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const AmxWeights& w, int64_t K2,
                      int64_t g_begin, int64_t g_end, const uint16_t* bias, uint16_t* y,
                      int64_t ldy, int64_t N) {
-  const int64_t K = 2 * K2, full = rows / 32 * 32, group_values = K2 * 64;
-  // The last rows, zero-padded to 32 (a tile never reads past x), in a buffer each thread
-  // keeps: decode calls (8-31 rows) have such a tail every call, four per layer.
-  thread_local std::vector<uint16_t> tail;
-  if (full < rows) {
-    const int64_t copied = rows - full;
-    tail.resize(std::max<size_t>(tail.size(), 32 * K));
-    for (int64_t m = 0; m < copied; ++m)
-      std::memcpy(tail.data() + m * K, x + (full + m) * ldx, K * sizeof(uint16_t));
-    std::fill(tail.begin() + copied * K, tail.begin() + 32 * K, uint16_t{0});
-  }
+  const int64_t K = 2 * K2, group_values = K2 * 64;
   // Widened weights: a chunk at a time, written where the chunk's row tiles read it (L2).
   thread_local std::vector<uint16_t> widened;
   alignas(64) float c[32 * 32];
-  configure_amx_tiles(kAllTiles16Rows);
+  int64_t configured = 0;  // the rows the tiles are configured for (0: not yet)
   const int64_t chunk = groups_in_l2(K2);
   for (int64_t g0 = g_begin; g0 < g_end; g0 += chunk) {
     const int64_t g1 = std::min(g_end, g0 + chunk);
@@ -180,18 +184,21 @@ void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const AmxWeig
     // Groups after this chunk's: in the packed weight only.
     const int64_t next_end = w.packed != nullptr ? g_end : g1;
     for (int64_t m = 0; m < rows; m += 32) {
-      const bool in_tail = m >= full;
-      const uint16_t* a = in_tail ? tail.data() : x + m * ldx;
+      const int64_t block = std::min<int64_t>(32, rows - m);
+      if (block != configured) {  // a call's last block may be short: tiles of its rows only
+        configure_row_block_tiles(block);
+        configured = block;
+      }
       for (int64_t g = g0; g < g1; ++g) {
         const uint16_t* wg = chunk_weights + (g - g0) * group_values;
         // The first row tile streams the chunk's weights in, each group's while the one
         // before it runs.
         const char* next = m == 0 && g + 1 < next_end
                                ? reinterpret_cast<const char*>(wg + group_values) : nullptr;
-        tile_product(a, in_tail ? K : ldx, wg, K / 32, next, c);
+        tile_product(x + m * ldx, ldx, block, wg, K / 32, next, c);
         for (int half = 0; half < 2; ++half)
-          store_bf16_rows(c + 16 * half, 32, std::min<int64_t>(32, rows - m), bias, y + m * ldy,
-                          ldy, g * 32 + 16 * half, N);
+          store_bf16_rows(c + 16 * half, 32, block, bias, y + m * ldy, ldy, g * 32 + 16 * half,
+                          N);
       }
     }
   }
@@ -203,6 +210,8 @@ bool bf16_amx_ready() { return false; }
 void configure_amx_tiles(const uint8_t (&)[8]) { TORCH_CHECK(false, "this build has no AMX tiles"); }
 
 void release_amx_tiles() {}
+
+void configure_row_block_tiles(int64_t) { TORCH_CHECK(false, "this build has no AMX tiles"); }
 
 void bf16_amx_groups(const uint16_t*, int64_t, int64_t, const AmxWeights&, int64_t, int64_t,
                      int64_t, const uint16_t*, uint16_t*, int64_t, int64_t) {

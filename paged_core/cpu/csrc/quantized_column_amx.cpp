@@ -34,18 +34,9 @@ namespace {
 constexpr int64_t kBlockRows = 32;  // rows per pass: two A tiles
 constexpr int64_t kTileRows = 16;
 
-// Tiles: 0, 1: C of rows 0-15 (outputs 0-15, 16-31); 2, 3: C of rows 16-31; 4, 5: A of rows
-// 0-15, 16-31; 6, 7: B of outputs 0-15, 16-31.
-void configure_for(int64_t rows) {
-  const auto upper = static_cast<uint8_t>(std::min(rows, kTileRows));
-  const auto lower = static_cast<uint8_t>(std::max<int64_t>(0, rows - kTileRows));
-  const uint8_t tile_rows[8] = {upper, upper, lower, lower, upper, lower, 16, 16};
-  configure_amx_tiles(tile_rows);
-}
-
 // Rows [0, rows) (rows <= 32) of x (K apart; their group sums xsum, `groups` apart) times
 // column group `col`: y[m * ldy ..] (masked past N); `next` (levels null: none) is fetched
-// meanwhile. Tiles configured by configure_for(rows).
+// meanwhile. Tiles configured by configure_row_block_tiles(rows).
 template <typename L>
 __attribute__((target("amx-tile,amx-bf16"))) void block_product(
     const uint16_t* x, int64_t K, int64_t rows, const float* xsum, const ColumnGroup& col,
@@ -113,7 +104,7 @@ void amx_column_groups(const uint16_t* x, int64_t M, int64_t K, const float* xsu
   const int64_t groups = K / w.group_size;
   for (int64_t m = 0; m < M; m += kBlockRows) {
     const int64_t rows = std::min(kBlockRows, M - m);
-    configure_for(rows);
+    configure_row_block_tiles(rows);
     for (int64_t c = c0; c < c1; ++c) {
       const ColumnGroup next = m == 0 && c + 1 < c1 ? w.column<L>(c + 1, K) : ColumnGroup{};
       block_product<L>(x + m * K, K, rows, xsum + m * groups, w.column<L>(c, K), groups,
