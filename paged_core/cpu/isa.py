@@ -18,8 +18,8 @@ machine takes. Asking for a level the CPU lacks is an error naming the setting a
 missing flags, never a crash on an illegal instruction.
 
 The bfloat16 linears of the ``avx512_bf16`` level run paged-core's own ``vdpbf16ps``
-kernel (``bf16_dot``, ``models/bf16_dot_linear.py``), the same kernel with AMX tiles for
-calls of many rows (``amx``: CPUs with AMX-BF16 only) or oneDNN's bfloat16 GEMM
+kernel (``bf16_dot``, ``models/bf16_dot_linear.py``), the same kernel on AMX tiles
+(``amx``: CPUs with AMX-BF16 only) or oneDNN's bfloat16 GEMM
 (``onednn``): ``PAGED_CORE_CPU_LINEAR`` (``auto``: ``amx`` on CPUs with AMX-BF16, else
 ``bf16_dot``) picks one. Its bfloat16 attention tiles likewise multiply with ``vdpbf16ps``
 (``bf16_dot``) or AMX tiles (``amx``): ``PAGED_CORE_CPU_ATTENTION`` (``auto``: ``amx`` on
@@ -115,14 +115,14 @@ def has_amx_bf16() -> bool:
     return _capabilities().get("amx_bf16") is True
 
 
-def requested_bf16_kernel(setting: str = LINEAR_SETTING) -> str:
+def requested_bf16_kernel(setting: str) -> str:
     """``setting`` (``PAGED_CORE_CPU_LINEAR`` or ``PAGED_CORE_CPU_ATTENTION``) as the user wrote
     it, lower-cased: ``auto`` when unset, else the raw value, unchecked
     (``selected_bf16_kernel`` checks it)."""
     return os.environ.get(setting, "").strip().lower() or "auto"
 
 
-def selected_bf16_kernel(setting: str = LINEAR_SETTING) -> str:
+def selected_bf16_kernel(setting: str) -> str:
     """The kernel ``setting`` picks for the ``avx512_bf16`` level's bfloat16 linears
     (``PAGED_CORE_CPU_LINEAR``) or attention tiles (``PAGED_CORE_CPU_ATTENTION``; see the
     module doc): its value if set (not ``auto``), else ``amx`` on CPUs with AMX-BF16 and
