@@ -43,10 +43,17 @@ SECTIONS = ("machine", "tests", "kernels", "prefill-shapes", "engine-llama-3.2-1
 PREFILL_SHAPES = [(64, 64, 4, 3), (64, 64, 4, 2), (128, 64, 4, 3), (128, 64, 8, 3),
                   (128, 64, 8, 2), (128, 32, 8, 3), (128, 128, 8, 2)]
 # Per model shape: the transformers baselines (continuous batching only at 1B: minutes at
-# 8B) and the decode modes timed (eager only at 1B, where it shows what graphs save).
+# 8B) and the decode step modes timed (``gpu_engine.STEP_MODES``; eager only at 1B, where it
+# shows what graphs save).
 BASELINES = {"llama-3.2-1b": ("transformers-static", "transformers-continuous"),
              "llama-3.1-8b": ("transformers-static",)}
-EAGER_MODES = {"llama-3.2-1b": (True, False), "llama-3.1-8b": (False,)}
+STEP_MODES = {"llama-3.2-1b": ("eager", "graphs", "graphs-async"),
+              "llama-3.1-8b": ("graphs", "graphs-async")}
+# paged-core's modes on the mix (``gpu_engine.MIX_MODES``; fewer at 8B, where each loads 16 GB)
+MIX_MODES = {"llama-3.2-1b": ("paged-core", "paged-core-decode-graphs",
+                              "paged-core-async-scheduling", "paged-core-decode-graphs-async"),
+             "llama-3.1-8b": ("paged-core", "paged-core-decode-graphs",
+                              "paged-core-async-scheduling")}
 # What an engine section runs (``--engine-parts``): decode steps with CUDA graphs, eager decode
 # steps, paged-core on the offline mix, the transformers baselines on it, a cProfile of the
 # host's work in decode steps at batch 256 (``profile``: only when named).
@@ -169,19 +176,21 @@ def engine(shape: str):
         tokenizer = _tokenizer()
         section: dict = {}
         results[f"engine-{shape}"] = section  # what is done is kept if a later part fails
-        modes = [eager for eager in EAGER_MODES[shape]
-                 if ("eager-steps" if eager else "steps") in parts]
+        modes = [mode for mode in STEP_MODES[shape]
+                 if ("eager-steps" if mode == "eager" else "steps") in parts]
         with tempfile.TemporaryDirectory() as tmp:
             folder = gpu_engine.random_model(shape, tmp, tokenizer)
             if modes:
                 section["decode_steps"] = gpu_engine.decode_step_times(
-                    folder, results["machine"]["copy_gb_per_s"], eager_modes=modes)
+                    folder, results["machine"]["copy_gb_per_s"], modes=modes)
+                save(results, out)
             if "profile" in parts:
                 section["host_profile"] = gpu_engine.host_profile(folder)
+                save(results, out)
             if "mix" in parts:
                 baselines = BASELINES[shape] if "baselines" in parts else ()
-                section["offline_mix"] = gpu_engine.offline_mix(folder, tokenizer,
-                                                                baselines=baselines)
+                section["offline_mix"] = gpu_engine.offline_mix(
+                    folder, tokenizer, modes=MIX_MODES[shape], baselines=baselines)
         return section
     return run
 
@@ -219,7 +228,7 @@ def table(results: dict) -> str:
         for row in section.get("decode_steps", []):
             if "batch" in row:
                 replay = row.get("graph_replay_ms")
-                lines.append(f"{shape} eager={row['enforce_eager']!s:5} b={row['batch']:3d}: "
+                lines.append(f"{shape} {row['mode']:12} b={row['batch']:3d}: "
                              f"{row['step_ms']:.2f} ms/step, {row['over_roofline']:.2f}x roofline"
                              + (f" (graph replay {replay:.2f} ms)" if replay else ""))
         profile = section.get("host_profile")
@@ -238,6 +247,11 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def save(results: dict, out: Path) -> None:
+    """Write what is measured so far to ``out/gpu_suite.json`` (a run cut short keeps it)."""
+    (out / "gpu_suite.json").write_text(json.dumps(results, indent=2, default=str))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
@@ -251,7 +265,6 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "gpu_suite.json"
     results: dict = {"command": " ".join(["python", "benchmarks/gpu_suite.py", *sys.argv[1:]])}
     started = time.perf_counter()
     for name in args.sections:
@@ -268,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = {**results.get(name, {}), "error": traceback.format_exc()}
             print(results[name]["error"], flush=True)
         results[name]["section_seconds"] = time.perf_counter() - section_start
-        path.write_text(json.dumps(results, indent=2, default=str))
+        save(results, args.out)
     print(table(results))
     return 0
 

@@ -85,7 +85,7 @@ class PhaseTimer:
         self._patch(core, "plan_sampling", self._phase("update"))
         self._patch(core, "update_from_output", self._phase("update"))
         self._patch(engine.output_processor, "process_outputs", self._phase("update"))
-        self._patch(core.executor.worker, "sampler", self._phase("sample"))
+        self._patch(core.executor.worker.sampler, "launch", self._phase("sample", sync=True))
         self._patch(engine, "step", self._timed_step)
         return self
 

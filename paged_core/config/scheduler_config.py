@@ -25,6 +25,11 @@ class SchedulerConfig:
     ``scheduling_policy`` is vLLM's: ``"fcfs"`` or ``"priority"`` (lower ``priority``
     first, FCFS within a level); ``tenant_fairness`` makes the tenants (the OpenAI
     ``user`` field) of one level take turns at admission.
+
+    ``async_scheduling`` (vLLM's name) overlaps the host with the GPU: the front end turns
+    one step's tokens into text while the GPU runs the next (``LLMEngine``); outputs come
+    one step later, and a stop string ends its sample one (dropped) token late. Off by
+    default; it gains nothing on the CPU, where the forward runs on the host's own cores.
     """
 
     max_num_seqs: int = 128
@@ -34,6 +39,7 @@ class SchedulerConfig:
     itl_target_ms: float | None = None
     scheduling_policy: str = "fcfs"
     tenant_fairness: bool = False
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         check_positive("max_num_seqs", self.max_num_seqs)
@@ -45,6 +51,9 @@ class SchedulerConfig:
             raise ValueError(f"itl_target_ms must be a number of milliseconds >= 0 (0 disables "
                              f"it), got {self.itl_target_ms!r}")
         check_choice("scheduling_policy", self.scheduling_policy, _SCHEDULING_POLICIES)
+        if not isinstance(self.async_scheduling, bool):
+            raise ValueError(f"async_scheduling must be true or false, got "
+                             f"{self.async_scheduling!r}")
 
 
 # ``itl_target_ms`` of servers (``AsyncEngine``) that leave it unset: streams keep ticking

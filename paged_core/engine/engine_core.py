@@ -1,7 +1,7 @@
 """``EngineCore``: the engine's inner loop (vLLM v1's name). It takes ``EngineRequest``s,
 runs steps, and reports token ids as ``EngineCoreOutput``s; it never sees text.
 
-One ``step()``::
+One ``step()`` (``launch_step`` up to execute, ``finish_step`` from there)::
 
     schedule    the step's chunks under the token budget; blocks allocated
     pack        the step as the runner reads it: rows, slots, block tables, logits layout
@@ -141,12 +141,20 @@ class EngineCore:
         logged with a one-line summary of the step (sizes and request ids, never text) and
         raised.
         """
+        return self.finish_step(self.launch_step())
+
+    def launch_step(self) -> LaunchedStep | None:
+        """``step``'s first half: schedule, pack, plan and start the forward and sampling;
+        on a GPU it returns while they still run (``None``: nothing to run). The caller may
+        do host work (``LLMEngine``'s ``async_scheduling``), then must ``finish_step`` it
+        before anything else changes the core's state but ``stop_at_string`` and
+        ``abort_request``, whose samples' tokens of this step are then dropped."""
         start = time.perf_counter()
         if self.model.long_rope_switch is not None:
             self._rotate_long(self.model.long_rope_switch)
         sched = self.scheduler.schedule(self.pacer.budget(self.scheduler.num_decodes_in_flight))
         if sched.is_empty:
-            return []
+            return None
         # As vLLM's scheduler does: the blocks this step caches (and evicts) go out before the
         # forward, so routers learn where a prefix lives while it is still being computed.
         self.publish_kv_events()
@@ -154,14 +162,26 @@ class EngineCore:
             packed = self.pack(sched)
             plan = self.plan_sampling(sched, packed)
             output = self.execute_model(packed, sched, plan.sampling)
-            outputs = self.update_from_output(sched, plan, output)
+        except Exception:
+            logger.error("engine step failed: %s", sched.describe())
+            raise
+        return LaunchedStep(sched, plan, output, start)
+
+    def finish_step(self, launched: LaunchedStep | None) -> list[EngineCoreOutput]:
+        """``step``'s second half: wait for the sampled tokens and update from them."""
+        if launched is None:
+            return []
+        sched = launched.sched
+        try:
+            outputs = self.update_from_output(sched, launched.plan, launched.output.wait())
             self.publish_kv_events()
             if self.speculation is not None:
                 self.speculation.propose(self.scheduler.running)
         except Exception:
             logger.error("engine step failed: %s", sched.describe())
             raise
-        self.pacer.observe(len(sched.scheduled), sched.num_tokens, time.perf_counter() - start)
+        self.pacer.observe(len(sched.scheduled), sched.num_tokens,
+                           time.perf_counter() - launched.started)
         return outputs
 
     def _rotate_long(self, switch: int) -> None:
@@ -395,6 +415,18 @@ class EngineCore:
         """Stop the executor's worker processes and the KV-event publisher (idempotent; also
         run when the core is collected)."""
         self._finalizer()
+
+
+@dataclass
+class LaunchedStep:
+    """A step between ``launch_step`` and ``finish_step``: what was scheduled and planned,
+    the executor's output (its token ids possibly still on the device), and when it began
+    (``time.perf_counter``)."""
+
+    sched: SchedulerOutput
+    plan: StepPlan
+    output: SamplerOutput
+    started: float
 
 
 @dataclass

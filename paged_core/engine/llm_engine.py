@@ -10,6 +10,15 @@ The front end (``frontend/``) owns the tokenizer, text and stop strings; the cor
 caller's thread, one step at a time: a stop string found after a step ends its sample in
 the core before the next step is scheduled, so no token is computed past it.
 
+With ``async_scheduling`` (vLLM's name; off by default) the host's text work overlaps the
+GPU's: each ``step()`` launches the next core step, then runs the front end over the
+previous step's outputs while the GPU computes, then finishes the launched step. Outputs
+therefore reach the caller one step later, and a stop string (or a front-end failure) ends
+its sample one step late: the token the core computed past it is dropped, never reported.
+Invariant in both modes: every token the core reports reaches the front end exactly once,
+in order (an abort folds in the outputs still waiting), and a request counts as unfinished
+until its final output was returned.
+
 Not thread-safe: the offline ``LLM`` calls it directly; ``AsyncEngine`` owns one on its
 step-loop thread. Requests are validated (and tokenized) by ``make_request`` before they
 touch any engine state, so a bad request never disturbs the others; whatever still raises
@@ -31,7 +40,7 @@ from ..models.sharding import ShardPlan
 from ..models.spec import long_rope_switch
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
-from ..requests.engine_io import EngineRequest
+from ..requests.engine_io import EngineCoreOutput, EngineRequest
 from ..exceptions import ParamValidationError
 from ..lora.peft_checkpoint import load_adapter
 from ..lora.request import LoRARequest
@@ -57,6 +66,8 @@ class LLMEngine:
             self.max_model_len, self.core.max_total_tokens, self.core.executor.num_blocks,
             config.block_size)
         self.output_processor = OutputProcessor(self.tokenizer)
+        # async_scheduling: the core's outputs of the last step, not yet through the front end
+        self._unprocessed: list[EngineCoreOutput] = []
         freeze_startup_heap()
 
     # -- requests --------------------------------------------------------------------
@@ -106,19 +117,25 @@ class LLMEngine:
         return set(self.core.loras)
 
     def add_request(self, request: EngineRequest) -> None:
+        if request.request_id in self.output_processor:  # its final output is still due
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
         self.core.add_request(request)
         self.output_processor.add_request(request)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
-        """Finish a request at once, freeing its blocks; returns its final output."""
+        """Finish a request at once, freeing its blocks; returns its final output (``None``
+        if the core no longer runs it: a final output still due comes from ``step``)."""
         outputs = self.core.abort_request(request_id)
         if outputs is None:
             return None
-        return self.output_processor.finish(request_id, outputs)
+        waiting = [out for out in self._unprocessed if out.request_id == request_id]
+        if waiting:
+            self._unprocessed = [out for out in self._unprocessed if out.request_id != request_id]
+        return self.output_processor.finish(request_id, waiting + outputs)
 
     def has_request(self, request_id: str) -> bool:
-        """Whether ``request_id`` is running here (added and not yet finished)."""
-        return request_id in self.core.requests
+        """Whether ``request_id`` is here: running, or its final output not yet returned."""
+        return request_id in self.core.requests or request_id in self.output_processor
 
     def holds(self, request: EngineRequest) -> bool:
         """Whether this very request (not a later one under its id) is still running here."""
@@ -126,7 +143,7 @@ class LLMEngine:
         return held is not None and held.source is request
 
     def has_unfinished_requests(self) -> bool:
-        return self.core.has_unfinished_requests()
+        return self.core.has_unfinished_requests() or bool(self._unprocessed)
 
     @property
     def request_ids(self) -> list[str]:
@@ -135,8 +152,20 @@ class LLMEngine:
     # -- steps -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one core step; returns the outputs of requests that got new tokens (or
-        finished). Stop strings found in them end their samples in the core at once."""
-        processed = self.output_processor.process_outputs(self.core.step())
+        finished). Stop strings found in them end their samples in the core at once. With
+        ``async_scheduling``, the outputs are the previous step's, made while the GPU ran
+        this one."""
+        if not self.config.async_scheduling:
+            return self._process(self.core.step())
+        launched = self.core.launch_step()
+        outputs = self._process(self._unprocessed)
+        self._unprocessed = self.core.finish_step(launched)
+        return outputs
+
+    def _process(self, core_outputs: list[EngineCoreOutput]) -> list[RequestOutput]:
+        """The front end's work on core outputs: ``RequestOutput``s; the stop strings and
+        failures it found go back to the core."""
+        processed = self.output_processor.process_outputs(core_outputs)
         for stop in processed.stops:
             self.core.stop_at_string(stop)
         for request_id in processed.failed:

@@ -107,3 +107,7 @@ class OutputProcessor:
 
     def __len__(self) -> int:
         return len(self.texts)
+
+    def __contains__(self, request_id: str) -> bool:
+        """Whether ``request_id``'s final output is still to be made."""
+        return request_id in self.texts

@@ -25,6 +25,7 @@ import torch
 from ..cpu.extension import cpu_extension_available, cpu_ops
 from ..sampling_params import SamplingParams
 from ..structured_outputs import GrammarBitmask, SequenceGrammar
+from .pending_tokens import PendingTokens
 
 _TOP_P_CANDIDATES = 1024  # top-p without top-k: the nucleus is looked for among these first
 
@@ -70,9 +71,18 @@ class Sampler:
         self.default_generator = default_generator
         self.grammar_bitmask = GrammarBitmask()
 
-    @torch.inference_mode()
     def __call__(self, logits: torch.Tensor,
                  rows: list[SamplingRow]) -> tuple[list[int], list[TokenLogprobs | None]]:
+        """One token per row of ``logits`` (and its log-probabilities where asked), on the
+        host."""
+        tokens, logprobs = self.launch(logits, rows)
+        return (tokens.tolist() if isinstance(tokens, PendingTokens) else tokens), logprobs
+
+    @torch.inference_mode()
+    def launch(self, logits: torch.Tensor, rows: list[SamplingRow]
+               ) -> tuple[list[int] | PendingTokens, list[TokenLogprobs | None]]:
+        """As ``__call__``, but the token ids may still be on their way from the device
+        (``PendingTokens``): only log-probabilities need them on the host at once."""
         logits = logits.float()
         self.grammar_bitmask(logits, [row.grammar for row in rows])
         for r, row in enumerate(rows):
@@ -88,11 +98,11 @@ class Sampler:
             index = torch.tensor(random_rows, device=logits.device)
             uniforms = self._uniforms([rows[r] for r in random_rows]).to(logits.device)
             tokens[index] = _draw(logits[index], [rows[r].params for r in random_rows], uniforms)
+        if logprobs is None:
+            return PendingTokens(tokens), [None] * len(rows)
         token_list = tokens.tolist()
-        if logprobs is not None:
-            return token_list, [_token_logprobs(lp, t, row) if lp is not None else None
-                                for lp, t, row in zip(logprobs, token_list, rows)]
-        return token_list, [None] * len(rows)
+        return token_list, [_token_logprobs(lp, t, row) if lp is not None else None
+                            for lp, t, row in zip(logprobs, token_list, rows)]
 
     def _uniforms(self, rows: list[SamplingRow]) -> torch.Tensor:
         """One uniform number in [0, 1) per row: a seeded row's from its own generator."""

@@ -22,17 +22,25 @@ import torch
 from ..core.sequence import Sequence
 from ..requests.sampling_request import Request
 from ..spec_decode.rejection_sampler import verify_rows
+from .pending_tokens import PendingTokens
 from .sampler import Sampler, SamplingRow, TokenLogprobs
 
 
 @dataclass
 class SamplerOutput:
     """The step's sampled tokens and log-probabilities (one per plan row, in plan order) and
-    the raw logits rows the plan kept (``[len(kept), vocab]`` float32, or None)."""
+    the raw logits rows the plan kept (``[len(kept), vocab]`` float32, or None). The token
+    ids may still be on their way from the GPU (``PendingTokens``) until ``wait``."""
 
-    token_ids: list[int]
+    token_ids: list[int] | PendingTokens
     logprobs: list[TokenLogprobs | None]
     kept_logits: torch.Tensor | None
+
+    def wait(self) -> "SamplerOutput":
+        """This output with its token ids on the host (blocks until the device has them)."""
+        if isinstance(self.token_ids, PendingTokens):
+            self.token_ids = self.token_ids.tolist()
+        return self
 
 
 @dataclass
@@ -58,9 +66,10 @@ class SamplingPlan:
         self.kept_rows.append(logit_row)
 
     def run(self, sampler: Sampler, logits: torch.Tensor) -> SamplerOutput:
-        """Sample every planned row of ``logits`` (the runner's float32 rows) in one call."""
-        tokens, logprobs = sampler(_rows(logits, self.logit_rows), self.rows) if self.rows \
-            else ([], [])
+        """Sample every planned row of ``logits`` (the runner's float32 rows) in one call;
+        the token ids may still be on the device (``SamplerOutput.wait``)."""
+        tokens, logprobs = sampler.launch(_rows(logits, self.logit_rows), self.rows) \
+            if self.rows else ([], [])
         kept = _rows(logits, self.kept_rows) if self.kept else None
         return SamplerOutput(tokens, logprobs, kept)
 

@@ -76,8 +76,9 @@ def test_enforce_eager_and_cudagraph_mode_are_checked_settings():
     assert EngineConfig.from_env({"PAGED_CORE_ENFORCE_EAGER": "1"}).enforce_eager is True
     with pytest.raises(ValueError, match="enforce_eager"):
         EngineConfig(enforce_eager="sometimes")
-    assert EngineConfig().cudagraph_mode == "FULL_DECODE_ONLY"
-    assert EngineConfig.from_env({"PAGED_CORE_CUDAGRAPH_MODE": "FULL"}).cudagraph_mode == "FULL"
+    assert EngineConfig().cudagraph_mode == "FULL"
+    assert EngineConfig.from_env({"PAGED_CORE_CUDAGRAPH_MODE": "FULL_DECODE_ONLY"}
+                                 ).cudagraph_mode == "FULL_DECODE_ONLY"
     with pytest.raises(ValueError, match="cudagraph_mode must be one of"):
         EngineConfig(cudagraph_mode="PIECEWISE")
     with pytest.raises(ValueError, match="max_cudagraph_capture_size"):

@@ -1,7 +1,7 @@
-"""Engine features on CUDA (float32, CUDA graphs for decode steps, then for every step) against
-transformers on the CPU,
-token for token: prefix caching, preemption by recompute, ``n > 1``, beam search, n-gram and
-draft-model speculative decoding; structured outputs that follow their JSON schema."""
+"""Engine features on CUDA (float32; CUDA graphs for decode steps, then for every step, then
+decode graphs with ``async_scheduling``) against transformers on the CPU, token for token:
+prefix caching, preemption by recompute, ``n > 1``, beam search, n-gram and draft-model
+speculative decoding, stop strings; structured outputs that follow their JSON schema."""
 import json
 
 import pytest
@@ -22,9 +22,13 @@ def greedy(max_tokens: int = NEW_TOKENS, **fields) -> SamplingParams:
     return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, **fields)
 
 
-@pytest.fixture(scope="module", params=["FULL_DECODE_ONLY", "FULL"])
-def graph_mode(request) -> str:
-    """``cudagraph_mode``: decode steps replay graphs, or every step that fits one."""
+@pytest.fixture(scope="module", params=[
+    {"cudagraph_mode": "FULL_DECODE_ONLY"}, {"cudagraph_mode": "FULL"},
+    {"cudagraph_mode": "FULL_DECODE_ONLY", "async_scheduling": True}],
+    ids=["decode-graphs", "full-graphs", "async-scheduling"])
+def step_settings(request) -> dict:
+    """The engine's step settings: decode steps replay graphs, or every step that fits one;
+    or decode graphs while the front end works on the previous step (``async_scheduling``)."""
     return request.param
 
 
@@ -40,8 +44,8 @@ def reference(folder):
 
 
 @pytest.fixture(scope="module")
-def llm(folder, graph_mode):
-    return cuda_llm(folder, dtype="float32", enforce_eager=False, cudagraph_mode=graph_mode)
+def llm(folder, step_settings):
+    return cuda_llm(folder, dtype="float32", enforce_eager=False, **step_settings)
 
 
 def test_prefix_cache_hits_give_the_same_tokens(llm, reference, tokenizer):
@@ -55,11 +59,12 @@ def test_prefix_cache_hits_give_the_same_tokens(llm, reference, tokenizer):
     assert graph_replays(llm)[0] > 0
 
 
-def test_preempted_requests_recompute_the_same_tokens(folder, reference, tokenizer, graph_mode):
+def test_preempted_requests_recompute_the_same_tokens(folder, reference, tokenizer,
+                                                      step_settings):
     prompts = [passage_token_ids(tokenizer, 40, offset=9 * i) for i in range(4)]
     expected = [hf_greedy(reference, p, 60) for p in prompts]
     small = cuda_llm(folder, dtype="float32", enforce_eager=False, num_kv_blocks=14,
-                     cudagraph_mode=graph_mode)
+                     **step_settings)
     outputs = small.generate(prompts, greedy(60), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == expected
     assert small.stats()["num_preemptions"] > 0
@@ -82,7 +87,8 @@ def test_beam_search_matches_transformers(llm, reference, tokenizer):
 
 
 @pytest.mark.parametrize("speculative", ["ngram", "draft"])
-def test_speculative_decoding_keeps_greedy_tokens(speculative, tokenizer, tmp_path, graph_mode):
+def test_speculative_decoding_keeps_greedy_tokens(speculative, tokenizer, tmp_path,
+                                                   step_settings):
     """On narrow models (``spec_decode.narrow_models``: outputs repeat, so drafts happen)."""
     from transformers import AutoModelForCausalLM
 
@@ -97,11 +103,29 @@ def test_speculative_decoding_keeps_greedy_tokens(speculative, tokenizer, tmp_pa
     prompts = narrow_prompts([5, 20, 40, 33])
     expected = [hf_greedy(reference, p["prompt_token_ids"], NEW_TOKENS) for p in prompts]
     spec = cuda_llm(target, dtype="float32", enforce_eager=False, speculative_config=config,
-                    cudagraph_mode=graph_mode)
+                    **step_settings)
     outputs = spec.generate(prompts, greedy(), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == expected
     assert spec.stats()["spec_decode_num_accepted_tokens"] > 0
     spec.shutdown()
+
+
+def test_stop_strings_end_samples_where_the_text_matches(llm, reference, tokenizer):
+    """Under ``async_scheduling`` the stop is found one step late: the extra token must not
+    show, and its blocks come back."""
+    prompt = passage_token_ids(tokenizer, 20, offset=3)
+    expected = hf_greedy(reference, prompt, NEW_TOKENS)
+    text = tokenizer.decode(expected)
+    start = next(i for i in range(len(text) // 3, len(text) - 3)
+                 if text[i:i + 3].isascii() and text[i:i + 3].isalpha())
+    stop = text[start:start + 3]
+    (out,) = llm.generate([{"prompt_token_ids": prompt}], greedy(stop=[stop]), use_tqdm=False)
+    sample = out.outputs[0]
+    assert sample.finish_reason == "stop" and sample.stop_reason == stop
+    assert stop not in sample.text and text.startswith(sample.text)
+    assert sample.token_ids == expected[:len(sample.token_ids)]
+    assert len(sample.token_ids) < NEW_TOKENS
+    assert llm.stats()["kv_blocks_used"] == 0
 
 
 def test_structured_output_follows_the_schema(llm):

@@ -1,0 +1,160 @@
+"""``async_scheduling``: the front end works on one step's outputs while the next step runs.
+
+Outputs reach the caller one step later and a stop string ends its sample one step late, so
+these tests hold the engine to what users see: the same tokens, text, finish and stop reasons
+and log-probabilities as the synchronous engine; no token computed past a stop string is
+reported or counted; every block comes back; an abort keeps the tokens still waiting for the
+front end; a request counts as running until its final output was returned.
+"""
+from __future__ import annotations
+
+import pytest
+
+from paged_core import LLM, AsyncEngine, EngineConfig, SamplingParams
+from paged_core.engine.llm_engine import LLMEngine
+
+PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):",
+           "List three colours:"]
+
+
+def engine_settings(**settings) -> dict:
+    return {"dtype": "float32", "num_kv_blocks": 256, "max_num_seqs": 8, **settings}
+
+
+@pytest.fixture(scope="module")
+def sync_llm():
+    llm = LLM(**engine_settings())
+    yield llm
+    llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def async_llm():
+    llm = LLM(**engine_settings(async_scheduling=True))
+    yield llm
+    llm.shutdown()
+
+
+def summary(outputs) -> list:
+    """What a user reads of each completion, log-probabilities as (token, rank) only."""
+    return [[(c.token_ids, c.text, c.finish_reason, c.stop_reason,
+              None if c.logprobs is None else
+              [sorted((t, lp.rank) for t, lp in row.items()) for row in c.logprobs])
+             for c in out.outputs] for out in outputs]
+
+
+def logprob_values(outputs) -> list[float]:
+    return [lp.logprob for out in outputs for c in out.outputs for row in (c.logprobs or [])
+            for _, lp in sorted(row.items())]
+
+
+def stop_strings_inside(sync_llm, prompts: list[str], max_tokens: int) -> list[str]:
+    """For each prompt, a piece of the middle of its greedy text: a stop string that matches."""
+    outs = sync_llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens,
+                                                     ignore_eos=True), use_tqdm=False)
+    stops = []
+    for out in outs:
+        text = out.outputs[0].text
+        middle = len(text) // 2
+        assert len(text) > 12, "the model wrote too little to stop inside"
+        stops.append(text[middle:middle + 3])
+    return stops
+
+
+def test_outputs_equal_the_synchronous_engine(sync_llm, async_llm):
+    stops = stop_strings_inside(sync_llm, PROMPTS, 24)
+    params = [
+        SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=[stops[0]]),
+        SamplingParams(temperature=0, max_tokens=24, stop=[stops[1]],
+                       include_stop_str_in_output=True, logprobs=2),
+        SamplingParams(temperature=0.8, seed=7, n=3, max_tokens=16, stop=[stops[2]]),
+        SamplingParams(temperature=0, max_tokens=9, min_tokens=5),
+    ]
+    expected = sync_llm.generate(PROMPTS, params, use_tqdm=False)
+    got = async_llm.generate(PROMPTS, params, use_tqdm=False)
+    assert summary(got) == summary(expected)
+    # a sample stopped late rides one more step: other batches, so the last float bits may differ
+    assert logprob_values(got) == pytest.approx(logprob_values(expected), abs=1e-4)
+    assert logprob_values(expected)
+    # the stop strings did end samples early, so the late path was taken
+    assert expected[0].outputs[0].finish_reason == "stop"
+    assert len(expected[0].outputs[0].token_ids) < 24
+
+
+def test_no_token_past_a_stop_string_is_counted_and_every_block_comes_back(sync_llm, async_llm):
+    stops = stop_strings_inside(sync_llm, PROMPTS, 30)
+    params = [SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop])
+              for stop in stops]
+    before = async_llm.engine.generated_tokens
+    outs = async_llm.generate(PROMPTS, params, use_tqdm=False)
+    assert all(o.outputs[0].finish_reason == "stop" for o in outs)
+    assert async_llm.engine.generated_tokens - before == sum(len(o.outputs[0].token_ids)
+                                                             for o in outs)
+    assert async_llm.stats()["kv_blocks_used"] == 0
+    assert not async_llm.engine.has_unfinished_requests()
+
+
+def test_the_setting_is_vllms_flag_and_off_by_default():
+    assert EngineConfig().async_scheduling is False
+    assert EngineConfig.from_env({"PAGED_CORE_ASYNC_SCHEDULING": "1"}).async_scheduling is True
+    with pytest.raises(ValueError, match="async_scheduling must be true or false"):
+        EngineConfig(async_scheduling="sometimes")
+
+
+def make_engine(**settings) -> LLMEngine:
+    return LLMEngine(EngineConfig(**engine_settings(async_scheduling=True, **settings)))
+
+
+@pytest.fixture(scope="module")
+def engine():
+    eng = make_engine()
+    yield eng
+    eng.shutdown()
+
+
+def add(engine: LLMEngine, request_id: str, max_tokens: int) -> None:
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    engine.add_request(engine.make_request(request_id, PROMPTS[0], params))
+
+
+def test_an_abort_keeps_the_tokens_still_waiting_for_the_front_end(engine, sync_llm):
+    add(engine, "a", 20)
+    assert engine.step() == []  # the prompt's step: its token waits for the next step
+    (first,) = engine.step()  # the first token comes out while the second is computed
+    assert len(first.outputs[0].token_ids) == 1 and not first.finished
+    out = engine.abort_request("a")
+    assert out.finished and out.outputs[0].finish_reason == "abort"
+    (full,) = sync_llm.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=20,
+                                                            ignore_eos=True), use_tqdm=False)
+    assert out.outputs[0].token_ids == full.outputs[0].token_ids[:2]
+    assert engine.stats()["kv_blocks_used"] == 0
+    assert not engine.has_unfinished_requests()
+
+
+def test_a_request_counts_until_its_final_output_is_returned(engine):
+    add(engine, "b", 1)
+    assert engine.step() == []  # the core is done with "b"; its output is one step away
+    assert not engine.core.has_unfinished_requests()
+    assert engine.has_unfinished_requests() and engine.has_request("b")
+    with pytest.raises(ValueError, match="already in use"):
+        add(engine, "b", 1)
+    assert engine.abort_request("b") is None  # nothing left to abort in the core
+    (out,) = engine.step()
+    assert out.request_id == "b" and out.finished and len(out.outputs[0].token_ids) == 1
+    assert not engine.has_request("b") and not engine.has_unfinished_requests()
+
+
+async def test_streams_carry_the_synchronous_engine_text(sync_llm):
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    expected = sync_llm.generate(PROMPTS, params, use_tqdm=False)
+    served = AsyncEngine(EngineConfig(**engine_settings(async_scheduling=True)))
+    try:
+        for prompt, want in zip(PROMPTS, expected):
+            pieces = []
+            async for out in served.generate(prompt, params):
+                pieces.append(out.outputs[0].delta_text)
+            assert "".join(pieces) == out.outputs[0].text == want.outputs[0].text
+            assert out.outputs[0].token_ids == want.outputs[0].token_ids
+        assert served.stats()["kv_blocks_used"] == 0
+    finally:
+        served.shutdown_sync()
