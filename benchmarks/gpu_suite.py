@@ -16,7 +16,9 @@ package's other needs carried as wheels). Sections, in order, each recorded in
    continuous batching (``paged_core.bench.gpu_engine``).
 
 ``--sections`` picks some; ``--deadline-s`` skips the sections that would start after it.
-A short table is printed last. Needs CUDA: elsewhere it says so and exits with status 2.
+A short table is printed last. Needs CUDA and an importable ``paged_core.kernels`` (an
+installed package, or ``kernels`` linked into a bare checkout): without either it says so and
+exits with status 2.
 """
 from __future__ import annotations
 
@@ -263,6 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("benchmarks/gpu_suite.py needs a CUDA GPU; none here, nothing measured.",
               file=sys.stderr)
+        return 2
+    if importlib.util.find_spec("paged_core.kernels") is None:
+        print("benchmarks/gpu_suite.py needs paged_core.kernels (kernels/ in the tree): install "
+              "the package (pip install --no-deps -e .) or, in a bare checkout, run "
+              "ln -s ../kernels paged_core/kernels first; nothing measured.", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict = {"command": " ".join(["python", "benchmarks/gpu_suite.py", *sys.argv[1:]])}

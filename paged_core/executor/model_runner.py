@@ -57,6 +57,12 @@ class ModelRunner:
                           for _ in range(model.spec.num_layers)]
         self.cuda_graphs: StepGraphs | None = None
         self.lora = None  # a LoRARuntime when enable_lora (set by the worker)
+        # async_scheduling (set by the worker): host-to-device copies of a step's inputs do not
+        # wait for the device (a blocking copy waits for every kernel queued before it, so
+        # the sampled rows' indices, copied after the forward, would hold the host until the
+        # forward ends). Safe from numpy's pageable memory: CUDA stages such a copy before the
+        # call returns.
+        self.non_blocking_inputs = False
 
     def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int,
                             max_mixed_tokens: int = 0) -> None:
@@ -88,7 +94,7 @@ class ModelRunner:
         return None if logits is None else logits.float()
 
     def _to_device(self, array) -> torch.Tensor:
-        return torch.from_numpy(array).to(self.device)
+        return torch.from_numpy(array).to(self.device, non_blocking=self.non_blocking_inputs)
 
     def _device_inputs(self, packed: PackedBatch):
         to = self._to_device

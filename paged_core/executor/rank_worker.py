@@ -84,6 +84,7 @@ class Worker:
         num_blocks = _agree_on_min(tp, kv_cache_num_blocks(config, model, spec.device, kv_dtype))
         self.runner = ModelRunner(model, backend, num_blocks, config.block_size, spec.device,
                                   kv_dtype)
+        self.runner.non_blocking_inputs = config.async_scheduling
         if config.enable_lora:
             self.runner.lora = LoRARuntime(model, config.max_loras, config.max_lora_rank,
                                            config.max_cpu_loras)
