@@ -32,7 +32,7 @@ SHAPES = {
                          num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                          tie_word_embeddings=False),
 }
-# Engine settings each timing runs under, by name (the first of each is paged-core's default)
+# Engine settings each timing runs under, by name ("graphs" and "paged-core": the defaults)
 STEP_MODES = {"eager": {"enforce_eager": True}, "graphs": {},
               "graphs-async": {"async_scheduling": True}}
 _DECODE_GRAPHS = {"cudagraph_mode": "FULL_DECODE_ONLY"}
