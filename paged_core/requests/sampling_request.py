@@ -91,12 +91,15 @@ class Request(CoreRequest):
 
     def sampling_row(self, seq: Sequence, num_drafts: int = 0) -> SamplingRow:
         """The row that samples ``seq``'s next token, as if its first ``num_drafts`` draft
-        tokens (speculative decoding) had been appended."""
+        tokens (speculative decoding) had been appended. Its output tokens are listed only
+        where penalties read them (a copy per step would grow with the output)."""
         sample = self.sample_of(seq)
-        output = seq.output_token_ids + seq.spec_token_ids[:num_drafts]
+        drafts = seq.spec_token_ids[:num_drafts]
+        num_output = seq.num_output_tokens + len(drafts)
+        output = seq.output_token_ids + drafts if self.params.has_penalties else []
         blocked: list[int] = []
         # a grammar decides alone where EOS may come (min_tokens cannot outlast its end)
-        if len(output) < self.params.min_tokens and sample.grammar is None:
+        if num_output < self.params.min_tokens and sample.grammar is None:
             blocked = sorted(set(self.params.stop_token_ids) | self.eos_token_ids)
         return SamplingRow(self.params, sample.generator, self.prompt_token_ids, output, blocked,
                            sample.grammar)

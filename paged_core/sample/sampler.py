@@ -35,7 +35,7 @@ class SamplingRow:
     params: SamplingParams
     generator: torch.Generator | None
     prompt_token_ids: list[int]
-    output_token_ids: list[int]
+    output_token_ids: list[int]  # listed only when params.has_penalties (empty otherwise)
     blocked_token_ids: list[int]  # EOS / stop ids while fewer than min_tokens were generated
     grammar: SequenceGrammar | None = None  # the sequence's structured-output state
 

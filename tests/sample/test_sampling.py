@@ -101,6 +101,41 @@ def test_penalties_and_top_k_change_sampling(llm_fp32):
     assert top1.token_ids == base  # top-k=1 is greedy whatever the temperature
 
 
+@pytest.mark.parametrize("repetition,frequency,presence", [(1.3, 0.7, 0.4), (1.0, 1.5, 1.0)])
+def test_penalised_greedy_matches_transformers(llm_fp32, hf_embedded, tokenizer, repetition,
+                                               frequency, presence):
+    """Repetition (prompt and output), frequency and presence (output only) penalties, vLLM's
+    rules, against transformers' own repetition processor plus the OpenAI frequency/presence
+    rule over the tokens generated so far: token for token in float32."""
+    import torch
+    from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
+
+    prompt = passage_token_ids(tokenizer, 30, offset=11)
+
+    def output_penalties(input_ids, scores):
+        generated = input_ids[:, len(prompt):]
+        counts = torch.zeros_like(scores).scatter_add_(
+            1, generated, torch.ones_like(generated, dtype=scores.dtype))
+        return scores - frequency * counts - presence * (counts > 0).to(scores.dtype)
+
+    ids = torch.tensor([prompt])
+    expected = hf_embedded.generate(
+        ids, attention_mask=torch.ones_like(ids), eos_token_id=[], max_new_tokens=40,
+        do_sample=False, pad_token_id=0, logits_processor=LogitsProcessorList(
+            [RepetitionPenaltyLogitsProcessor(repetition), output_penalties])
+    )[0, len(prompt):].tolist()
+
+    def engine_tokens(**penalties) -> list[int]:
+        params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, **penalties)
+        (out,) = llm_fp32.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+        return out.outputs[0].token_ids
+
+    assert engine_tokens(repetition_penalty=repetition, frequency_penalty=frequency,
+                         presence_penalty=presence) == expected
+    if repetition == 1.0:  # the output-only penalties alone change the greedy tokens
+        assert engine_tokens() != expected
+
+
 @pytest.mark.parametrize("field,value,message", [
     ("temperature", -1, "temperature must be >= 0"),
     ("top_p", 0, "top_p must be in (0, 1]"),
