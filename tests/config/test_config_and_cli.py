@@ -59,6 +59,18 @@ def test_cli_generate_matches_llm(llm_fp32):
     assert line["token_ids"] == expected.token_ids and line["text"] == expected.text
 
 
+def test_true_or_false_engine_flags_also_stand_alone():
+    from paged_core.cli import build_parser, engine_config
+
+    args = build_parser().parse_args(["generate", "x", "--enforce-eager", "--async-scheduling",
+                                      "--enable-prefix-caching", "false", "--max-num-seqs", "4"])
+    config = engine_config(args)
+    assert config.enforce_eager is True and config.async_scheduling is True
+    assert config.enable_prefix_caching is False and config.max_num_seqs == 4
+    with pytest.raises(SystemExit):  # other fields still need their value
+        build_parser().parse_args(["generate", "x", "--max-num-seqs"])
+
+
 def test_cli_reports_bad_settings():
     result = _cli("generate", "x", "--block-size", "7")
     assert result.returncode == 2

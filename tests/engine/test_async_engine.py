@@ -1,4 +1,5 @@
-"""AsyncEngine: concurrent streams interleave, abort frees blocks within one step, clean shutdown."""
+"""AsyncEngine: concurrent streams interleave, abort frees blocks within one step, clean shutdown;
+with and without ``async_scheduling``."""
 import asyncio
 import time
 
@@ -7,9 +8,12 @@ import pytest
 from paged_core import AsyncEngine, EngineConfig, EngineDeadError, SamplingParams
 
 
-@pytest.fixture(scope="module")
-def engine():
-    eng = AsyncEngine(EngineConfig(dtype="float32", num_kv_blocks=512, max_num_seqs=64))
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async-scheduling"])
+def engine(request):
+    """One engine per step mode: the front end after each step, or overlapping the next one
+    (``async_scheduling``: outputs one step later, the same streams)."""
+    eng = AsyncEngine(EngineConfig(dtype="float32", num_kv_blocks=512, max_num_seqs=64,
+                                   async_scheduling=request.param))
     yield eng
     eng.shutdown_sync()
 

@@ -16,9 +16,12 @@ GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):"]
 
 
-@pytest.fixture(scope="module")
-def engine():
-    eng = AsyncEngine(EngineConfig(dtype="float32", num_kv_blocks=256))
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async-scheduling"])
+def engine(request):
+    """With ``async_scheduling`` a request failing in the front end is aborted one step late,
+    while the core already runs its next step: it must fail alone all the same."""
+    eng = AsyncEngine(EngineConfig(dtype="float32", num_kv_blocks=256,
+                                   async_scheduling=request.param))
     yield eng
     eng.shutdown_sync()
 
