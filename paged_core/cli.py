@@ -8,22 +8,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import fields
 
 from .config import EngineConfig
+from .config.engine_config import field_types
 
 
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per ``EngineConfig`` field; a true-or-false one also stands alone, as vLLM's
     do (``--enforce-eager`` is ``--enforce-eager true``)."""
     group = parser.add_argument_group("engine (EngineConfig fields; default from PAGED_CORE_*)")
-    for f in fields(EngineConfig):
-        flag = f.name.replace("_", "-")
+    for name, kind in field_types().items():
+        flag = name.replace("_", "-")
         if flag == "seed":  # --seed is the per-request sampling seed
             flag = "engine-seed"
-        switch = {"nargs": "?", "const": "true"} if f.type == "bool" else {}
-        group.add_argument("--" + flag, dest=f"engine_{f.name}", default=None,
-                           metavar=f.name.upper(), **switch)
+        switch = {"nargs": "?", "const": "true"} if kind is bool else {}
+        group.add_argument("--" + flag, dest=f"engine_{name}", default=None,
+                           metavar=name.upper(), **switch)
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

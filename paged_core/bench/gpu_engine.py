@@ -93,10 +93,9 @@ def decode_step_times(folder: str, copy_gb_per_s: float, *, batches=(1, 16, 64, 
 
     rows = []
     for mode in modes:
-        llm = LLM(model=folder, device="cuda", dtype="bfloat16", **{
-            "enforce_eager": False, **STEP_MODES[mode]}, enable_prefix_caching=False,
-            max_num_seqs=max(batches), max_model_len=4096, max_num_batched_tokens=8192,
-            gpu_memory_utilization=0.85)
+        llm = LLM(model=folder, device="cuda", dtype="bfloat16", enable_prefix_caching=False,
+                  max_num_seqs=max(batches), max_model_len=4096, max_num_batched_tokens=8192,
+                  gpu_memory_utilization=0.85, **STEP_MODES[mode])
         spec = llm.engine.core.executor.runner.model.spec
         kv_per_token = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 2
         weights = _weight_bytes(llm)
@@ -166,8 +165,8 @@ def host_profile(folder: str, *, batch: int = 256, context: int = 512, steps: in
 def _paged_core_mix(folder: str, requests, settings: dict) -> dict:
     from paged_core import LLM, SamplingParams
 
-    llm = LLM(model=folder, device="cuda", dtype="bfloat16", enforce_eager=False,
-              max_num_seqs=256, max_model_len=4096, max_num_batched_tokens=8192, **settings)
+    llm = LLM(model=folder, device="cuda", dtype="bfloat16", max_num_seqs=256,
+              max_model_len=4096, max_num_batched_tokens=8192, **settings)
     prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
     params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True)
               for r in requests]

@@ -63,7 +63,7 @@ class EngineConfig(LoRAConfig, ServingConfig, ParallelConfig, SchedulerConfig, C
         Keyword ``overrides`` win over the environment.
         """
         environ = os.environ if environ is None else environ
-        types = _field_types()
+        types = field_types()
         values: dict[str, Any] = {}
         for name, hint in types.items():
             raw = environ.get(f"PAGED_CORE_{name.upper()}")
@@ -75,14 +75,14 @@ class EngineConfig(LoRAConfig, ServingConfig, ParallelConfig, SchedulerConfig, C
     @classmethod
     def from_strings(cls, values: Mapping[str, str]) -> "EngineConfig":
         """Build from string values (config files, CLI), converting each by its field type."""
-        types = _field_types()
+        types = field_types()
         unknown = sorted(set(values) - set(types))
         if unknown:
             raise ValueError(f"unknown engine setting(s) {unknown}; allowed: {sorted(types)}")
         return cls(**{k: parse_setting(k, types[k], v) for k, v in values.items() if v != ""})
 
 
-def _field_types() -> dict[str, Any]:
-    """Each field's resolved type, in field order."""
+def field_types() -> dict[str, Any]:
+    """Each ``EngineConfig`` field's resolved type, in field order."""
     hints = typing.get_type_hints(EngineConfig)
     return {f.name: hints[f.name] for f in fields(EngineConfig)}

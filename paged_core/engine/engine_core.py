@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -33,7 +33,7 @@ from ..core.scheduler import Scheduler, SchedulerOutput
 from ..core.sequence import Sequence
 from ..core.step_pacer import StepPacer
 from ..executor.executor import make_executor
-from ..executor.packed_batch import PackedBatch, StepInput, bucketed_num_tokens, pack_batch
+from ..executor.packed_batch import PackedBatch, bucketed_num_tokens, pack_batch
 from ..executor.rank_worker import RankSpec
 from ..lora.request import LoRARequest
 from ..requests.sampling_request import Request
@@ -42,6 +42,7 @@ from ..spec_decode.proposer import TargetModel
 from ..spec_decode.speculation import Speculation
 from ..requests.engine_io import EngineCoreOutput, EngineRequest, StopAtString
 from .kv_event_sink import kv_event_publisher
+from .step_records import LaunchedStep, StepPlan, step_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -203,13 +204,7 @@ class EngineCore:
     def pack(self, sched: SchedulerOutput) -> PackedBatch:
         """The step as the runner reads it (``pack_batch``): rows, positions, slots, block
         tables and the logits layout."""
-        batch = [StepInput(_known_tokens(item.seq), item.seq.num_computed_tokens,
-                           item.num_new_tokens, self.kv.block_ids(item.seq),
-                           needs_logits=_is_sampled(item),
-                           num_spec_tokens=len(item.seq.spec_token_ids),
-                           rotated_long=item.seq.rotated_long,
-                           lora_slot=self._lora_slot(item.seq.lora_id))
-                 for item in sched.scheduled]
+        batch = step_inputs(sched, self.kv, self._lora_slot)
         long_rows = 0 if self.model.long_rope_switch is None else self.model.max_model_len
         packed = pack_batch(batch, self.config.block_size,
                             bucketed=self.executor.prefers_bucketed_batches,
@@ -415,41 +410,6 @@ class EngineCore:
         """Stop the executor's worker processes and the KV-event publisher (idempotent; also
         run when the core is collected)."""
         self._finalizer()
-
-
-@dataclass
-class LaunchedStep:
-    """A step between ``launch_step`` and ``finish_step``: what was scheduled and planned,
-    the executor's output (its token ids possibly still on the device), and when it began
-    (``time.perf_counter``)."""
-
-    sched: SchedulerOutput
-    plan: StepPlan
-    output: SamplerOutput
-    started: float
-
-
-@dataclass
-class StepPlan:
-    """What ``plan_sampling`` laid out for one step: the sampling plan the executor runs, the
-    decisions the core applies after the forward, and the requests that failed deciding
-    (by request id)."""
-
-    sampling: SamplingPlan = field(default_factory=SamplingPlan)
-    decisions: list[GroupDecision] = field(default_factory=list)
-    failed: dict[str, tuple[SequenceGroup, Exception]] = field(default_factory=dict)
-
-
-def _known_tokens(seq: Sequence) -> list[int]:
-    """The sequence's tokens then its drafts; without drafts its own list, uncopied (packing
-    only reads it)."""
-    return seq.token_ids + seq.spec_token_ids if seq.spec_token_ids else seq.token_ids
-
-
-def _is_sampled(item) -> bool:
-    """Whether this step computes the last known token of the sequence (so it samples the next;
-    with draft tokens, also one token after each draft)."""
-    return item.seq.num_computed_tokens + item.num_new_tokens >= item.seq.num_tokens
 
 
 def _shut_down(executor, kv_events) -> None:
