@@ -20,6 +20,7 @@ import torch
 from ..attention import AttentionBackend, AttentionMetadata
 from ..attention.kv_quant import kv_cache_row, kv_cache_row_bytes
 from ..cpu.huge_pages import zeros_on_huge_pages
+from ..cpu.openmp_spin import warn_if_threads_sleep
 from ..models.llama import LlamaForCausalLM
 from .cuda_graphs import StepGraphs
 from .packed_batch import PackedBatch
@@ -50,6 +51,8 @@ class ModelRunner:
         self.backend = backend
         self.block_size = block_size
         self.device = device
+        if device.type == "cpu":
+            warn_if_threads_sleep()
         shape = backend.kv_cache_shape(num_blocks, block_size, model.shard.num_kv_heads,
                                        kv_cache_row(model.spec.head_dim, cache_dtype))
         self.kv_caches = [(_zeros_cache(shape, cache_dtype, device),
