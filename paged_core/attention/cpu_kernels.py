@@ -36,7 +36,7 @@ def cpu_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                         sliding_window: int | None = None,
                         out: torch.Tensor | None = None, cpu_isa: str | None = None,
                         logits_soft_cap: float | None = None,
-                        amx_tiles: bool | None = None) -> torch.Tensor:
+                        amx_tiles: bool | None = None, decode_loop: bool = True) -> torch.Tensor:
     """Attention of a packed step's queries over each sequence's paged context.
 
     ``query`` ``[num_tokens, Hq, D]`` (last dim contiguous): sequence ``s`` owns rows
@@ -51,7 +51,9 @@ def cpu_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     ``query_start_loc[-1]`` (padding) are left as they were.
     ``cpu_isa`` picks the build (``paged_core.cpu.isa`` level; default: the selected one);
     ``amx_tiles`` whether its bfloat16 tiles multiply on AMX (default:
-    ``bf16_attention_amx(cpu_isa)``; True needs that to be possible).
+    ``bf16_attention_amx(cpu_isa)``; True needs that to be possible); ``decode_loop`` whether
+    the ``avx512_bf16`` build's one-query units take their own loop (faster decode; off, every
+    query runs on the tiles, so a token gets the same bits alone or inside a prompt chunk).
     Raises ``RuntimeError`` if that kernel is unavailable (``cpu_extension_available``)
     or an argument is inconsistent (the message says which).
     """
@@ -69,5 +71,5 @@ def cpu_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if amx_tiles is None:
         amx_tiles = bf16_attention_amx(cpu_isa)
     ops.paged_attention(query, k_cache, v_cache, *int32, float(scale), int(sliding_window or 0),
-                        float(logits_soft_cap or 0.0), out, bool(amx_tiles))
+                        float(logits_soft_cap or 0.0), out, bool(amx_tiles), bool(decode_loop))
     return out

@@ -63,7 +63,9 @@ class TorchAttentionBackend:
     off, or where it cannot be used, the plain-torch path runs. Both compute the same attention.
     ``cpu_isa`` is the kernel build it uses (``paged_core.cpu.isa`` level, fixed at
     construction: the selected one by default), ``None`` without the kernel; ``amx_tiles``
-    whether its bfloat16 tiles multiply on AMX (``bf16_attention_amx``, fixed likewise).
+    whether its bfloat16 tiles multiply on AMX (``bf16_attention_amx``, fixed likewise);
+    ``decode_loop`` whether one-query units take the kernel's decode loop (batch-invariant
+    mode turns it off: ``cpu_paged_attention``).
     """
 
     name = "torch"
@@ -73,6 +75,7 @@ class TorchAttentionBackend:
         # Build the kernel now (once per machine, then cached) rather than in the first step.
         self.cpu_isa = cpu_isa if cpu_kernel and cpu_extension_available(cpu_isa) else None
         self.amx_tiles = self.cpu_isa is not None and bf16_attention_amx(self.cpu_isa)
+        self.decode_loop = True
 
     @property
     def cpu_kernel(self) -> bool:
@@ -113,7 +116,7 @@ class TorchAttentionBackend:
             return cpu_paged_attention(query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                        meta.query_start_loc, scale, sliding_window, out=out,
                                        cpu_isa=self.cpu_isa, logits_soft_cap=logits_soft_cap,
-                                       amx_tiles=self.amx_tiles)
+                                       amx_tiles=self.amx_tiles, decode_loop=self.decode_loop)
         key = (self.name, sliding_window)
         plan = meta.backend_plans.get(key)
         if plan is None:

@@ -77,6 +77,7 @@ class Worker:
         backend = select_backend(config.attention_backend, spec.device)
         if config.batch_invariant:
             _require_invariant_attention(backend, spec.device, spec.dtype)
+            backend.decode_loop = False  # every query on the kernel's tiles
         hf_config = load_hf_config(spec.folder)
         model = load_model(spec.folder, hf_config, spec.max_model_len, spec.dtype, spec.device, tp,
                            batch_invariant=config.batch_invariant, gguf_file=_quantized_gguf(config))

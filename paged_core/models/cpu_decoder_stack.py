@@ -112,6 +112,7 @@ class CpuDecoderStack:
         k_cache = kv_caches[0][0]
         return (getattr(backend, "cpu_isa", None) == self.cpu_isa
                 and getattr(backend, "amx_tiles", False) == self.amx_tiles
+                and getattr(backend, "decode_loop", True)  # the stack's attention takes it
                 and backend.uses_cpu_kernel(k_cache.device, self.dtype, k_cache.dtype))
 
     def __call__(self, residual: torch.Tensor, positions: torch.Tensor,

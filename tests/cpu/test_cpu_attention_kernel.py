@@ -158,6 +158,34 @@ def test_a_long_sequence_gets_the_same_bits_alone_or_batched_on_any_thread_count
     assert all(torch.equal(r, results[0]) for r in results)
 
 
+@pytest.mark.parametrize("window", [None, 40])
+@pytest.mark.parametrize("head_dim,group", [(64, 3), (64, 4), (128, 2)])
+def test_decode_loop_matches_the_tiles_and_can_be_left_out(head_dim, group, window):
+    """The avx512_bf16 build's one-query units take their own loop (attention_decode_bf16.h):
+    it matches the reference and the tiles to bfloat16 rounding; with ``decode_loop=False``
+    a prompt's last token gets the same bits alone as inside its chunk (batch-invariant mode
+    relies on that)."""
+    from paged_core.cpu.extension import cpu_extension_available
+
+    if not cpu_extension_available("avx512_bf16"):
+        pytest.skip("the decode loop is the avx512_bf16 build's: this CPU has no AVX512-BF16")
+    seq_lens, query_lens = [40, 300, 17], [8, 1, 17]
+    query, k_cache, v_cache, tables, lens, starts = _step(seq_lens, query_lens, 2, group,
+                                                          head_dim, 16, torch.bfloat16, seed=5)
+    expected = _reference(query, k_cache, v_cache, tables, lens, starts, 0.125, window)
+    outs = {loop: cpu_paged_attention(query, k_cache, v_cache, tables, lens, starts, 0.125,
+                                      window, cpu_isa="avx512_bf16", amx_tiles=False,
+                                      decode_loop=loop) for loop in (True, False)}
+    for out in outs.values():
+        torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(outs[True].float(), outs[False].float(), atol=2e-2, rtol=2e-2)
+    last = int(starts[1]) - 1  # sequence 0's last prompt token, alone as a one-token chunk
+    alone = cpu_paged_attention(query[last:last + 1], k_cache, v_cache, tables[:1], lens[:1],
+                                torch.tensor([0, 1], dtype=torch.int32), 0.125, window,
+                                cpu_isa="avx512_bf16", amx_tiles=False, decode_loop=False)
+    assert torch.equal(alone[0], outs[False][last])
+
+
 def test_out_argument_padding_rows_threads_and_strided_query(cpu_isa):
     query, k_cache, v_cache, tables, lens, starts = _step([5, 300, 41], [5, 20, 1], 2, 2, 64, 16,
                                                           torch.float32, pad=3, seed=1)

@@ -396,9 +396,10 @@ class DecoderStack : public torch::CustomClassHolder {
             .findSchemaOrThrow(PAGED_CORE_STR(PAGED_CORE_OPS) "::paged_attention", "")
             .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                         const at::Tensor&, const at::Tensor&, double, int64_t, double,
-                        at::Tensor&, bool)>();
+                        at::Tensor&, bool, bool)>();
     paged_attention.call(q, k_cache, v_cache, step.block_tables, step.seq_lens, step.query_start_loc,
-                         scale_, layer.sliding_window, /*logits_soft_cap=*/0.0, out, attention_amx_);
+                         scale_, layer.sliding_window, /*logits_soft_cap=*/0.0, out, attention_amx_,
+                         /*decode_loop=*/true);
     return layer.o(out.view({tokens, q_size}), step.lora);
   }
 

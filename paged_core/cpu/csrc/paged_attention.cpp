@@ -18,8 +18,9 @@
 // are widened on load; the output has the input dtype. Rows past
 // query_start_loc[num_seqs] (padding) are not written.
 //
-// bfloat16 caches (head_dim % 32 == 0) take attention_tiles_bf16.h's tiles; with amx_tiles
-// their products run on AMX tiles (attention_tiles_amx.h) for every unit of the call. It
+// bfloat16 caches (head_dim % 32 == 0) take attention_tiles_bf16.h's tiles, and their
+// one-query units (decodes) attention_decode_bf16.h's loop where its outputs fit in
+// registers; with amx_tiles every unit's products run on AMX tiles (attention_tiles_amx.h). It
 // needs the avx512_bf16 build on a CPU and OS granting AMX tiles (else an error); float32
 // and quantized-cache calls compute as they do without it.
 //
@@ -28,6 +29,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "attention_decode_bf16.h"
 #include "attention_tiles_amx.h"
 #include "attention_tiles_bf16.h"
 #include "bf16_dot_linear.h"
@@ -438,7 +440,7 @@ constexpr uint8_t kAllTiles16Rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
 // one, so the next job's first keys are prefetched while this one ends.
 void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
                       const int32_t* seq_lens, const int32_t* qsl, int64_t num_kv_heads,
-                      bool amx, int* error_flag) {
+                      bool amx, bool decode_loop, int* error_flag) {
   const int nthreads = single_thread_us(tasks, num_kv_heads, pb.G, pb.D) < kWakeWorthUs
                            ? 1 : std::max(1, at::get_num_threads());
   std::vector<Bf16Split> splits;
@@ -446,6 +448,10 @@ void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
   const std::vector<Bf16Job> jobs = make_bf16_jobs(tasks, seq_lens, qsl, num_kv_heads, pb.window,
                                                    pb.G, pb.D, splits, partial_floats);
   const int max_rows = static_cast<int>(TILE) * pb.G;
+  // One-query units on vdpbf16ps take the decode loop (attention_decode_bf16.h) unless the
+  // caller wants every query on the tiles (batch-invariant mode: a prompt's last token comes
+  // alone in one schedule and inside a chunk in another, and must give the same bits).
+  const bool decode = decode_loop && !amx && paged_core_cpu::decode_rows_fit(pb.G, pb.D, pb.block_size);
   // Every slot is written before it is read: no need to zero the buffer.
   const std::unique_ptr<float[]> partials(partial_floats ? new float[partial_floats] : nullptr);
   const int64_t num_jobs = static_cast<int64_t>(jobs.size());
@@ -468,6 +474,9 @@ void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
                                            paged_core_cpu::amx_segment_rows);
       else
 #endif
+      if (job.unit.nq == 1 && decode)
+        ok = paged_core_cpu::decode_unit_dispatch(pb, job.unit, next, buffers);
+      else
         ok = paged_core_cpu::bf16_unit_run(pb, job.unit, next, buffers,
                                            paged_core_cpu::vdp_segment_rows);
       if (!ok) {
@@ -544,7 +553,7 @@ bool is_quantized_cache(at::ScalarType t) {
 void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_lens,
                      const at::Tensor& query_start_loc, double scale, int64_t sliding_window,
-                     double logits_soft_cap, at::Tensor& out, bool amx_tiles) {
+                     double logits_soft_cap, at::Tensor& out, bool amx_tiles, bool decode_loop) {
 #if PAGED_CORE_AMX_ATTENTION
   const bool amx_granted = paged_core_cpu::bf16_amx_ready();
 #else
@@ -622,7 +631,7 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
                          static_cast<int>(D), static_cast<float>(scale), sliding_window,
                          static_cast<float>(logits_soft_cap),
                          reinterpret_cast<uint16_t*>(out.mutable_data_ptr()), Hq};
-    bf16_tile_kernel(pb, tasks, sl, qsl, Hk, amx_tiles, &error_flag);
+    bf16_tile_kernel(pb, tasks, sl, qsl, Hk, amx_tiles, decode_loop, &error_flag);
 #endif
   } else {
     dispatch_dim<uint16_t, uint16_t>(query, k_cache, v_cache, block_tables, seq_lens,
@@ -639,6 +648,6 @@ PAGED_CORE_LIBRARY(m) {
       "paged_attention(Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
       "Tensor seq_lens, Tensor query_start_loc, float scale, int sliding_window, "
       "float logits_soft_cap, "
-      "Tensor(a!) out, bool amx_tiles=False) -> ()");
+      "Tensor(a!) out, bool amx_tiles=False, bool decode_loop=True) -> ()");
   m.impl("paged_attention", c10::DispatchKey::CPU, TORCH_FN(paged_attention));
 }
