@@ -137,13 +137,9 @@ template <int R, int D>
 bool decode_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* next,
                      Bf16TileBuffers& w) {
   alignas(64) static const uint16_t kZeroRows[kChunk * 256] = {};  // rows past the range
-  alignas(64) static const uint16_t kLo[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
-                                               37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
-                                               11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
   static_assert(D <= 256, "kZeroRows holds a chunk of rows");
   constexpr int W = D / 32;
   constexpr int kAhead = kDecodePrefetchChunks;
-  const __m512i lo = _mm512_load_si512(kLo), hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
   const ScoreMap map = score_map(pb.scale, pb.soft_cap);
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const __m512bh ones = (__m512bh)_mm512_set1_epi16(0x3F80);  // bf16 1.0
@@ -205,9 +201,10 @@ bool decode_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* n
       for (int x = 0; x < W; ++x) {
         _mm_prefetch(reinterpret_cast<const char*>(ahead.v + 2 * i * D + 32 * x), _MM_HINT_T0);
         _mm_prefetch(reinterpret_cast<const char*>(ahead.v + (2 * i + 1) * D + 32 * x), _MM_HINT_T0);
-        const __m512i va = _mm512_loadu_si512(a + 32 * x), vb = _mm512_loadu_si512(b + 32 * x);
-        pairs[2 * x] = (__m512bh)_mm512_permutex2var_epi16(va, lo, vb);
-        pairs[2 * x + 1] = (__m512bh)_mm512_permutex2var_epi16(va, hi, vb);
+        __m512i lo, hi;
+        pair_values(_mm512_loadu_si512(a + 32 * x), _mm512_loadu_si512(b + 32 * x), lo, hi);
+        pairs[2 * x] = (__m512bh)lo;
+        pairs[2 * x + 1] = (__m512bh)hi;
       }
       const __m512i lane = _mm512_set1_epi32(i);
       #pragma GCC unroll 16

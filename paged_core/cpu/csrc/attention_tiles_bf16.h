@@ -209,15 +209,21 @@ inline void transpose_keys(const uint16_t* const* rows, int D, uint32_t* kt,
   }
 }
 
+// Two value rows' 32 dims as bfloat16 key pairs (a[d], b[d]) in 32-bit words: dims 0-15 into
+// lo, 16-31 into hi (vdpbf16ps's operand for p . V with the probabilities' pair broadcast).
+inline void pair_values(__m512i a, __m512i b, __m512i& lo, __m512i& hi) {
+  alignas(64) static const uint16_t kLo[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
+                                               37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+                                               11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  const __m512i low_dims = _mm512_load_si512(kLo);
+  lo = _mm512_permutex2var_epi16(a, low_dims, b);
+  hi = _mm512_permutex2var_epi16(a, _mm512_add_epi16(low_dims, _mm512_set1_epi16(16)), b);
+}
+
 // Vp[i][d] = v[2i][d] | v[2i+1][d] << 16 for i < pairs, from value rows (nullptr: zeros).
 // Prefetches the rows ahead[0 .. 2 * pairs - 1] along the way.
 inline void interleave_values(const uint16_t* const* rows, int pairs, int D, uint32_t* vp,
                               const uint16_t* const* ahead) {
-  alignas(64) static const uint16_t kLo[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
-                                               37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
-                                               11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-  const __m512i lo = _mm512_load_si512(kLo);
-  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
   for (int i = 0; i < pairs; ++i) {
     prefetch_row(ahead[2 * i], D);
     prefetch_row(ahead[2 * i + 1], D);
@@ -226,8 +232,10 @@ inline void interleave_values(const uint16_t* const* rows, int pairs, int D, uin
     for (int d = 0; d < D; d += 32) {
       const __m512i va = a ? _mm512_loadu_si512(a + d) : _mm512_setzero_si512();
       const __m512i vb = b ? _mm512_loadu_si512(b + d) : _mm512_setzero_si512();
-      _mm512_storeu_si512(vp + i * D + d, _mm512_permutex2var_epi16(va, lo, vb));
-      _mm512_storeu_si512(vp + i * D + d + 16, _mm512_permutex2var_epi16(va, hi, vb));
+      __m512i lo, hi;
+      pair_values(va, vb, lo, hi);
+      _mm512_storeu_si512(vp + i * D + d, lo);
+      _mm512_storeu_si512(vp + i * D + d + 16, hi);
     }
   }
 }
