@@ -52,14 +52,14 @@ BASELINES = {"llama-3.2-1b": ("transformers-static", "transformers-continuous"),
 STEP_MODES = {"llama-3.2-1b": ("eager", "graphs", "graphs-async"),
               "llama-3.1-8b": ("graphs", "graphs-async")}
 # paged-core's modes on the mix (``gpu_engine.MIX_MODES``; fewer at 8B, where each loads 16 GB)
-MIX_MODES = {"llama-3.2-1b": ("paged-core", "paged-core-decode-graphs",
-                              "paged-core-async-scheduling", "paged-core-decode-graphs-async"),
-             "llama-3.1-8b": ("paged-core", "paged-core-decode-graphs",
-                              "paged-core-async-scheduling")}
+MIX_MODES = {"llama-3.2-1b": ("paged-core", "paged-core-sync", "paged-core-decode-graphs",
+                              "paged-core-decode-graphs-async"),
+             "llama-3.1-8b": ("paged-core", "paged-core-sync", "paged-core-decode-graphs")}
 # What an engine section runs (``--engine-parts``): decode steps with CUDA graphs, eager decode
-# steps, paged-core on the offline mix, the transformers baselines on it, a cProfile of the
-# host's work in decode steps at batch 256 (``profile``: only when named).
-ENGINE_PARTS = ("steps", "eager-steps", "mix", "baselines", "profile")
+# steps, paged-core on the offline mix, the transformers baselines on it; only when named: a
+# cProfile of the host's work in decode steps at batches 1 and 256 (``profile``), the kernels
+# of the batch-1 decode graph (``kernel-profile``).
+ENGINE_PARTS = ("steps", "eager-steps", "mix", "baselines", "profile", "kernel-profile")
 DEFAULT_ENGINE_PARTS = ENGINE_PARTS[:4]
 
 
@@ -186,8 +186,12 @@ def engine(shape: str):
                 section["decode_steps"] = gpu_engine.decode_step_times(
                     folder, results["machine"]["copy_gb_per_s"], modes=modes)
                 save(results, out)
+            if "kernel-profile" in parts:
+                section["kernel_breakdown"] = gpu_engine.kernel_breakdown(folder)
+                save(results, out)
             if "profile" in parts:
-                section["host_profile"] = gpu_engine.host_profile(folder)
+                section["host_profile"] = [gpu_engine.host_profile(folder, batch=batch)
+                                           for batch in (1, 256)]
                 save(results, out)
             if "mix" in parts:
                 baselines = BASELINES[shape] if "baselines" in parts else ()
@@ -233,8 +237,15 @@ def table(results: dict) -> str:
                 lines.append(f"{shape} {row['mode']:12} b={row['batch']:3d}: "
                              f"{row['step_ms']:.2f} ms/step, {row['over_roofline']:.2f}x roofline"
                              + (f" (graph replay {replay:.2f} ms)" if replay else ""))
-        profile = section.get("host_profile")
-        if profile:
+        breakdown = section.get("kernel_breakdown", {})
+        if "kernels" in breakdown:
+            lines.append(f"{shape} graph b={breakdown['batch']}: "
+                         f"{breakdown['kernels_per_replay']:.0f} kernels, "
+                         f"{breakdown['kernel_us_per_replay']:.0f} us in kernels of a "
+                         f"{breakdown['span_us_per_replay']:.0f} us span; top: "
+                         + "; ".join(f"{row['name'][:40]} {row['us_per_replay']:.0f}"
+                                     for row in breakdown["kernels"][:5]))
+        for profile in section.get("host_profile", []):
             lines.append(f"{shape} host profile b={profile['batch']}: "
                          f"{profile['profiled_ms_per_step']:.2f} ms/step under cProfile; top: "
                          + "; ".join(f"{row['function'].rsplit('/', 1)[-1]} "

@@ -21,7 +21,7 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
         flag = name.replace("_", "-")
         if flag == "seed":  # --seed is the per-request sampling seed
             flag = "engine-seed"
-        switch = {"nargs": "?", "const": "true"} if kind is bool else {}
+        switch = {"nargs": "?", "const": "true"} if kind in (bool, bool | None) else {}
         group.add_argument("--" + flag, dest=f"engine_{name}", default=None,
                            metavar=name.upper(), **switch)
 

@@ -10,10 +10,14 @@ the card, never zeros).
   (the prefill, and its absent prefix cache, cancel out);
 - ``host_profile``: where the host's time goes in decode steps with CUDA graphs (cProfile's
   functions by own time), the work that the GPU waits on between graph replays;
+- ``kernel_breakdown``: the kernels inside one decode graph's replay (the profiler's device
+  events): launches and device time per kernel name, their sum against the replay's span
+  (what is left is the gaps between kernels);
 - ``offline_mix``: a long-tailed mix of 512 requests (``bench.workload.LONG_TAIL``) through
-  paged-core under each of ``MIX_MODES`` (its default, CUDA graphs for every step that fits
-  one; graphs for decode steps only, ``cudagraph_mode="FULL_DECODE_ONLY"``; each with
-  ``async_scheduling``), transformers' static batching (``generate`` over padded batches) and
+  paged-core under each of ``MIX_MODES`` (its defaults, CUDA graphs for every step that fits
+  one with ``async_scheduling``; the same one step at a time; graphs for decode steps only,
+  ``cudagraph_mode="FULL_DECODE_ONLY"``, each way), transformers' static batching
+  (``generate`` over padded batches) and
   transformers' continuous batching (``generate_batch``'s manager), output tokens per second.
 """
 from __future__ import annotations
@@ -32,13 +36,15 @@ SHAPES = {
                          num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                          tie_word_embeddings=False),
 }
-# Engine settings each timing runs under, by name ("graphs" and "paged-core": the defaults)
-STEP_MODES = {"eager": {"enforce_eager": True}, "graphs": {},
-              "graphs-async": {"async_scheduling": True}}
+# Engine settings each timing runs under, by name ("graphs-async" and "paged-core": the
+# defaults, ``"FULL"`` graphs with ``async_scheduling``; the others one step at a time)
+_ONE_STEP_AT_A_TIME = {"async_scheduling": False}
+STEP_MODES = {"eager": {"enforce_eager": True, **_ONE_STEP_AT_A_TIME},
+              "graphs": _ONE_STEP_AT_A_TIME, "graphs-async": {}}
 _DECODE_GRAPHS = {"cudagraph_mode": "FULL_DECODE_ONLY"}
-MIX_MODES = {"paged-core": {}, "paged-core-decode-graphs": _DECODE_GRAPHS,
-             "paged-core-async-scheduling": {"async_scheduling": True},
-             "paged-core-decode-graphs-async": {**_DECODE_GRAPHS, "async_scheduling": True}}
+MIX_MODES = {"paged-core": {}, "paged-core-sync": _ONE_STEP_AT_A_TIME,
+             "paged-core-decode-graphs": {**_DECODE_GRAPHS, **_ONE_STEP_AT_A_TIME},
+             "paged-core-decode-graphs-async": _DECODE_GRAPHS}
 _ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
@@ -126,6 +132,55 @@ def decode_step_times(folder: str, copy_gb_per_s: float, *, batches=(1, 16, 64, 
     return rows
 
 
+def kernel_breakdown(folder: str, *, batch: int = 1, context: int = 512, replays: int = 20,
+                     top: int = 25) -> dict:
+    """The kernels of the decode graph serving ``batch`` (``cudagraph_mode="FULL"``), after a
+    ``generate`` over prompts of ``context`` tokens left real inputs in its buffers: per kernel
+    name its launches and device microseconds per replay (``top`` names by time), the sum of
+    every kernel's time and the span from the first kernel's start to the last one's end, per
+    replay. ``span - kernels`` is the time the GPU spent between kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from paged_core import LLM, SamplingParams
+
+    llm = LLM(model=folder, device="cuda", dtype="bfloat16", enable_prefix_caching=False,
+              max_num_seqs=max(batch, 16), max_model_len=4096, max_num_batched_tokens=8192)
+    prompts = [{"prompt_token_ids": [1000 + (7 * i + j) % 30000 for j in range(context)]}
+               for i in range(batch)]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+                 use_tqdm=False)
+    graphs = llm.engine.core.executor.runner.cuda_graphs
+    size = next(s for s in graphs.sizes if s >= batch)
+    graph = graphs.graphs[False, size]
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    llm.shutdown()
+    del llm, graph, graphs
+    _release()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if not kernels:
+        return {"batch": batch, "error": "the profiler recorded no device events"}
+    kernels.sort(key=lambda e: e.time_range.start)
+    by_name: dict[str, list[float]] = {}
+    for event in kernels:
+        by_name.setdefault(event.name, []).append(event.time_range.elapsed_us())
+    per_replay = len(kernels) // replays  # replays run back to back: cut them apart in order
+    span_us = sum(kernels[i + per_replay - 1].time_range.end - kernels[i].time_range.start
+                  for i in range(0, per_replay * replays, per_replay))
+    rows = sorted(by_name.items(), key=lambda item: -sum(item[1]))
+    return {"batch": batch, "graph_rows": size, "replays": replays,
+            "kernels_per_replay": len(kernels) / replays,
+            "kernel_us_per_replay": sum(sum(t) for t in by_name.values()) / replays,
+            "span_us_per_replay": span_us / replays,
+            "kernels": [{"name": name[:160], "launches_per_replay": len(times) / replays,
+                         "us_per_replay": sum(times) / replays}
+                        for name, times in rows[:top]]}
+
+
 def host_profile(folder: str, *, batch: int = 256, context: int = 512, steps: int = 32,
                  top: int = 40) -> dict:
     """cProfile of ``steps`` decode steps of ``batch`` sequences (CUDA graphs on): the step
@@ -170,7 +225,12 @@ def _paged_core_mix(folder: str, requests, settings: dict) -> dict:
     prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
     params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True)
               for r in requests]
-    llm.generate(prompts[:8], params[:8], use_tqdm=False)  # warm-up
+    # Warm-up: every prompt with a few new tokens, so the Triton kernels of every prefill shape
+    # the mix meets are compiled before the clock starts (with only a few prompts, the first
+    # mode timed in a process paid those compiles: 15,210 against 21,448 tok/s the mode after
+    # it, H200, 2026-11-27).
+    llm.generate(prompts, [SamplingParams(temperature=0, max_tokens=min(16, r.output_len),
+                                          ignore_eos=True) for r in requests], use_tqdm=False)
     llm.reset_prefix_cache()
     torch.cuda.synchronize()
     start = time.perf_counter()

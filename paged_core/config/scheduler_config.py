@@ -27,9 +27,12 @@ class SchedulerConfig:
     ``user`` field) of one level take turns at admission.
 
     ``async_scheduling`` (vLLM's name) overlaps the host with the GPU: the front end turns
-    one step's tokens into text while the GPU runs the next (``LLMEngine``); outputs come
-    one step later, and a stop string ends its sample one (dropped) token late. Off by
-    default; it gains nothing on the CPU, where the forward runs on the host's own cores.
+    one step's tokens into text while the GPU runs the next (``LLMEngine``), and the
+    runner's input copies do not wait for the kernels queued before them; outputs come one
+    step later, and a stop string ends its sample one (dropped) token late. ``None`` (the
+    default, as in vLLM) turns it on for a CUDA device and off on the CPU, where the forward
+    runs on the host's own cores and there is nothing to overlap, and for tensor parallelism
+    (``resolved_async_scheduling``).
     """
 
     max_num_seqs: int = 128
@@ -39,7 +42,7 @@ class SchedulerConfig:
     itl_target_ms: float | None = None
     scheduling_policy: str = "fcfs"
     tenant_fairness: bool = False
-    async_scheduling: bool = False
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         check_positive("max_num_seqs", self.max_num_seqs)
@@ -51,9 +54,16 @@ class SchedulerConfig:
             raise ValueError(f"itl_target_ms must be a number of milliseconds >= 0 (0 disables "
                              f"it), got {self.itl_target_ms!r}")
         check_choice("scheduling_policy", self.scheduling_policy, _SCHEDULING_POLICIES)
-        if not isinstance(self.async_scheduling, bool):
-            raise ValueError(f"async_scheduling must be true or false, got "
-                             f"{self.async_scheduling!r}")
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise ValueError(f"async_scheduling must be true or false (or None: on for CUDA), "
+                             f"got {self.async_scheduling!r}")
+
+
+def resolved_async_scheduling(setting: bool | None, device_type: str, tp_size: int) -> bool:
+    """``async_scheduling`` for an engine on ``device_type`` over ``tp_size`` ranks: the
+    setting, or for ``None`` on for one CUDA device (proven token for token and timed on an
+    H200) and off elsewhere (the CPU; tensor parallelism, not yet run on GPUs)."""
+    return device_type == "cuda" and tp_size == 1 if setting is None else setting
 
 
 # ``itl_target_ms`` of servers (``AsyncEngine``) that leave it unset: streams keep ticking

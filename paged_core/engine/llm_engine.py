@@ -10,9 +10,10 @@ The front end (``frontend/``) owns the tokenizer, text and stop strings; the cor
 caller's thread, one step at a time: a stop string found after a step ends its sample in
 the core before the next step is scheduled, so no token is computed past it.
 
-With ``async_scheduling`` (vLLM's name; off by default) the host's text work overlaps the
-GPU's: each ``step()`` launches the next core step, then runs the front end over the
-previous step's outputs while the GPU computes, then finishes the launched step. Outputs
+With ``async_scheduling`` (vLLM's name; on by default for one CUDA device, off on the CPU:
+``config.scheduler_config``) the host's text work overlaps the GPU's: each ``step()``
+launches the next core step, then runs the front end over the previous step's outputs while
+the GPU computes, then finishes the launched step. Outputs
 therefore reach the caller one step later, and a stop string (or a front-end failure) ends
 its sample one step late: the token the core computed past it is dropped, never reported.
 Invariant in both modes: every token the core reports reaches the front end exactly once,
@@ -26,8 +27,10 @@ while handling one request's output fails that request only (``RequestOutput.err
 """
 from __future__ import annotations
 
+import dataclasses
+
 from ..beam_search.params import BeamSearchParams
-from ..config import EngineConfig
+from ..config import EngineConfig, resolved_async_scheduling
 from ..core.engine_stats import EngineStats
 from ..executor.devices import resolve_device, resolve_dtype
 from ..frontend.eos import eos_token_ids
@@ -50,14 +53,16 @@ from .gc_heap import freeze_startup_heap
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
-        self.config = config
+        device = resolve_device(config.device)
+        overlap = resolved_async_scheduling(config.async_scheduling, device.type,
+                                            config.tensor_parallel_size)
+        self.config = config = dataclasses.replace(config, async_scheduling=overlap)
         folder = resolve_model_folder(config.model)
         hf_config = load_hf_config(folder)
         self.tokenizer = load_tokenizer(config.tokenizer or folder)
         self.max_model_len = _max_model_len(config, hf_config)
         self.model_spec = spec = model_spec(hf_config)
         ShardPlan(spec, 0, config.tensor_parallel_size)  # refuse a bad size before any process starts
-        device = resolve_device(config.device)
         self.core = EngineCore(config, ModelPlacement(
             folder, self.max_model_len, spec.vocab_size, device, resolve_dtype(config.dtype, device),
             long_rope_switch(hf_config)))

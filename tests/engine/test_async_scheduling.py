@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from paged_core import LLM, AsyncEngine, EngineConfig, SamplingParams
+from paged_core.config import resolved_async_scheduling
 from paged_core.engine.llm_engine import LLMEngine
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):",
@@ -94,11 +95,22 @@ def test_no_token_past_a_stop_string_is_counted_and_every_block_comes_back(sync_
     assert not async_llm.engine.has_unfinished_requests()
 
 
-def test_the_setting_is_vllms_flag_and_off_by_default():
-    assert EngineConfig().async_scheduling is False
+def test_the_setting_is_vllms_flag_on_by_default_for_one_cuda_device_only():
+    assert EngineConfig().async_scheduling is None
     assert EngineConfig.from_env({"PAGED_CORE_ASYNC_SCHEDULING": "1"}).async_scheduling is True
+    assert EngineConfig.from_env({"PAGED_CORE_ASYNC_SCHEDULING": "0"}).async_scheduling is False
     with pytest.raises(ValueError, match="async_scheduling must be true or false"):
         EngineConfig(async_scheduling="sometimes")
+    assert resolved_async_scheduling(None, "cuda", 1) is True
+    assert resolved_async_scheduling(None, "cuda", 2) is False  # NCCL not yet run on GPUs
+    assert resolved_async_scheduling(None, "cpu", 1) is False
+    assert resolved_async_scheduling(False, "cuda", 1) is False
+    assert resolved_async_scheduling(True, "cpu", 1) is True
+
+
+def test_a_cpu_engine_left_to_the_default_steps_one_at_a_time(sync_llm):
+    assert sync_llm.engine.config.async_scheduling is False
+    assert sync_llm.engine.core.executor.runner.non_blocking_inputs is False
 
 
 def make_engine(**settings) -> LLMEngine:

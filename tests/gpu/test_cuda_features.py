@@ -1,5 +1,6 @@
-"""Engine features on CUDA (float32; CUDA graphs for decode steps, then for every step, then
-decode graphs with ``async_scheduling``) against transformers on the CPU, token for token:
+"""Engine features on CUDA (float32; CUDA graphs for decode steps, then for every step, one
+step at a time; then the defaults: graphs for every step with ``async_scheduling``) against
+transformers on the CPU, token for token:
 prefix caching, preemption by recompute, ``n > 1``, beam search, n-gram and draft-model
 speculative decoding, stop strings; structured outputs that follow their JSON schema."""
 import json
@@ -23,12 +24,13 @@ def greedy(max_tokens: int = NEW_TOKENS, **fields) -> SamplingParams:
 
 
 @pytest.fixture(scope="module", params=[
-    {"cudagraph_mode": "FULL_DECODE_ONLY"}, {"cudagraph_mode": "FULL"},
-    {"cudagraph_mode": "FULL_DECODE_ONLY", "async_scheduling": True}],
-    ids=["decode-graphs", "full-graphs", "async-scheduling"])
+    {"cudagraph_mode": "FULL_DECODE_ONLY", "async_scheduling": False},
+    {"cudagraph_mode": "FULL", "async_scheduling": False}, {}],
+    ids=["decode-graphs", "full-graphs", "defaults-async-scheduling"])
 def step_settings(request) -> dict:
-    """The engine's step settings: decode steps replay graphs, or every step that fits one;
-    or decode graphs while the front end works on the previous step (``async_scheduling``)."""
+    """The engine's step settings: decode steps replay graphs, or every step that fits one,
+    one step at a time; or the defaults: every step that fits one replays a graph while the
+    front end works on the previous step (``async_scheduling``)."""
     return request.param
 
 

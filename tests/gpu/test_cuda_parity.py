@@ -1,7 +1,8 @@
 """The engine on CUDA against transformers on the CPU: float32 greedy output token for token
 for tiny random models of every supported family, eagerly and with CUDA graphs for decode
 steps (``cudagraph_mode="FULL_DECODE_ONLY"``) and for every step (``"FULL"``; MoE models run
-eagerly either way); bfloat16 under the near-tie rule. Prompts of 3 to 90 tokens
+eagerly either way), one step at a time and with the defaults (``"FULL"`` graphs and
+``async_scheduling``); bfloat16 under the near-tie rule. Prompts of 3 to 90 tokens
 arrive together under a 64-token step budget, so later ones prefill in chunks while earlier
 ones decode."""
 import pytest
@@ -17,6 +18,10 @@ FAMILIES = ["llama", "llama3-rope", "mistral", "qwen2", "qwen3", "phi3", "phi3-l
             "phi3-partial-rotary", *GEMMA, *MOE]
 NEW_TOKENS = 40
 TOP_K = 5
+# (enforce_eager, cudagraph_mode, async_scheduling): one step at a time eagerly, with decode
+# graphs, with graphs for every step; then the defaults (None: async_scheduling on for CUDA)
+STEP_MODES = ((True, "FULL_DECODE_ONLY", False), (False, "FULL_DECODE_ONLY", False),
+              (False, "FULL", False), (False, "FULL", None))
 
 
 def cuda_llm(folder: str, **settings) -> LLM:
@@ -45,12 +50,14 @@ def test_fp32_greedy_matches_transformers_eager_and_with_graphs(model_type, prom
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     expected = [hf_greedy(reference, p, NEW_TOKENS) for p in prompts]
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    for eager, mode in ((True, "FULL_DECODE_ONLY"), (False, "FULL_DECODE_ONLY"), (False, "FULL")):
-        llm = cuda_llm(folder, dtype="float32", enforce_eager=eager, cudagraph_mode=mode)
+    for eager, mode, overlap in STEP_MODES:
+        llm = cuda_llm(folder, dtype="float32", enforce_eager=eager, cudagraph_mode=mode,
+                       async_scheduling=overlap)
+        assert llm.engine.config.async_scheduling is (overlap is not False)  # None: on for CUDA
         assert llm.engine.attention_backend == "triton"
         assert llm.engine.core.executor.runner.model.ops.name == "triton"  # fused elementwise
         outputs = llm.generate(prompts, params, use_tqdm=False)
-        assert [o.outputs[0].token_ids for o in outputs] == expected, (eager, mode)
+        assert [o.outputs[0].token_ids for o in outputs] == expected, (eager, mode, overlap)
         assert llm.stats()["kv_blocks_used"] == 0
         decode, mixed = graph_replays(llm)
         graphs = not eager and model_type not in MOE
