@@ -26,6 +26,7 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
         self.enable_prefix_caching = enable_prefix_caching
         self.block_tables: dict[int, list[Block]] = {}
+        self._block_ids: dict[int, list[int]] = {}  # each table's block ids, kept alongside it
         self._num_cached: dict[int, int] = {}  # full blocks of a sequence already hashed into the pool
         self.pending_copies: list[tuple[int, int]] = []  # (src, dst) block ids to copy this step
         self.prefix_cache_queries = 0  # tokens looked up
@@ -36,7 +37,10 @@ class KVCacheManager:
         return self.pool.num_blocks
 
     def block_ids(self, seq: Sequence) -> list[int]:
-        return [b.block_id for b in self.block_tables.get(seq.seq_id, ())]
+        """The ids of ``seq``'s blocks in order. Kept alongside the table, so a step reads it
+        without a copy: callers must not change it, and it is never changed afterwards (a
+        change of the table makes a new list)."""
+        return self._block_ids.get(seq.seq_id, [])
 
     def find_cached_prefix(self, seq: Sequence) -> list[Block]:
         """Longest run of cached full blocks that prefixes ``seq``, leaving >= 1 token to compute."""
@@ -65,8 +69,11 @@ class KVCacheManager:
         ``cached_prefix`` (from ``find_cached_prefix``) is attached first and
         counts as computed: the caller advances ``num_computed_tokens`` by its length.
         """
-        cached_prefix = cached_prefix or []
         table = self.block_tables.get(seq.seq_id, [])
+        if not cached_prefix and self._fits(table, seq.num_computed_tokens, num_new_tokens):
+            self._cache_full_blocks(seq, table, seq.num_computed_tokens + num_new_tokens)
+            return True
+        cached_prefix = cached_prefix or []
         num_computed = seq.num_computed_tokens + len(cached_prefix) * self.block_size
         total = num_computed + num_new_tokens
         num_needed = cdiv(total, self.block_size) - len(table) - len(cached_prefix)
@@ -83,6 +90,7 @@ class KVCacheManager:
         if num_needed > 0:
             table = table + self.pool.get_new_blocks(num_needed)
         self.block_tables[seq.seq_id] = table
+        self._block_ids[seq.seq_id] = [b.block_id for b in table]
         self._cache_full_blocks(seq, table, total)
         return True
 
@@ -92,6 +100,7 @@ class KVCacheManager:
         table = self.block_tables[parent.seq_id]
         self.pool.touch(table)
         self.block_tables[child.seq_id] = list(table)
+        self._block_ids[child.seq_id] = list(self._block_ids[parent.seq_id])
         self._num_cached[child.seq_id] = self._num_cached.get(parent.seq_id, 0)
         child.rotated_long = parent.rotated_long
         child.block_hashes = list(parent.block_hashes)
@@ -104,6 +113,7 @@ class KVCacheManager:
         ``num_computed_tokens`` that hold no K/V yet: those it alone holds lose their hash, so
         no prefix hit can ever read them."""
         table = self.block_tables.pop(seq.seq_id, None)
+        self._block_ids.pop(seq.seq_id, None)
         num_hashed = self._num_cached.pop(seq.seq_id, 0)
         if not table:
             return
@@ -122,6 +132,7 @@ class KVCacheManager:
         if table and len(table) > keep:
             self.pool.free_blocks(reversed(table[keep:]))
             del table[keep:]
+            self._block_ids[seq.seq_id] = self._block_ids[seq.seq_id][:keep]
 
     def reset_prefix_cache(self) -> None:
         """Evict every cached block with no reference; blocks in use keep their hashes."""
@@ -130,6 +141,12 @@ class KVCacheManager:
     def take_pending_copies(self) -> list[tuple[int, int]]:
         copies, self.pending_copies = self.pending_copies, []
         return copies
+
+    def _fits(self, table: list[Block], num_computed: int, num_new_tokens: int) -> bool:
+        """Whether ``num_new_tokens`` more tokens land in ``table``'s blocks as they are (most
+        decode steps): no new block, and no write into a block another sequence holds."""
+        return (num_computed + num_new_tokens <= len(table) * self.block_size
+                and not self._last_block_shared(table, num_computed))
 
     def _last_block_shared(self, table: list[Block], num_computed: int) -> bool:
         """True if the next token lands in a partially filled block that another sequence holds."""

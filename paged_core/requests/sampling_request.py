@@ -33,6 +33,9 @@ class Sample:
     seq: Sequence
     generator: torch.Generator | None
     grammar: SequenceGrammar | None = None
+    # Its sampling row once that no longer changes from step to step (no penalties, no EOS
+    # blocked, no drafts): the same object every step, made once (``Request.sampling_row``).
+    steady_row: SamplingRow | None = None
 
 
 class Request(CoreRequest):
@@ -94,6 +97,8 @@ class Request(CoreRequest):
         tokens (speculative decoding) had been appended. Its output tokens are listed only
         where penalties read them (a copy per step would grow with the output)."""
         sample = self.sample_of(seq)
+        if sample.steady_row is not None and not num_drafts:
+            return sample.steady_row
         drafts = seq.spec_token_ids[:num_drafts]
         num_output = seq.num_output_tokens + len(drafts)
         output = seq.output_token_ids + drafts if self.params.has_penalties else []
@@ -101,27 +106,31 @@ class Request(CoreRequest):
         # a grammar decides alone where EOS may come (min_tokens cannot outlast its end)
         if num_output < self.params.min_tokens and sample.grammar is None:
             blocked = sorted(set(self.params.stop_token_ids) | self.eos_token_ids)
-        return SamplingRow(self.params, sample.generator, self.prompt_token_ids, output, blocked,
-                           sample.grammar)
+        row = SamplingRow(self.params, sample.generator, self.prompt_token_ids, output, blocked,
+                          sample.grammar)
+        if not (self.params.has_penalties or blocked or drafts):  # the same from now on
+            sample.steady_row = row
+        return row
 
     def append_token(self, seq: Sequence, token: int) -> bool:
         """Append a sampled token to ``seq``; returns True if the token finished it: EOS, a
         stop token or the grammar's end ("stop"), ``max_tokens`` or the context ("length")."""
-        sample = self.sample_of(seq)
+        grammar = self.samples[seq.sample_index].grammar
         seq.token_ids.append(token)
         self.mark_first_token()
         p = self.params
         done = None
-        grammar_ended = sample.grammar is not None and sample.grammar.accept(token)
-        if seq.num_output_tokens >= p.min_tokens:
+        grammar_ended = grammar is not None and grammar.accept(token)
+        num_output = len(seq.token_ids) - seq.num_prompt_tokens
+        if num_output >= p.min_tokens:
             if token in self.eos_token_ids and not p.ignore_eos:
                 done = ("stop", None)
             elif token in p.stop_token_ids:
                 done = ("stop", token)
         if done is None and grammar_ended:
             done = ("stop", None)
-        if done is None and ((p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens)
-                             or seq.num_tokens >= self.max_total_tokens):
+        if done is None and ((p.max_tokens is not None and num_output >= p.max_tokens)
+                             or len(seq.token_ids) >= self.max_total_tokens):
             done = ("length", None)
         if done is None:
             return False

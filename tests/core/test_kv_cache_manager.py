@@ -33,9 +33,12 @@ def check_invariants(kv: KVCacheManager):
     assert all(b.ref_cnt == holders.get(b.block_id, 0) for b in pool.blocks)
     for h, b in pool.cached_blocks.items():
         assert b.block_hash == h
+    # The block ids a step reads are kept alongside each table, never stale.
+    assert kv._block_ids == {seq_id: [b.block_id for b in table]
+                             for seq_id, table in kv.block_tables.items()}
 
 
-operations = st.lists(st.tuples(st.sampled_from(["new", "grow", "fork", "free"]),
+operations = st.lists(st.tuples(st.sampled_from(["new", "grow", "fork", "rollback", "free"]),
                                 st.integers(0, 10**6), st.integers(1, 9)), max_size=60)
 
 
@@ -68,6 +71,10 @@ def test_random_operations_keep_invariants(ops, prefix_caching, num_blocks):
             next_id += 1
             kv.fork(parent, child)
             live.append(child)
+        elif op == "rollback" and live:  # draft slots taken, then the drafts rejected
+            seq = live[pick % len(live)]
+            if kv.allocate_slots(seq, amount):
+                kv.free_blocks_past_computed(seq)
         elif op == "free" and live:
             kv.free(live.pop(pick % len(live)))
         kv.take_pending_copies()
