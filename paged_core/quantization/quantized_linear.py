@@ -44,6 +44,13 @@ DENSE_ROWS_SETTING = "PAGED_CORE_QUANTIZED_DENSE_ROWS"
 # whose widening costs more, from 8 (8 rows: 15.8 against 25.5 ms; 1 row: 13.2 against 11.8).
 COLUMN_AMX_DENSE_ROWS = 64
 COLUMN_AMX_MIN_ROWS = {4: 1, 8: 8}
+# The column layout on vdpbf16ps: the dense path widens one column group at a time into L1,
+# then runs bf16_dot_linear's row tiles over it. 4-bit rows, whose kernel widens cheaply, stay
+# on the kernel up to 40 rows (30 SmolLM2 layers x 4 projections, AMD EPYC Zen 5, avx512_bf16,
+# two runs: 24 rows 9.8-10.4 against 11.5-11.6 ms, 40 rows 13.6 against 14.6, 48 rows 23.3
+# against 17.2); 8-bit rows go dense from 24 (24 rows 14.5 against 13.8 ms, 16 rows 10.9
+# against 11.7).
+COLUMN_DENSE_ROWS = {4: 40, 8: 24}
 
 
 class QuantizedLinear(nn.Module):
@@ -76,6 +83,7 @@ class QuantizedLinear(nn.Module):
         from ..models.cpu_linear import bf16_amx_min_rows
 
         self.column_outputs = self.out_features
+        self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING, COLUMN_DENSE_ROWS[self.bits]))
         if bf16_amx_min_rows() > 0:  # AMX tiles selected and granted
             self.amx_min_rows = COLUMN_AMX_MIN_ROWS[self.bits]
             self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING, COLUMN_AMX_DENSE_ROWS))

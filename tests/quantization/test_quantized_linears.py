@@ -105,6 +105,28 @@ def test_bf16_column_kernels_equal_the_dequantized_product(cpu_isa, kind, group_
     assert dense.dtype is torch.bfloat16
     expected = F.linear(x.float(), weight.dequantize().bfloat16().float())
     assert (dense.float() - expected).abs().max() <= 1e-2 * expected.abs().max()  # bf16 output
+    if layer.amx_min_rows == 0:  # on vdpbf16ps a row's bits depend on it alone
+        assert torch.equal(layer.product(x[-1:]), dense[-1:])
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_the_dense_path_widens_each_group_for_every_block_of_rows(cpu_isa, kind):
+    """300 rows: two blocks of 256 rows, each widening every column group into the thread's
+    buffer again; every row as it would be alone, and the dequantized weight's product."""
+    gen = torch.Generator().manual_seed(7)
+    make, linear = (int4_weight, Int4Linear) if kind == "int4" else (int8_weight, Int8Linear)
+    weight = make(70, 256, 32, gen)
+    layer = linear(weight, False, torch.bfloat16)
+    if not layer.column_outputs or layer.amx_min_rows:
+        pytest.skip(f"the vdpbf16ps dense path is the avx512_bf16 level's without AMX; this run "
+                    f"is {cpu_isa}{' with AMX tiles' if layer.amx_min_rows else ''}")
+    layer.dense_rows = 1
+    x = torch.randn(300, 256, generator=gen).bfloat16()
+    dense = layer.product(x)
+    expected = F.linear(x.float(), weight.dequantize().bfloat16().float())
+    assert (dense.float() - expected).abs().max() <= 1e-2 * expected.abs().max()
+    for row in (0, 255, 256, 299):
+        assert torch.equal(layer.product(x[row:row + 1]), dense[row:row + 1])
 
 
 def test_without_the_cpp_kernels_every_call_is_dense():

@@ -18,7 +18,7 @@
 // took AMX (bf16_dot_linear's amx_min_rows); within AMX calls they do not depend on the
 // other rows.
 //
-// The weights may also come a chunk at a time from a widening function (AmxWeights.widen:
+// The weights may also come a chunk at a time from a widening function (GroupWeights.widen:
 // the quantized column layout's dense path), written into a per-thread buffer that the
 // chunk's row tiles then read from L2.
 //
@@ -162,7 +162,7 @@ bool bf16_amx_ready() {
   return ready;
 }
 
-void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const AmxWeights& w, int64_t K2,
+void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const GroupWeights& w, int64_t K2,
                      int64_t g_begin, int64_t g_end, const uint16_t* bias, uint16_t* y,
                      int64_t ldy, int64_t N) {
   const int64_t K = 2 * K2, group_values = K2 * 64;
@@ -213,7 +213,7 @@ void release_amx_tiles() {}
 
 void configure_row_block_tiles(int64_t) { TORCH_CHECK(false, "this build has no AMX tiles"); }
 
-void bf16_amx_groups(const uint16_t*, int64_t, int64_t, const AmxWeights&, int64_t, int64_t,
+void bf16_amx_groups(const uint16_t*, int64_t, int64_t, const GroupWeights&, int64_t, int64_t,
                      int64_t, const uint16_t*, uint16_t*, int64_t, int64_t) {
   TORCH_CHECK(false, "this build has no AMX tiles");
 }

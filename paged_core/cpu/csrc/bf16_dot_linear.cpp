@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "bf16_dot_linear.h"
 #include "bf16_linear_epilogue.h"
@@ -129,6 +130,39 @@ at::Tensor pack_bf16_dot_weight(const at::Tensor& weight) {
   return packed;
 }
 
+void bf16_dot_rows(const uint16_t* xp, int64_t ldx, int64_t M, const GroupWeights& weights,
+                   int64_t K2, int64_t groups, const uint16_t* bp, uint16_t* yp, int64_t N) {
+  const bool widened = weights.packed == nullptr;
+  // A few rows: two groups at a time (more loads in flight per k). More: one, and the
+  // next one prefetched, in shares, by this one's row tiles (packed weights only).
+  const int64_t G = M <= 4 && !widened ? 2 : 1;
+  const int64_t units = (groups + G - 1) / G;
+  for (int64_t m_begin = 0; m_begin < M; m_begin += kRowBlock) {
+    const int64_t m_end = std::min(M, m_begin + kRowBlock);
+    at::parallel_for(0, units, 1, [&](int64_t u_begin, int64_t u_end) {
+      std::vector<uint16_t> group(widened ? K2 * kGroup * 2 : 0);  // one widened group
+      for (int64_t u = u_begin; u < u_end; ++u) {
+        const int64_t g = u * G, n0 = g * kGroup;
+        const uint16_t* w = widened ? group.data() : weights.packed + g * K2 * kGroup * 2;
+        if (widened) weights.widen(g, g + 1, group.data());
+        const char* next = !widened && G == 1 && u + 1 < u_end
+                               ? reinterpret_cast<const char*>(w + K2 * kGroup * 2) : nullptr;
+        // Shares go to the full tiles (a short last tile would take its share in a burst).
+        const int64_t sharing = std::max<int64_t>((m_end - m_begin) / kRowTile, 1);
+        for (int64_t m = m_begin; m < m_end; m += kRowTile) {
+          const int64_t rows = std::min(kRowTile, m_end - m);
+          const int64_t tile = (m - m_begin) / kRowTile;
+          const NextGroups share{tile < sharing ? next : nullptr, tile, sharing};
+          if (G == 2 && g + 1 < groups)
+            any_row_tile<2>(rows, xp + m * ldx, ldx, w, K2, bp, yp + m * N, N, n0, N, share);
+          else
+            any_row_tile<1>(rows, xp + m * ldx, ldx, w, K2, bp, yp + m * N, N, n0, N, share);
+        }
+      }
+    });
+  }
+}
+
 at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
                            const std::optional<at::Tensor>& bias, int64_t amx_min_rows) {
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kGroup && packed.size(3) == 2 &&
@@ -157,36 +191,11 @@ at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& packed, int64_
   auto* yp = static_cast<uint16_t*>(y.mutable_data_ptr());
   if (amx_min_rows > 0 && M >= amx_min_rows && K2 % 16 == 0 && bf16_amx_ready()) {
     at::parallel_for(0, groups, 1, [&](int64_t g_begin, int64_t g_end) {
-      bf16_amx_groups(xp, ldx, M, AmxWeights{wp, {}}, K2, g_begin, g_end, bp, yp, N, N);
+      bf16_amx_groups(xp, ldx, M, GroupWeights{wp, {}}, K2, g_begin, g_end, bp, yp, N, N);
     });
     return y.view(out_shape);
   }
-  // A few rows: two groups at a time (more loads in flight per k). More: one, and the
-  // next one prefetched, in shares, by this one's row tiles.
-  const int64_t G = M <= 4 ? 2 : 1;
-  const int64_t units = (groups + G - 1) / G;
-  for (int64_t m_begin = 0; m_begin < M; m_begin += kRowBlock) {
-    const int64_t m_end = std::min(M, m_begin + kRowBlock);
-    at::parallel_for(0, units, 1, [&](int64_t u_begin, int64_t u_end) {
-      for (int64_t u = u_begin; u < u_end; ++u) {
-        const int64_t g = u * G, n0 = g * kGroup;
-        const uint16_t* w = wp + g * K2 * kGroup * 2;
-        const char* next = G == 1 && u + 1 < u_end
-                               ? reinterpret_cast<const char*>(w + K2 * kGroup * 2) : nullptr;
-        // Shares go to the full tiles (a short last tile would take its share in a burst).
-        const int64_t sharing = std::max<int64_t>((m_end - m_begin) / kRowTile, 1);
-        for (int64_t m = m_begin; m < m_end; m += kRowTile) {
-          const int64_t rows = std::min(kRowTile, m_end - m);
-          const int64_t tile = (m - m_begin) / kRowTile;
-          const NextGroups share{tile < sharing ? next : nullptr, tile, sharing};
-          if (G == 2 && g + 1 < groups)
-            any_row_tile<2>(rows, xp + m * ldx, ldx, w, K2, bp, yp + m * N, N, n0, N, share);
-          else
-            any_row_tile<1>(rows, xp + m * ldx, ldx, w, K2, bp, yp + m * N, N, n0, N, share);
-        }
-      }
-    });
-  }
+  bf16_dot_rows(xp, ldx, M, GroupWeights{wp, {}}, K2, groups, bp, yp, N);
   return y.view(out_shape);
 }
 

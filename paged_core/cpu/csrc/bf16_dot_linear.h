@@ -21,16 +21,22 @@ at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& packed, int64_
 // True if this CPU has AMX-BF16, this build has the AMX code and the OS granted the tile
 // state (asked once per process; bf16_amx_linear.cpp).
 bool bf16_amx_ready();
-// The weights bf16_amx_groups multiplies, in the packed layout: the whole packed weight, or
-// (packed null) `widen(g0, g1, out)`, which writes column groups [g0, g1) into out (K2 * 64
-// values a group; e.g. quantized levels, dequantized a chunk at a time).
-struct AmxWeights {
+// The weights bf16_dot_rows and bf16_amx_groups multiply, in the packed layout: the whole
+// packed weight, or (packed null) `widen(g0, g1, out)`, which writes column groups [g0, g1)
+// into out (K2 * 64 values a group; e.g. quantized levels, dequantized a chunk at a time).
+struct GroupWeights {
   const uint16_t* packed = nullptr;
   std::function<void(int64_t g0, int64_t g1, uint16_t* out)> widen;
 };
+// Rows [0, M) of x (ldx elements apart) times the `groups` column groups of w (K2 k pairs)
+// on vdpbf16ps, plus bias (or null), into y [M, N] (N columns, N apart), split between
+// threads by groups. Widened weights (w.widen) are widened one group at a time into a buffer
+// of the thread's, right before that group's row tiles read it from L1/L2.
+void bf16_dot_rows(const uint16_t* x, int64_t ldx, int64_t M, const GroupWeights& w, int64_t K2,
+                   int64_t groups, const uint16_t* bias, uint16_t* y, int64_t N);
 // Rows [0, rows) of x (ldx elements apart) times column groups [g_begin, g_end) of w (K2 k
 // pairs) on AMX tiles, plus bias, into y (ldy apart, N columns); K2 % 16 == 0.
-void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const AmxWeights& w, int64_t K2,
+void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const GroupWeights& w, int64_t K2,
                      int64_t g_begin, int64_t g_end, const uint16_t* bias, uint16_t* y,
                      int64_t ldy, int64_t N);
 #endif
