@@ -194,7 +194,7 @@ void widen_groups(const uint8_t* lp, const float* sp, const float* zp, int64_t g
 // from amx_min_rows rows, else on vdpbf16ps (bf16_dot_rows); either way the weight is widened
 // a column group or a chunk of them at a time into a thread's buffer in L1/L2 right before
 // its rows read it, never whole. (Widening the whole weight first, then bf16_dot_linear, had
-// left 24-128 rows 1.2-3.0x slower than the bfloat16 weight itself, now 1.1-1.3x: 30 SmolLM2
+// left 24-128 rows 1.2-3.0x slower than the bfloat16 weight itself, now 1.1-1.4x: 30 SmolLM2
 // layers x 4 projections, AMD EPYC Zen 5, avx512_bf16.)
 template <typename L>
 at::Tensor dense_product(const at::Tensor& x, const at::Tensor& levels, const float* sp,
