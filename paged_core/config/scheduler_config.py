@@ -63,7 +63,7 @@ def resolved_async_scheduling(setting: bool | None, device_type: str, tp_size: i
     """``async_scheduling`` for an engine on ``device_type`` over ``tp_size`` ranks: the
     setting, or for ``None`` on for one CUDA device (proven token for token and timed on an
     H200) and off elsewhere (the CPU; tensor parallelism, not yet run on GPUs)."""
-    return device_type == "cuda" and tp_size == 1 if setting is None else setting
+    return (device_type == "cuda" and tp_size == 1) if setting is None else setting
 
 
 # ``itl_target_ms`` of servers (``AsyncEngine``) that leave it unset: streams keep ticking

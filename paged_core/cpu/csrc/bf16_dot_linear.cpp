@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "bf16_dot_linear.h"
@@ -140,11 +141,12 @@ void bf16_dot_rows(const uint16_t* xp, int64_t ldx, int64_t M, const GroupWeight
   for (int64_t m_begin = 0; m_begin < M; m_begin += kRowBlock) {
     const int64_t m_end = std::min(M, m_begin + kRowBlock);
     at::parallel_for(0, units, 1, [&](int64_t u_begin, int64_t u_end) {
-      std::vector<uint16_t> group(widened ? K2 * kGroup * 2 : 0);  // one widened group
+      // One widened group (left uninitialised: widen writes all of it before it is read).
+      const std::unique_ptr<uint16_t[]> group(widened ? new uint16_t[K2 * kGroup * 2] : nullptr);
       for (int64_t u = u_begin; u < u_end; ++u) {
         const int64_t g = u * G, n0 = g * kGroup;
-        const uint16_t* w = widened ? group.data() : weights.packed + g * K2 * kGroup * 2;
-        if (widened) weights.widen(g, g + 1, group.data());
+        const uint16_t* w = widened ? group.get() : weights.packed + g * K2 * kGroup * 2;
+        if (widened) weights.widen(g, g + 1, group.get());
         const char* next = !widened && G == 1 && u + 1 < u_end
                                ? reinterpret_cast<const char*>(w + K2 * kGroup * 2) : nullptr;
         // Shares go to the full tiles (a short last tile would take its share in a burst).
