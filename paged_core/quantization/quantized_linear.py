@@ -105,19 +105,22 @@ class QuantizedLinear(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.product(x.reshape(-1, self.in_features)).to(x.dtype)
+        y = self.product(x.reshape(-1, self.in_features), out_dtype=x.dtype).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
 
-    def product(self, rows: torch.Tensor) -> torch.Tensor:
-        """``rows @ W.T`` (no bias), by the kernel or, for many rows, densely."""
+    def product(self, rows: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """``rows @ W.T`` (no bias), by the kernel or, for many rows, densely. The column
+        kernel rounds its float32 sums to ``out_dtype`` bfloat16 as it stores them (as
+        ``.to`` would, without another pass); otherwise the result's dtype is the path's."""
         if self.column_outputs:
             rows = rows.to(torch.bfloat16).contiguous()
             if rows.shape[0] < self.dense_rows:  # float32 sums
+                out = out_dtype if out_dtype == torch.bfloat16 else None
                 return self.kernels.column_gemm(rows, self.levels, self.scales, self.offsets,
                                                 self.group_size, self.column_outputs,
-                                                self.amx_min_rows)
+                                                self.amx_min_rows, out)
             return self.kernels.column_dense(rows, self.levels, self.scales, self.zeros,
                                              self.group_size, self.column_outputs,
                                              self.amx_min_rows)  # bfloat16

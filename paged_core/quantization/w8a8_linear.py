@@ -26,7 +26,8 @@ class W8A8Linear(Int8Linear):
                              f"{weight.group_size}")
         super().__init__(weight, has_bias, dtype, dense_dtype)
 
-    def product(self, rows: torch.Tensor) -> torch.Tensor:
+    def product(self, rows: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """float32 whatever ``out_dtype``: the activation scale multiplies the sums first."""
         rows = rows.float()
         scale = rows.abs().amax(dim=1, keepdim=True) / 127
         scale = torch.where(scale == 0, torch.ones_like(scale), scale)

@@ -93,9 +93,13 @@ def test_bf16_column_kernels_equal_the_dequantized_product(cpu_isa, kind, group_
     torch.testing.assert_close(product.double(), expected, atol=1e-5, rtol=1e-5)
     # both kernels, whichever the rows took: vdpbf16ps, and AMX tiles where the CPU has them
     for amx_min_rows in (0, 1):
-        both = layer.kernels.column_gemm(x, layer.levels, layer.scales, layer.offsets,
-                                         group_size, out, amx_min_rows)
+        args = (x, layer.levels, layer.scales, layer.offsets, group_size, out, amx_min_rows)
+        both = layer.kernels.column_gemm(*args)
         torch.testing.assert_close(both.double(), expected, atol=1e-5, rtol=1e-5)
+        # bfloat16 out: each float32 sum rounded as it is stored, the bits .to gives
+        rounded = layer.kernels.column_gemm(*args, torch.bfloat16)
+        assert rounded.dtype is torch.bfloat16 and torch.equal(rounded, both.bfloat16())
+    assert torch.equal(layer(x), product.bfloat16())  # forward asks the kernel for bfloat16
     # a row's sums depend on it alone: the last row in any call taking the same kernel
     # (AMX tiles from layer.amx_min_rows rows) gives the same bits
     fewest = layer.amx_min_rows if 0 < layer.amx_min_rows <= rows else 1

@@ -72,9 +72,10 @@ struct QuantizedWeight {
   int64_t column_outputs;      // > 0: levels in column_pack's layout, of this many outputs
   int64_t amx_min_rows;        // the column layout: AMX tiles from this many rows
 
-  // rows [M, in] -> rows W^T: float32 (the kernels), or dense_dtype / bfloat16 (many rows).
-  at::Tensor product(const at::Tensor& rows) const {
-    if (column_outputs > 0) return column_product(rows.to(at::kBFloat16).contiguous());
+  // rows [M, in] -> rows W^T: float32 (the kernels; the column kernel rounds to bfloat16 as
+  // it stores where out is bfloat16), or dense_dtype / bfloat16 (many rows).
+  at::Tensor product(const at::Tensor& rows, at::ScalarType out) const {
+    if (column_outputs > 0) return column_product(rows.to(at::kBFloat16).contiguous(), out);
     if (rows.size(0) >= dense_rows) {
       const at::Tensor w = bits == 4
           ? paged_core_cpu::int4_dequantize(levels, scales, zeros, group_size)
@@ -87,14 +88,15 @@ struct QuantizedWeight {
   }
 
  private:
-  at::Tensor column_product(const at::Tensor& x) const {
+  at::Tensor column_product(const at::Tensor& x, at::ScalarType out) const {
 #if defined(__AVX512BF16__)
     const auto given = [](const at::Tensor& t) {
       return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
     };
     if (x.size(0) < dense_rows)
-      return paged_core_cpu::column_gemm(x, levels, scales, given(offsets), group_size,
-                                         column_outputs, amx_min_rows);
+      return paged_core_cpu::column_gemm(
+          x, levels, scales, given(offsets), group_size, column_outputs, amx_min_rows,
+          out == at::kBFloat16 ? std::optional<at::ScalarType>(out) : std::nullopt);
     return paged_core_cpu::column_dense(x, levels, scales, given(zeros), group_size, column_outputs,
                                         amx_min_rows);
 #else
@@ -124,7 +126,7 @@ struct Projection {
 
   at::Tensor base(const at::Tensor& x) const {
     if (quantized) {  // QuantizedLinear.forward: the product in x's dtype, then the bias
-      at::Tensor y = quantized->product(x).to(x.scalar_type());
+      at::Tensor y = quantized->product(x, x.scalar_type()).to(x.scalar_type());
       return bias ? y + *bias : y;
     }
     if (bf16_dot_out_features > 0) {

@@ -86,13 +86,33 @@ const float* data_of(const std::optional<at::Tensor>& t) {
   return t ? t->data_ptr<float>() : nullptr;
 }
 
+// Where a product's rows go: float32 (f) or bfloat16 (b: each sum rounded to nearest even,
+// as torch rounds float32 to bfloat16), row r at r * ld.
+struct RowsOut {
+  float* f;
+  uint16_t* b;
+  int64_t ld;
+
+  RowsOut at(int64_t row, int64_t column) const {
+    const int64_t offset = row * ld + column;
+    return {f != nullptr ? f + offset : nullptr, b != nullptr ? b + offset : nullptr, ld};
+  }
+  // 16 sums to row r, outputs [column, column + 16) (masked past N).
+  void store(int64_t r, int64_t column, __mmask16 mask, __m512 sums) const {
+    if (b != nullptr)
+      _mm256_mask_storeu_epi16(b + r * ld + column, mask, (__m256i)_mm512_cvtneps_pbh(sums));
+    else
+      _mm512_mask_storeu_ps(f + r * ld + column, mask, sums);
+  }
+};
+
 // Column group `col` for rows [0, R) of x (bfloat16 pairs, ldx pairs apart; their group
-// sums xsum, `groups` apart): y[m * ldy ..] = float32 products (masked past N); `next`
+// sums xsum, `groups` apart): row m of y = the products (masked past N); `next`
 // (levels null: none) is fetched meanwhile. kChains sums per row and 16 outputs (pairs taken
 // kChains at a time) keep few rows from waiting on vdpbf16ps' latency.
 template <typename L, int R>
 void column_rows(const int32_t* x, int64_t ldx, const float* xsum, const ColumnGroup& col,
-                 int64_t groups, int64_t pairs_per_group, float* y, int64_t ldy, __mmask16 mask_lo,
+                 int64_t groups, int64_t pairs_per_group, const RowsOut& y, __mmask16 mask_lo,
                  __mmask16 mask_hi, const ColumnGroup& next) {
   constexpr int U = kChains;
   __m512 total[R][2];
@@ -122,31 +142,36 @@ void column_rows(const int32_t* x, int64_t ldx, const float* xsum, const ColumnG
       }
   }
   for (int r = 0; r < R; ++r) {
-    _mm512_mask_storeu_ps(y + r * ldy, mask_lo, total[r][0]);
-    _mm512_mask_storeu_ps(y + r * ldy + 16, mask_hi, total[r][1]);
+    y.store(r, 0, mask_lo, total[r][0]);
+    y.store(r, 16, mask_hi, total[r][1]);
   }
 }
 
-// x [M, K] times W: float32 y [M, N]; on AMX tiles from amx_min_rows rows (0: never) where
-// the CPU has them and whole tile steps fit a group (group_size % 32 == 0).
+// Whether column_gemm_of takes AMX tiles for M rows (amx_min_rows 0: never): where the CPU
+// has them and whole tile steps fit a group (group_size % 32 == 0).
+bool takes_amx(int64_t M, int64_t amx_min_rows, int64_t group_size) {
+  return amx_min_rows > 0 && M >= amx_min_rows && group_size % 32 == 0 &&
+         paged_core_cpu::bf16_amx_ready();
+}
+
+// x [M, K] times W into y [M, N] (ld N): on AMX tiles where takes_amx (y float32 only).
 template <typename L>
 void column_gemm_of(const uint16_t* xp, int64_t M, int64_t K, const ColumnGroups& w, int64_t C,
-                    int64_t N, int64_t amx_min_rows, float* yp) {
+                    int64_t N, int64_t amx_min_rows, const RowsOut& y) {
   const int64_t group_size = w.group_size, groups = K / group_size;
   std::vector<float> xsum;  // each row's sum over each group, for the offsets
   if (L::kOffsets) {
     xsum.resize(M * groups);
     group_sums(xp, M, K, group_size, xsum.data());
   }
-  if (amx_min_rows > 0 && M >= amx_min_rows && group_size % 32 == 0 &&
-      paged_core_cpu::bf16_amx_ready()) {
+  if (takes_amx(M, amx_min_rows, group_size)) {
     at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
-      amx_column_groups<L>(xp, M, K, xsum.data(), w, c0, c1, N, yp);
+      amx_column_groups<L>(xp, M, K, xsum.data(), w, c0, c1, N, y.f);
     });
     return;
   }
   using Rows = void (*)(const int32_t*, int64_t, const float*, const ColumnGroup&, int64_t,
-                        int64_t, float*, int64_t, __mmask16, __mmask16, const ColumnGroup&);
+                        int64_t, const RowsOut&, __mmask16, __mmask16, const ColumnGroup&);
   static constexpr Rows kRows[kRowTile] = {column_rows<L, 1>, column_rows<L, 2>,
                                            column_rows<L, 3>, column_rows<L, 4>};
   const auto* x_pairs = reinterpret_cast<const int32_t*>(xp);
@@ -158,7 +183,7 @@ void column_gemm_of(const uint16_t* xp, int64_t M, int64_t K, const ColumnGroups
       for (int64_t m = 0; m < M; m += kRowTile) {
         const int rows = static_cast<int>(std::min<int64_t>(kRowTile, M - m));
         kRows[rows - 1](x_pairs + m * (K / 2), K / 2, xsum.data() + m * groups, col, groups,
-                        group_size / 2, yp + m * N + c * kColumns, N, lo, hi,
+                        group_size / 2, y.at(m, c * kColumns), lo, hi,
                         m == 0 ? next : ColumnGroup{});
       }
     }
@@ -279,25 +304,30 @@ std::vector<at::Tensor> column_pack(const at::Tensor& q, const std::vector<at::T
 
 at::Tensor column_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
                        const std::optional<at::Tensor>& offsets, int64_t group_size,
-                       int64_t out_features, int64_t amx_min_rows) {
+                       int64_t out_features, int64_t amx_min_rows,
+                       std::optional<at::ScalarType> out_dtype) {
   const int64_t K = check_layout(levels, scales, group_size, out_features, "scales");
   TORCH_CHECK(offsets.has_value() == is_int4(levels), "4-bit levels need offsets, 8-bit none");
   if (offsets) check_layout(levels, *offsets, group_size, out_features, "offsets");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.size(1) == K && x.is_contiguous(),
               "x must be contiguous bfloat16 [M, ", K, "]");
+  const at::ScalarType dtype = out_dtype.value_or(at::kFloat);
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "out_dtype must be float32 or bfloat16");
   const int64_t M = x.size(0);
-  at::Tensor y = at::empty({M, out_features}, x.options().dtype(at::kFloat));
-  if (M == 0 || out_features == 0) return y;
+  // The AMX tiles write float32 only: a bfloat16 product there is rounded afterwards.
+  const bool rounded_here = dtype == at::kBFloat16 && !takes_amx(M, amx_min_rows, group_size);
+  at::Tensor y = at::empty({M, out_features}, x.options().dtype(rounded_here ? dtype : at::kFloat));
+  if (M == 0 || out_features == 0) return y.to(dtype);
   const auto* xp = reinterpret_cast<const uint16_t*>(x.const_data_ptr());
   const ColumnGroups w{static_cast<const uint8_t*>(levels.const_data_ptr()),
                        scales.data_ptr<float>(), data_of(offsets), group_size};
+  const RowsOut out{rounded_here ? nullptr : y.data_ptr<float>(),
+                    rounded_here ? static_cast<uint16_t*>(y.data_ptr()) : nullptr, out_features};
   if (is_int4(levels))
-    column_gemm_of<Int4Levels>(xp, M, K, w, levels.size(0), out_features, amx_min_rows,
-                               y.data_ptr<float>());
+    column_gemm_of<Int4Levels>(xp, M, K, w, levels.size(0), out_features, amx_min_rows, out);
   else
-    column_gemm_of<Int8Levels>(xp, M, K, w, levels.size(0), out_features, amx_min_rows,
-                               y.data_ptr<float>());
-  return y;
+    column_gemm_of<Int8Levels>(xp, M, K, w, levels.size(0), out_features, amx_min_rows, out);
+  return y.to(dtype);
 }
 
 at::Tensor column_dense(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
@@ -333,7 +363,7 @@ at::Tensor column_dequantize(const at::Tensor& levels, const at::Tensor& scales,
 PAGED_CORE_LIBRARY_FRAGMENT(m) {
   m.def("column_pack(Tensor q, Tensor[] per_group) -> Tensor[]");
   m.def("column_gemm(Tensor x, Tensor levels, Tensor scales, Tensor? offsets, int group_size, "
-        "int out_features, int amx_min_rows=0) -> Tensor");
+        "int out_features, int amx_min_rows=0, ScalarType? out_dtype=None) -> Tensor");
   m.def("column_dense(Tensor x, Tensor levels, Tensor scales, Tensor? zeros, int group_size, "
         "int out_features, int amx_min_rows) -> Tensor");
   m.def("column_dequantize(Tensor levels, Tensor scales, Tensor? zeros, int group_size, "

@@ -25,11 +25,13 @@ at::Tensor int8_dequantize(const at::Tensor& levels, const at::Tensor& scales, i
 // quantized_column_linear.cpp: levels in column groups of 32 outputs (column_pack), bfloat16
 // rows; 4-bit levels take offsets (products) and zeros (dense, dequantize), 8-bit neither.
 std::vector<at::Tensor> column_pack(const at::Tensor& q, const std::vector<at::Tensor>& per_group);
-// x [M, K] -> x W^T float32 (the sums of column_layout): AMX tiles from amx_min_rows rows
-// (0: never; group_size % 32 == 0 and bf16_amx_ready() only), else vdpbf16ps.
+// x [M, K] -> x W^T (the float32 sums of column_layout), in out_dtype (float32 by default;
+// bfloat16: each sum rounded as at::Tensor::to rounds it, while it is stored): AMX tiles from
+// amx_min_rows rows (0: never; group_size % 32 == 0 and bf16_amx_ready() only), else vdpbf16ps.
 at::Tensor column_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
                        const std::optional<at::Tensor>& offsets, int64_t group_size,
-                       int64_t out_features, int64_t amx_min_rows);
+                       int64_t out_features, int64_t amx_min_rows,
+                       std::optional<at::ScalarType> out_dtype = std::nullopt);
 // x [M, K] -> x W^T bfloat16 for many rows: W widened into bf16_dot_linear's layout, then
 // its GEMM (on AMX tiles from amx_min_rows rows, widened a chunk of column groups at a time).
 at::Tensor column_dense(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
