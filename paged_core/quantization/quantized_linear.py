@@ -44,13 +44,14 @@ DENSE_ROWS_SETTING = "PAGED_CORE_QUANTIZED_DENSE_ROWS"
 # whose widening costs more, from 8 (8 rows: 15.8 against 25.5 ms; 1 row: 13.2 against 11.8).
 COLUMN_AMX_DENSE_ROWS = 64
 COLUMN_AMX_MIN_ROWS = {4: 1, 8: 8}
-# The column layout on vdpbf16ps: the dense path widens one column group at a time into L1,
-# then runs bf16_dot_linear's row tiles over it. 4-bit rows, whose kernel widens cheaply, stay
-# on the kernel up to 40 rows (30 SmolLM2 layers x 4 projections, AMD EPYC Zen 5, avx512_bf16,
-# two runs: 24 rows 9.8-10.4 against 11.5-11.6 ms, 40 rows 13.6 against 14.6, 48 rows 23.3
-# against 17.2); 8-bit rows go dense from 24 (24 rows 14.5 against 13.8 ms, 16 rows 10.9
-# against 11.7).
-COLUMN_DENSE_ROWS = {4: 40, 8: 24}
+# The column layout on vdpbf16ps: the dense path widens one column group at a time into L1
+# (the next group's levels fetched meanwhile), then runs bf16_dot_linear's row tiles over it;
+# the column kernel widens the levels again for every 4 rows. 4-bit rows take the dense path
+# from 12 rows, 8-bit rows, whose widening costs more, from 6 (30 SmolLM2 layers x 4
+# projections, AMD EPYC Zen 5, avx512_bf16, one run: 4-bit 8 rows column 4.9 against dense
+# 5.0 ms, 12 rows 6.2 against 6.0, 16 rows 7.2 against 6.7 (bfloat16 weights 7.0); 8-bit 4
+# rows 4.3 against 4.8, 6 rows 6.1 against 5.1, 16 rows 9.0 against 7.3 (bfloat16 7.4)).
+COLUMN_DENSE_ROWS = {4: 12, 8: 6}
 
 
 class QuantizedLinear(nn.Module):

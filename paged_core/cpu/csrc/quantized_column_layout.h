@@ -39,17 +39,37 @@ struct Int4Levels {
     lo = (__m512bh)_mm512_ternarylogic_epi32(bytes, _mm512_set1_epi16(0x0F), bias, kAndOr);
     hi = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(bytes, 4), bias);
   }
-  // Levels of outputs 8b .. 8b + 7 (both k of the pair each), as float32.
-  static __m512 levels8(const uint8_t* pair, int b) {
-    const __m512i bytes = _mm512_cvtepu8_epi32(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(pair + 16 * (b % 2))));
-    const __m512i level = b < 2 ? _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F))
-                                : _mm512_srli_epi32(bytes, 4);
-    return _mm512_cvtepi32_ps(level);
-  }
-  // The float32 weights of levels (q - 8) * s + zero, rounded after each step.
-  static __m512 weights(__m512 level, __m512 s, __m512 zero) {
-    return _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(level, _mm512_set1_ps(8.f)), s), zero);
+  // One group's factors of its dense weights s (q - 8) + zero = s (128 + q) + (zero - 136 s),
+  // per 16 outputs: s and zero - 136 s.
+  struct DenseGroup {
+    __m512 s[2], shift[2];
+    DenseGroup(const float* scales, const float* zeros) {
+      for (int h = 0; h < 2; ++h) {
+        s[h] = _mm512_loadu_ps(scales + 16 * h);
+        shift[h] = _mm512_fnmadd_ps(_mm512_set1_ps(kLevelBias + 8.f), s[h],
+                                    _mm512_loadu_ps(zeros + 16 * h));
+      }
+    }
+  };
+  // A pair's 64 weights, rounded to bfloat16, into dst in bf16_dot_linear's packed layout
+  // (output j's two k at 2j, 2j + 1): one fma each on 128 + q (widen), read as float32 by a
+  // shift (each pair's first k) or a mask (its second), the halves interleaved back by vpermw.
+  static void widen_weights(const uint8_t* pair, const DenseGroup& group, uint16_t* dst) {
+    alignas(64) static const int16_t kInterleave[32] = {
+        0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+        8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    __m512bh half[2];  // outputs 0-15, 16-31
+    widen(pair, half[0], half[1]);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i bits = (__m512i)half[h];
+      const __m512 first = _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
+      const __m512 second = _mm512_castsi512_ps(
+          _mm512_and_si512(bits, _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u))));
+      const __m512bh rounded = _mm512_cvtne2ps_pbh(_mm512_fmadd_ps(second, group.s[h], group.shift[h]),
+                                                   _mm512_fmadd_ps(first, group.s[h], group.shift[h]));
+      _mm512_storeu_si512(dst + 32 * h,
+                          _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), (__m512i)rounded));
+    }
   }
   static float weight(int level, float s, float zero) {
     return (static_cast<float>(level) - 8.f) * s + zero;
@@ -78,11 +98,24 @@ struct Int8Levels {
     lo = half(pair);
     hi = half(pair + 32);
   }
-  static __m512 levels8(const uint8_t* pair, int b) {
-    return _mm512_cvtepi32_ps(
-        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pair + 16 * b))));
+  // One group's factors of its dense weights s q: the scales of outputs 8b .. 8b + 7, each
+  // twice (both k of a pair).
+  struct DenseGroup {
+    __m512 s[4];
+    DenseGroup(const float* scales, const float*) {
+      for (int b = 0; b < 4; ++b) s[b] = output_pairs(scales + 8 * b);
+    }
+  };
+  // A pair's 64 weights, rounded to bfloat16, into dst in bf16_dot_linear's packed layout,
+  // through float32 levels, 8 outputs (both k each) at a time.
+  static void widen_weights(const uint8_t* pair, const DenseGroup& group, uint16_t* dst) {
+    for (int b = 0; b < 4; ++b) {
+      const __m512 levels = _mm512_cvtepi32_ps(
+          _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pair + 16 * b))));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16 * b),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(levels, group.s[b])));
+    }
   }
-  static __m512 weights(__m512 level, __m512 s, __m512) { return _mm512_mul_ps(level, s); }
   static float weight(int level, float s, float) { return static_cast<float>(level) * s; }
   static int level(const uint8_t* pair, int64_t j, int64_t e) {
     return static_cast<int8_t>(pair[2 * j + e]);
