@@ -196,7 +196,7 @@ void column_gemm_of(const uint16_t* xp, int64_t M, int64_t K, const ColumnGroups
 // While a group is widened, the levels of the group after it are fetched into L1, so that
 // they arrive while this group's rows are multiplied: without that fetch the widening
 // waited on memory and the dense path ran 1.2-1.3x the bfloat16 weight's time at 40-48 rows,
-// with it 1.0-1.1x (30 SmolLM2 layers x 4 projections, AMD EPYC Zen 5).
+// with it 0.96-1.12x at 16-128 rows (30 SmolLM2 layers x 4 projections, AMD EPYC Zen 5).
 template <typename L>
 void widen_groups(const uint8_t* lp, const float* sp, const float* zp, int64_t group_size,
                   int64_t K2, int64_t C, int64_t c0, int64_t c1, uint16_t* out) {
@@ -221,8 +221,9 @@ void widen_groups(const uint8_t* lp, const float* sp, const float* zp, int64_t g
 // from amx_min_rows rows, else on vdpbf16ps (bf16_dot_rows); either way the weight is widened
 // a column group or a chunk of them at a time into a thread's buffer in L1/L2 right before
 // its rows read it, never whole. (Widening the whole weight first, then bf16_dot_linear, had
-// left 24-128 rows 1.2-3.0x slower than the bfloat16 weight itself, now 1.1-1.4x: 30 SmolLM2
-// layers x 4 projections, AMD EPYC Zen 5, avx512_bf16.)
+// left 24-128 rows 1.2-3.0x slower than the bfloat16 weight itself; one group at a time with
+// the next group's levels fetched meanwhile, 0.96-1.12x: 30 SmolLM2 layers x 4 projections,
+// AMD EPYC Zen 5, avx512_bf16.)
 template <typename L>
 at::Tensor dense_product(const at::Tensor& x, const at::Tensor& levels, const float* sp,
                          const float* zp, int64_t group_size, int64_t N, int64_t amx_min_rows) {
