@@ -44,14 +44,16 @@ DENSE_ROWS_SETTING = "PAGED_CORE_QUANTIZED_DENSE_ROWS"
 # whose widening costs more, from 8 (8 rows: 15.8 against 25.5 ms; 1 row: 13.2 against 11.8).
 COLUMN_AMX_DENSE_ROWS = 64
 COLUMN_AMX_MIN_ROWS = {4: 1, 8: 8}
-# The column layout on vdpbf16ps: the dense path widens one column group at a time into L1
-# (the next group's levels fetched meanwhile), then runs bf16_dot_linear's row tiles over it;
-# the column kernel widens the levels again for every 4 rows. 4-bit rows take the dense path
-# from 12 rows, 8-bit rows, whose widening costs more, from 6 (30 SmolLM2 layers x 4
-# projections, AMD EPYC Zen 5, avx512_bf16, one run: 4-bit 8 rows column 4.9 against dense
-# 5.0 ms, 12 rows 6.2 against 6.0, 16 rows 7.2 against 6.7 (bfloat16 weights 7.0); 8-bit 4
-# rows 4.3 against 4.8, 6 rows 6.1 against 5.1, 16 rows 9.0 against 7.3 (bfloat16 7.4)).
-COLUMN_DENSE_ROWS = {4: 12, 8: 6}
+# The column layout on vdpbf16ps: the column kernel widens the levels again for every 4 rows
+# (fetching the next column group's levels line by line as it reads its own); the dense path
+# widens one column group at a time into L1 (the next group's levels fetched meanwhile), then
+# runs bf16_dot_linear's row tiles over it. 4-bit rows take the dense path from 40 rows,
+# 8-bit rows, whose widening costs more, from 12 (30 SmolLM2 layers x 4 projections, AMD EPYC
+# Zen 5, avx512_bf16, one run: 4-bit, groups of 64, column against dense 24 rows 7.9 against
+# 8.3 ms, 40 rows 12.6 against 12.7, 48 rows 14.3 against 14.3, bfloat16 weights 8.9 / 12.9 /
+# 13.7; 8-bit, one scale per channel, 8 rows 4.3 against 4.8, 12 rows 5.8 against 5.7, 16
+# rows 7.4 against 7.1).
+COLUMN_DENSE_ROWS = {4: 40, 8: 12}
 
 
 class QuantizedLinear(nn.Module):

@@ -155,14 +155,19 @@ struct ColumnGroups {
   }
 };
 
-// Fetches column group `next`'s group g (levels, scales, offsets) into L1.
-template <typename L>
-inline void fetch_group(const ColumnGroup& next, int64_t g, int64_t pairs_per_group) {
+// Fetches column group `next`'s scales and offsets of group g into L1.
+inline void fetch_factors(const ColumnGroup& next, int64_t g) {
   for (const float* t : {next.scales, next.offsets})
     if (t != nullptr) {
       _mm_prefetch(reinterpret_cast<const char*>(t + g * kColumns), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(t + g * kColumns + 16), _MM_HINT_T0);
     }
+}
+
+// Fetches column group `next`'s group g (levels, scales, offsets) into L1.
+template <typename L>
+inline void fetch_group(const ColumnGroup& next, int64_t g, int64_t pairs_per_group) {
+  fetch_factors(next, g);
   const char* levels = reinterpret_cast<const char*>(next.levels);
   for (int64_t b = g * pairs_per_group * L::kPairBytes; b < (g + 1) * pairs_per_group * L::kPairBytes;
        b += 64)
