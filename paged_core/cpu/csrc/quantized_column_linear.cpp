@@ -25,7 +25,7 @@
 // On a CPU with AMX tiles column_gemm takes them from amx_min_rows rows (the same sums:
 // quantized_column_amx.cpp). The widening and the per-group sums are quantized_column_layout.h.
 //
-// More rows (from about a dozen: QuantizedLinear's thresholds) take column_dense instead: the
+// More rows (from 12 or 40: QuantizedLinear's thresholds) take column_dense instead: the
 // weight widened straight into bf16_dot_linear's packed layout (the same column groups: one
 // pass, no transposition), each value bfloat16 of the float32 dequantization, then
 // multiplied: on AMX tiles (from amx_min_rows rows) a chunk of column groups at a time,
