@@ -115,13 +115,13 @@ class Request(CoreRequest):
     def append_token(self, seq: Sequence, token: int) -> bool:
         """Append a sampled token to ``seq``; returns True if the token finished it: EOS, a
         stop token or the grammar's end ("stop"), ``max_tokens`` or the context ("length")."""
-        grammar = self.samples[seq.sample_index].grammar
+        grammar = self.sample_of(seq).grammar
         seq.token_ids.append(token)
         self.mark_first_token()
         p = self.params
         done = None
         grammar_ended = grammar is not None and grammar.accept(token)
-        num_output = len(seq.token_ids) - seq.num_prompt_tokens
+        num_output = seq.num_output_tokens
         if num_output >= p.min_tokens:
             if token in self.eos_token_ids and not p.ignore_eos:
                 done = ("stop", None)
@@ -130,7 +130,7 @@ class Request(CoreRequest):
         if done is None and grammar_ended:
             done = ("stop", None)
         if done is None and ((p.max_tokens is not None and num_output >= p.max_tokens)
-                             or len(seq.token_ids) >= self.max_total_tokens):
+                             or seq.num_tokens >= self.max_total_tokens):
             done = ("length", None)
         if done is None:
             return False
