@@ -47,14 +47,17 @@ PREFILL_SHAPES = [(64, 64, 4, 3), (64, 64, 4, 2), (128, 64, 4, 3), (128, 64, 8, 
 # Per model shape: the transformers baselines (continuous batching only at 1B: minutes at
 # 8B) and the decode step modes timed (``gpu_engine.STEP_MODES``; eager only at 1B, where it
 # shows what graphs save).
-BASELINES = {"llama-3.2-1b": ("transformers-static", "transformers-continuous"),
-             "llama-3.1-8b": ("transformers-static",)}
+BASELINES = {"llama-3.2-1b": ("transformers-static", "transformers-static-512",
+                              "transformers-continuous"),
+             "llama-3.1-8b": ("transformers-static", "transformers-static-512")}
 STEP_MODES = {"llama-3.2-1b": ("eager", "graphs", "graphs-async"),
               "llama-3.1-8b": ("graphs", "graphs-async")}
 # paged-core's modes on the mix (``gpu_engine.MIX_MODES``; fewer at 8B, where each loads 16 GB)
-MIX_MODES = {"llama-3.2-1b": ("paged-core", "paged-core-sync", "paged-core-decode-graphs",
-                              "paged-core-decode-graphs-async"),
-             "llama-3.1-8b": ("paged-core", "paged-core-sync", "paged-core-decode-graphs")}
+MIX_MODES = {"llama-3.2-1b": ("paged-core", "paged-core-sync", "paged-core-256",
+                              "paged-core-decode-graphs", "paged-core-decode-graphs-async"),
+             "llama-3.1-8b": ("paged-core", "paged-core-sync", "paged-core-256")}
+# every mode's name, for --mix-modes (the 1B list names them all: ``gpu_engine.MIX_MODES``)
+MIX_MODE_NAMES = MIX_MODES["llama-3.2-1b"]
 # What an engine section runs (``--engine-parts``): decode steps with CUDA graphs, eager decode
 # steps, paged-core on the offline mix, the transformers baselines on it; only when named: a
 # cProfile of the host's work in decode steps at batches 1 and 256 (``profile``), the kernels
@@ -173,7 +176,7 @@ def prefill_shapes(results: dict, out: Path) -> dict:
 
 
 def engine(shape: str):
-    def run(results: dict, out: Path, parts=DEFAULT_ENGINE_PARTS) -> dict:
+    def run(results: dict, out: Path, parts=DEFAULT_ENGINE_PARTS, mix_modes=None) -> dict:
         from paged_core.bench import gpu_engine
         tokenizer = _tokenizer()
         section: dict = {}
@@ -196,7 +199,7 @@ def engine(shape: str):
             if "mix" in parts:
                 baselines = BASELINES[shape] if "baselines" in parts else ()
                 section["offline_mix"] = gpu_engine.offline_mix(
-                    folder, tokenizer, modes=MIX_MODES[shape], baselines=baselines)
+                    folder, tokenizer, modes=mix_modes or MIX_MODES[shape], baselines=baselines)
         return section
     return run
 
@@ -272,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline-s", type=float, default=float("inf"))
     parser.add_argument("--engine-parts", nargs="+", choices=ENGINE_PARTS,
                         default=list(DEFAULT_ENGINE_PARTS))
+    parser.add_argument("--mix-modes", nargs="+", choices=MIX_MODE_NAMES,
+                        help="paged-core's modes on the offline mix, in this order (default: "
+                             "each shape's own list, the defaults first)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks/gpu_suite.py needs a CUDA GPU; none here, nothing measured.",
@@ -293,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {name}", flush=True)
         try:
             runner = RUNNERS[name]
-            results[name] = (runner(results, args.out, args.engine_parts)
+            results[name] = (runner(results, args.out, args.engine_parts, args.mix_modes)
                              if name.startswith("engine-") else runner(results, args.out))
         except Exception:  # noqa: BLE001 - one section's failure must not lose the others
             results[name] = {**results.get(name, {}), "error": traceback.format_exc()}

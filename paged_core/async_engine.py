@@ -69,7 +69,8 @@ class AsyncEngine:
         self.config = config or EngineConfig(**engine_args)
         if self.config.itl_target_ms is None:  # a server's default: bound decode stalls
             self.config = dataclasses.replace(self.config, itl_target_ms=SERVING_ITL_TARGET_MS)
-        self.engine = LLMEngine(self.config)
+        self.engine = LLMEngine(self.config, usage="server")
+        self.config = self.engine.config  # every setting resolved for the device
         self._lock = threading.Lock()
         self._commands: list[EngineCommand] = []
         self._wake = threading.Event()

@@ -15,9 +15,10 @@ the card, never zeros).
   (what is left is the gaps between kernels);
 - ``offline_mix``: a long-tailed mix of 512 requests (``bench.workload.LONG_TAIL``) through
   paged-core under each of ``MIX_MODES`` (its defaults, CUDA graphs for every step that fits
-  one with ``async_scheduling``; the same one step at a time; graphs for decode steps only,
+  one with ``async_scheduling``; the same one step at a time; the step limits of earlier
+  runs, 256 sequences and 8192 tokens; graphs for decode steps only,
   ``cudagraph_mode="FULL_DECODE_ONLY"``, each way), transformers' static batching
-  (``generate`` over padded batches) and
+  (``generate`` over padded batches of 256, or of 512: every request at once) and
   transformers' continuous batching (``generate_batch``'s manager), output tokens per second.
 """
 from __future__ import annotations
@@ -42,7 +43,10 @@ _ONE_STEP_AT_A_TIME = {"async_scheduling": False}
 STEP_MODES = {"eager": {"enforce_eager": True, **_ONE_STEP_AT_A_TIME},
               "graphs": _ONE_STEP_AT_A_TIME, "graphs-async": {}}
 _DECODE_GRAPHS = {"cudagraph_mode": "FULL_DECODE_ONLY"}
+# "paged-core-256": the step limits of runs 1-11 (before the defaults followed the card: 1024
+# sequences and 16384 tokens on an H100 or H200, ``config.batch_limits``)
 MIX_MODES = {"paged-core": {}, "paged-core-sync": _ONE_STEP_AT_A_TIME,
+             "paged-core-256": {"max_num_seqs": 256, "max_num_batched_tokens": 8192},
              "paged-core-decode-graphs": {**_DECODE_GRAPHS, **_ONE_STEP_AT_A_TIME},
              "paged-core-decode-graphs-async": _DECODE_GRAPHS}
 _ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
@@ -220,8 +224,7 @@ def host_profile(folder: str, *, batch: int = 256, context: int = 512, steps: in
 def _paged_core_mix(folder: str, requests, settings: dict) -> dict:
     from paged_core import LLM, SamplingParams
 
-    llm = LLM(model=folder, device="cuda", dtype="bfloat16", max_num_seqs=256,
-              max_model_len=4096, max_num_batched_tokens=8192, **settings)
+    llm = LLM(model=folder, device="cuda", dtype="bfloat16", max_model_len=4096, **settings)
     prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
     params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True)
               for r in requests]
@@ -238,7 +241,9 @@ def _paged_core_mix(folder: str, requests, settings: dict) -> dict:
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
-    memory = {**_graph_stats(llm),
+    memory = {"max_num_seqs": llm.engine.config.max_num_seqs,
+              "max_num_batched_tokens": llm.engine.config.max_num_batched_tokens,
+              **_graph_stats(llm),
               "gpu_memory_utilization": llm.engine.config.gpu_memory_utilization,
               "peak_fraction_of_card": _peak_fraction()}
     llm.shutdown()
@@ -325,6 +330,7 @@ def offline_mix(folder: str, tokenizer, num_requests: int = 512, hf_static_batch
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16,
                                                  device_map="cuda").eval() if baselines else None
     hf_runners = {"transformers-static": lambda: _hf_static(model, requests, hf_static_batch),
+                  "transformers-static-512": lambda: _hf_static(model, requests, 512),
                   "transformers-continuous": lambda: _hf_continuous(model, requests)}
     for name in baselines:
         results[name] = _reported(hf_runners[name])

@@ -11,6 +11,10 @@ _SCHEDULING_POLICIES = ("fcfs", "priority")
 @dataclass
 class SchedulerConfig:
     """A step runs at most ``max_num_seqs`` sequences and ``max_num_batched_tokens`` tokens.
+    ``None`` (the default) takes vLLM's default for the device and the usage
+    (``batch_limits``): 128 / 2048 on the CPU; on a CUDA device of 70 GiB or more (an H100,
+    an H200; not an A100) 1024 / 16384 for the offline ``LLM`` and 1024 / 8192 for servers;
+    on smaller ones 256 / 8192 and 256 / 2048.
 
     ``long_prefill_token_threshold`` and ``max_num_partial_prefills`` bound how much prompt
     work a step that carries decodes may take (so long prompts arriving under load stall
@@ -35,8 +39,8 @@ class SchedulerConfig:
     (``resolved_async_scheduling``).
     """
 
-    max_num_seqs: int = 128
-    max_num_batched_tokens: int = 2048
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
     long_prefill_token_threshold: int = 0
     max_num_partial_prefills: int = 0
     itl_target_ms: float | None = None
@@ -45,8 +49,9 @@ class SchedulerConfig:
     async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
-        check_positive("max_num_seqs", self.max_num_seqs)
-        check_positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) is not None:
+                check_positive(name, getattr(self, name))
         check_non_negative("long_prefill_token_threshold", self.long_prefill_token_threshold)
         check_non_negative("max_num_partial_prefills", self.max_num_partial_prefills)
         if self.itl_target_ms is not None and not (
@@ -64,6 +69,27 @@ def resolved_async_scheduling(setting: bool | None, device_type: str, tp_size: i
     setting, or for ``None`` on for one CUDA device (proven token for token and timed on an
     H200) and off elsewhere (the CPU; tensor parallelism, not yet run on GPUs)."""
     return (device_type == "cuda" and tp_size == 1) if setting is None else setting
+
+
+# vLLM's step limits by device, (max_num_seqs, max_num_batched_tokens) for the offline
+# ``LLM`` and for servers: large GPUs (70 GiB or more, not an A100, where vLLM measured
+# large steps to lose) take wide steps; the CPU keeps steps its two to few dozen cores finish
+# within an inter-token budget.
+_CPU_LIMITS = {"llm": (128, 2048), "server": (128, 2048)}
+_LARGE_GPU_LIMITS = {"llm": (1024, 16384), "server": (1024, 8192)}
+_GPU_LIMITS = {"llm": (256, 8192), "server": (256, 2048)}
+_LARGE_GPU_BYTES = 70 << 30
+
+
+def batch_limits(device_type: str, memory_bytes: int, device_name: str,
+                 usage: str) -> tuple[int, int]:
+    """The default ``(max_num_seqs, max_num_batched_tokens)`` of an engine on a device of
+    ``device_type`` with ``memory_bytes`` of memory named ``device_name``, used offline
+    (``usage="llm"``) or by a server (``"server"``)."""
+    if device_type != "cuda":
+        return _CPU_LIMITS[usage]
+    large = memory_bytes >= _LARGE_GPU_BYTES and "a100" not in device_name.lower()
+    return (_LARGE_GPU_LIMITS if large else _GPU_LIMITS)[usage]
 
 
 # ``itl_target_ms`` of servers (``AsyncEngine``) that leave it unset: streams keep ticking

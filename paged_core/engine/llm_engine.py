@@ -30,9 +30,9 @@ from __future__ import annotations
 import dataclasses
 
 from ..beam_search.params import BeamSearchParams
-from ..config import EngineConfig, resolved_async_scheduling
+from ..config import EngineConfig, batch_limits, resolved_async_scheduling
 from ..core.engine_stats import EngineStats
-from ..executor.devices import resolve_device, resolve_dtype
+from ..executor.devices import device_memory, resolve_device, resolve_dtype
 from ..frontend.eos import eos_token_ids
 from ..frontend.input_processor import InputProcessor
 from ..frontend.output_processor import OutputProcessor
@@ -52,11 +52,19 @@ from .gc_heap import freeze_startup_heap
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, *, usage: str = "llm") -> None:
+        """``usage`` is ``"llm"`` (offline batches) or ``"server"`` (``AsyncEngine``): it picks
+        the defaults of the settings left ``None`` that depend on it (``batch_limits``).
+        ``config`` keeps every setting resolved for this device."""
         device = resolve_device(config.device)
         overlap = resolved_async_scheduling(config.async_scheduling, device.type,
                                             config.tensor_parallel_size)
-        self.config = config = dataclasses.replace(config, async_scheduling=overlap)
+        seqs, tokens = batch_limits(device.type, *device_memory(device), usage)
+        self.config = config = dataclasses.replace(
+            config, async_scheduling=overlap,
+            max_num_seqs=seqs if config.max_num_seqs is None else config.max_num_seqs,
+            max_num_batched_tokens=(tokens if config.max_num_batched_tokens is None
+                                    else config.max_num_batched_tokens))
         folder = resolve_model_folder(config.model)
         hf_config = load_hf_config(folder)
         self.tokenizer = load_tokenizer(config.tokenizer or folder)

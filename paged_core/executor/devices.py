@@ -15,6 +15,14 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def device_memory(device: torch.device) -> tuple[int, str]:
+    """``(total bytes, name)`` of a CUDA device; ``(0, "")`` for the CPU."""
+    if device.type != "cuda":
+        return 0, ""
+    props = torch.cuda.get_device_properties(device)
+    return props.total_memory, props.name
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """``auto`` is bfloat16 (float16 on GPUs without bf16 support)."""
     if name != "auto":

@@ -90,8 +90,8 @@ def test_activation_reserve_grows_with_the_step_budget(tmp_path, tokenizer):
 
     folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
     model = load_model(folder, load_hf_config(folder), 128, torch.float32, torch.device("cpu"))
-    small, large = (activation_reserve(EngineConfig(max_num_batched_tokens=n), model)
-                    for n in (512, 8192))
+    small, large = (activation_reserve(EngineConfig(max_num_seqs=128, max_num_batched_tokens=n),
+                                       model) for n in (512, 8192))
     assert 256 << 20 < small < large
 
 

@@ -28,3 +28,17 @@ def test_gpu_suite_refuses_without_cuda(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert "needs a CUDA GPU" in proc.stderr and not list(tmp_path.iterdir())
+
+
+def test_gpu_suite_mix_modes_are_the_engines():
+    """``--mix-modes`` offers exactly the modes ``gpu_engine`` can run, and refuses others."""
+    check = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('s', sys.argv[1]); "
+             "suite = importlib.util.module_from_spec(spec); spec.loader.exec_module(suite); "
+             "from paged_core.bench.gpu_engine import MIX_MODES; "
+             "assert set(suite.MIX_MODE_NAMES) == set(MIX_MODES), suite.MIX_MODE_NAMES")
+    proc = subprocess.run([sys.executable, "-c", check, str(SUITE)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    proc = subprocess.run([sys.executable, str(SUITE), "--mix-modes", "paged-core-fastest"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "--mix-modes" in proc.stderr, proc.stderr
