@@ -50,12 +50,14 @@ PREFILL_SHAPES = [(64, 64, 4, 3), (64, 64, 4, 2), (128, 64, 4, 3), (128, 64, 8, 
 BASELINES = {"llama-3.2-1b": ("transformers-static", "transformers-static-512",
                               "transformers-continuous"),
              "llama-3.1-8b": ("transformers-static", "transformers-static-512")}
-STEP_MODES = {"llama-3.2-1b": ("eager", "graphs", "graphs-async"),
-              "llama-3.1-8b": ("graphs", "graphs-async")}
+STEP_MODES = {"llama-3.2-1b": ("eager", "graphs", "graphs-async", "graphs-ahead"),
+              "llama-3.1-8b": ("graphs", "graphs-async", "graphs-ahead")}
 # paged-core's modes on the mix (``gpu_engine.MIX_MODES``; fewer at 8B, where each loads 16 GB)
 MIX_MODES = {"llama-3.2-1b": ("paged-core", "paged-core-sync", "paged-core-256",
-                              "paged-core-decode-graphs", "paged-core-decode-graphs-async"),
-             "llama-3.1-8b": ("paged-core", "paged-core-sync", "paged-core-256")}
+                              "paged-core-ahead", "paged-core-decode-graphs",
+                              "paged-core-decode-graphs-async"),
+             "llama-3.1-8b": ("paged-core", "paged-core-sync", "paged-core-256",
+                              "paged-core-ahead")}
 # every mode's name, for --mix-modes (the 1B list names them all: ``gpu_engine.MIX_MODES``)
 MIX_MODE_NAMES = MIX_MODES["llama-3.2-1b"]
 # What an engine section runs (``--engine-parts``): decode steps with CUDA graphs, eager decode

@@ -19,10 +19,13 @@ the card, never zeros).
   runs, 256 sequences and 8192 tokens; graphs for decode steps only,
   ``cudagraph_mode="FULL_DECODE_ONLY"``, each way), transformers' static batching
   (``generate`` over padded batches of 256, or of 512: every request at once) and
-  transformers' continuous batching (``generate_batch``'s manager), output tokens per second.
+  transformers' continuous batching (``generate_batch``'s manager), output tokens per second;
+  for paged-core also its steps and the seconds the host sat waiting for the GPU's tokens
+  (``host_waits``: where that is a small part of the run, the host's own work sets the pace).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import time
@@ -38,15 +41,18 @@ SHAPES = {
                          tie_word_embeddings=False),
 }
 # Engine settings each timing runs under, by name ("graphs-async" and "paged-core": the
-# defaults, ``"FULL"`` graphs with ``async_scheduling``; the others one step at a time)
+# defaults, ``"FULL"`` graphs with ``async_scheduling``; "...-ahead": those with
+# ``schedule_ahead``; the others one step at a time)
 _ONE_STEP_AT_A_TIME = {"async_scheduling": False}
+_AHEAD = {"schedule_ahead": True}
 STEP_MODES = {"eager": {"enforce_eager": True, **_ONE_STEP_AT_A_TIME},
-              "graphs": _ONE_STEP_AT_A_TIME, "graphs-async": {}}
+              "graphs": _ONE_STEP_AT_A_TIME, "graphs-async": {}, "graphs-ahead": _AHEAD}
 _DECODE_GRAPHS = {"cudagraph_mode": "FULL_DECODE_ONLY"}
 # "paged-core-256": the step limits of runs 1-11 (before the defaults followed the card: 1024
 # sequences and 16384 tokens on an H100 or H200, ``config.batch_limits``)
 MIX_MODES = {"paged-core": {}, "paged-core-sync": _ONE_STEP_AT_A_TIME,
              "paged-core-256": {"max_num_seqs": 256, "max_num_batched_tokens": 8192},
+             "paged-core-ahead": _AHEAD,
              "paged-core-decode-graphs": {**_DECODE_GRAPHS, **_ONE_STEP_AT_A_TIME},
              "paged-core-decode-graphs-async": _DECODE_GRAPHS}
 _ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
@@ -236,10 +242,11 @@ def _paged_core_mix(folder: str, requests, settings: dict) -> dict:
                                           ignore_eos=True) for r in requests], use_tqdm=False)
     llm.reset_prefix_cache()
     torch.cuda.synchronize()
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
+    with host_waits() as waits:
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     memory = {"max_num_seqs": llm.engine.config.max_num_seqs,
               "max_num_batched_tokens": llm.engine.config.max_num_batched_tokens,
@@ -249,7 +256,32 @@ def _paged_core_mix(folder: str, requests, settings: dict) -> dict:
     llm.shutdown()
     del llm
     _release()
-    return {"seconds": seconds, "output_tokens": generated, **memory}
+    return {"seconds": seconds, "output_tokens": generated, **waits, **memory}
+
+
+@contextlib.contextmanager
+def host_waits():
+    """Counts, while open, the steps whose sampled tokens the host waited for
+    (``PendingTokens.tolist``: ``steps``) and the seconds it sat blocked there
+    (``host_waited_s``): a run whose host seldom waits is bound by the host's own work."""
+    from ..sample.pending_tokens import PendingTokens
+
+    record = {"steps": 0, "host_waited_s": 0.0}
+    untimed = PendingTokens.tolist
+
+    def timed(self):
+        start = time.perf_counter()
+        try:
+            return untimed(self)
+        finally:
+            record["steps"] += 1
+            record["host_waited_s"] += time.perf_counter() - start
+
+    PendingTokens.tolist = timed
+    try:
+        yield record
+    finally:
+        PendingTokens.tolist = untimed
 
 
 def _graph_stats(llm) -> dict:

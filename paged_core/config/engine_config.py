@@ -55,6 +55,10 @@ class EngineConfig(LoRAConfig, ServingConfig, ParallelConfig, SchedulerConfig, C
                 and self.tensor_parallel_size > 1:
             raise ValueError("speculative_config with a draft model needs tensor_parallel_size=1; "
                              "use method 'ngram' with tensor parallelism")
+        if self.schedule_ahead and (self.speculative_config or self.tensor_parallel_size > 1
+                                    or self.async_scheduling is False):
+            raise ValueError("schedule_ahead needs async_scheduling, tensor_parallel_size=1 and "
+                             "no speculative_config")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "EngineConfig":

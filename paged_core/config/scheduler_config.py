@@ -37,6 +37,12 @@ class SchedulerConfig:
     default, as in vLLM) turns it on for a CUDA device and off on the CPU, where the forward
     runs on the host's own cores and there is nothing to overlap, and for tensor parallelism
     (``resolved_async_scheduling``).
+
+    ``schedule_ahead`` (with ``async_scheduling``, one rank, no speculative decoding) goes
+    further, as vLLM's async scheduler does: each step is scheduled and launched before the
+    previous step's sampled tokens reach the host; a decoding sequence holds a placeholder
+    for its token in flight and the runner takes that token from the previous step's output
+    on the device (``engine_core``). Off by default until a GPU run has proven it.
     """
 
     max_num_seqs: int | None = None
@@ -47,6 +53,7 @@ class SchedulerConfig:
     scheduling_policy: str = "fcfs"
     tenant_fairness: bool = False
     async_scheduling: bool | None = None
+    schedule_ahead: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
@@ -62,6 +69,8 @@ class SchedulerConfig:
         if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
             raise ValueError(f"async_scheduling must be true or false (or None: on for CUDA), "
                              f"got {self.async_scheduling!r}")
+        if not isinstance(self.schedule_ahead, bool):
+            raise ValueError(f"schedule_ahead must be true or false, got {self.schedule_ahead!r}")
 
 
 def resolved_async_scheduling(setting: bool | None, device_type: str, tp_size: int) -> bool:

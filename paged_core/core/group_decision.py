@@ -49,6 +49,10 @@ class SequenceGroup(Protocol):
     def may_draft(self, seq: Sequence) -> bool:
         """Whether speculative decoding may draft tokens for ``seq``."""
 
+    def may_schedule_ahead(self, seq: Sequence) -> bool:
+        """Whether ``seq``, sampled in the step just launched, may be scheduled again before
+        that step's token reaches the host (``schedule_ahead``)."""
+
     def plan_sampling(self, seq: Sequence) -> GroupDecision:
         """``seq`` computes its last token this step: decide, before the forward, what its
         logits row is for. Called once per step for each such sequence."""

@@ -164,11 +164,13 @@ class KVCacheManager:
     def _cache_full_blocks(self, seq: Sequence, table: list[Block], num_tokens: int) -> None:
         if not self.enable_prefix_caching:
             return
-        num_full = min(num_tokens, seq.num_tokens) // self.block_size
+        # known tokens only: a placeholder (schedule_ahead) is never hashed
+        num_full = min(num_tokens, seq.num_known_tokens) // self.block_size
         start = self._num_cached.get(seq.seq_id, 0)
         if num_full <= start:
             return
-        extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_size, seq.block_hash_salt)
+        extend_block_hashes(seq.block_hashes, seq.token_ids[:num_full * self.block_size],
+                            self.block_size, seq.block_hash_salt)
         stored = [i for i in range(start, num_full)
                   if self.pool.cache_full_block(table[i], seq.block_hashes[i])]
         self._num_cached[seq.seq_id] = num_full

@@ -4,6 +4,13 @@ A request with ``n`` samples owns ``n`` sequences once its prompt is prefilled;
 before that it has a single one. ``num_computed_tokens`` is the one scheduling
 invariant: it counts tokens whose K/V are in the cache and catches up to
 ``num_tokens`` step by step (prefill and decode are not separate phases).
+
+Under ``schedule_ahead`` a sequence whose next token is still on its way from the device
+holds ``PLACEHOLDER`` for it at the end of ``token_ids`` (``num_placeholders`` of them, at
+most two: the token of the step finishing and of the step launched after it), so that the
+next step can be scheduled; the oldest placeholder is replaced by the token when it arrives
+(``Request.append_token``). Only the first ``num_known_tokens`` are ever hashed or read as
+text.
 """
 from __future__ import annotations
 
@@ -20,6 +27,9 @@ class SequenceOwner(Protocol):
     request_id: str
     priority: int
     tenant: str | None
+
+
+PLACEHOLDER = -1  # a token id not yet known on the host (``schedule_ahead``)
 
 
 class SequenceStatus(enum.Enum):
@@ -53,10 +63,19 @@ class Sequence:
         self.rotated_long = False
         # Draft tokens proposed for the next step (speculative decoding); never in token_ids.
         self.spec_token_ids: list[int] = []
+        # schedule_ahead: placeholders ending token_ids, and the row of the newest one's token
+        # in its step's sampled tokens (where the next step's runner reads it)
+        self.num_placeholders = 0
+        self.placeholder_row = -1
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Its tokens whose ids the host has (all but the placeholders)."""
+        return len(self.token_ids) - self.num_placeholders
 
     @property
     def num_output_tokens(self) -> int:

@@ -1,7 +1,8 @@
 """``EngineCore``: the engine's inner loop (vLLM v1's name). It takes ``EngineRequest``s,
 runs steps, and reports token ids as ``EngineCoreOutput``s; it never sees text.
 
-One ``step()`` (``launch_step`` up to execute, ``finish_step`` from there)::
+One ``step()`` (``launch_step`` up to execute and counting the scheduled tokens as computed,
+``finish_step`` from there)::
 
     schedule    the step's chunks under the token budget; blocks allocated
     pack        the step as the runner reads it: rows, slots, block tables, logits layout
@@ -13,6 +14,14 @@ One ``step()`` (``launch_step`` up to execute, ``finish_step`` from there)::
 
 Only the core applies decisions to the KV cache manager and the scheduler; request kinds
 decide (``SequenceGroup``), the executor computes. Not thread-safe: one caller at a time.
+
+``schedule_ahead`` (vLLM's async scheduler): ``launch_step`` may run while the step before
+it is still in flight. Each sequence sampled in a launched step that may go on before its
+token reaches the host (``SequenceGroup.may_schedule_ahead``) holds a placeholder for it
+(``core.sequence``), so the scheduler gives it its next decode row at once; that row's
+input is the previous step's sampled token, taken on the device (``AheadTokens``).
+``finish_step`` then puts the token in its place; a sample it finishes drops the
+placeholder after it, and the step in flight computes that sample's row for nothing.
 """
 from __future__ import annotations
 
@@ -30,8 +39,9 @@ from ..core.group_decision import GroupDecision, SequenceGroup
 from ..core.kv_cache_manager import KVCacheManager
 from ..core.lora_slots import LoRASlotTable
 from ..core.scheduler import Scheduler, SchedulerOutput
-from ..core.sequence import Sequence
+from ..core.sequence import PLACEHOLDER, Sequence
 from ..core.step_pacer import StepPacer
+from ..executor.ahead_tokens import AheadTokens
 from ..executor.executor import make_executor
 from ..executor.packed_batch import PackedBatch, bucketed_num_tokens, pack_batch
 from ..executor.rank_worker import RankSpec
@@ -91,6 +101,11 @@ class EngineCore:
         spec = config.speculative_config
         self.speculation = None if spec is None else Speculation(spec, TargetModel(
             config, model.vocab_size, self.max_total_tokens, num_blocks, model.device, model.dtype))
+        # schedule_ahead (LongRoPE models, which recompute a sequence crossing the switch,
+        # schedule one step at a time): the output of the step launched last, whose sampled
+        # tokens the next step's placeholder rows read
+        self.schedules_ahead = config.schedule_ahead and model.long_rope_switch is None
+        self._ahead_source: SamplerOutput | None = None
 
     # -- requests in and out ---------------------------------------------------------
     def add_request(self, source: EngineRequest) -> None:
@@ -166,7 +181,25 @@ class EngineCore:
         except Exception:
             logger.error("engine step failed: %s", sched.describe())
             raise
+        self._count_computed(sched)
+        if self.schedules_ahead:
+            self._hold_places(plan)
+            self._ahead_source = output
         return LaunchedStep(sched, plan, output, start)
+
+    def _hold_places(self, plan: StepPlan) -> None:
+        """``schedule_ahead``: each sequence the launched step samples that may go on before
+        its token arrives holds a placeholder for it, and notes its row in the step's
+        tokens; not the samples of a request that forks this step (they start together,
+        once the forks are applied)."""
+        forking = {parent.request.request_id for decision in plan.decisions
+                   for parent, _ in decision.forks}
+        for row, seq in enumerate(plan.sampling.targets):  # no drafts: one token per target
+            if seq.request.request_id in forking or not seq.request.may_schedule_ahead(seq):
+                continue
+            seq.token_ids.append(PLACEHOLDER)
+            seq.num_placeholders += 1
+            seq.placeholder_row = row
 
     def finish_step(self, launched: LaunchedStep | None) -> list[EngineCoreOutput]:
         """``step``'s second half: wait for the sampled tokens and update from them."""
@@ -212,7 +245,27 @@ class EngineCore:
         if self.lora_slots is not None:
             packed.lora_loads = tuple((slot, self.loras[lora_id])
                                       for slot, lora_id in self.lora_slots.take_loads())
+        if self.schedules_ahead:
+            packed.ahead = self._ahead_tokens(sched, packed)
         return packed
+
+    def _ahead_tokens(self, sched: SchedulerOutput, packed: PackedBatch) -> AheadTokens | None:
+        """The rows of this step whose token is a placeholder (the sequence computes its
+        oldest one), each to be the token its sequence sampled in the step launched before:
+        written here if the host already has those tokens, else taken on the device."""
+        rows, sources = [], []
+        for index, item in enumerate(sched.scheduled):
+            seq = item.seq
+            if seq.num_placeholders and seq.num_computed_tokens == seq.num_known_tokens:
+                rows.append(int(packed.query_start_loc[index]))
+                sources.append(seq.placeholder_row)
+        if not rows:
+            return None
+        tokens = self._ahead_source.token_ids
+        if isinstance(tokens, list):  # already on the host (log-probabilities need them)
+            packed.input_ids[rows] = [tokens[source] for source in sources]
+            return None
+        return AheadTokens(rows, sources, tokens.tensor)
 
     def _lora_slot(self, lora_id: int | None) -> int:
         return -1 if self.lora_slots is None else self.lora_slots.slot(lora_id)
@@ -263,14 +316,13 @@ class EngineCore:
 
     def update_from_output(self, sched: SchedulerOutput, plan: StepPlan,
                            output: SamplerOutput) -> list[EngineCoreOutput]:
-        """Count the scheduled tokens as computed; apply the planned decisions (forks of
+        """Apply the planned decisions (forks of
         ``n > 1`` samples); hand kept rows to their requests (beam steps) and apply those
         decisions; append the sampled tokens, verifying any drafts; free the finished.
 
         Outputs come in this order: requests that failed deciding, beam searches that a
         decision ended, then the samples that got tokens (or failed appending them)."""
         outputs = [self._fail_request(request, exc) for request, exc in plan.failed.values()]
-        self._count_computed(sched)
         for decision in plan.decisions:
             self._apply(decision)
         outputs += self._hand_back_logits(plan.sampling, output.kept_logits)

@@ -13,7 +13,9 @@ the core before the next step is scheduled, so no token is computed past it.
 With ``async_scheduling`` (vLLM's name; on by default for one CUDA device, off on the CPU:
 ``config.scheduler_config``) the host's text work overlaps the GPU's: each ``step()``
 launches the next core step, then runs the front end over the previous step's outputs while
-the GPU computes, then finishes the launched step. Outputs
+the GPU computes, then finishes the launched step. With ``schedule_ahead`` as well, it
+finishes the step launched by the call before instead, so a step is scheduled and launched
+while the one before it still runs (``engine_core``). Outputs
 therefore reach the caller one step later, and a stop string (or a front-end failure) ends
 its sample one step late: the token the core computed past it is dropped, never reported.
 Invariant in both modes: every token the core reports reaches the front end exactly once,
@@ -48,6 +50,7 @@ from ..exceptions import ParamValidationError
 from ..lora.peft_checkpoint import load_adapter
 from ..lora.request import LoRARequest
 from .engine_core import EngineCore, ModelPlacement
+from .step_records import LaunchedStep
 from .gc_heap import freeze_startup_heap
 
 
@@ -59,6 +62,9 @@ class LLMEngine:
         device = resolve_device(config.device)
         overlap = resolved_async_scheduling(config.async_scheduling, device.type,
                                             config.tensor_parallel_size)
+        if config.schedule_ahead and not overlap:
+            raise ValueError("schedule_ahead needs async_scheduling (on by default for one CUDA "
+                             "device; async_scheduling=True elsewhere)")
         seqs, tokens = batch_limits(device.type, *device_memory(device), usage)
         self.config = config = dataclasses.replace(
             config, async_scheduling=overlap,
@@ -81,6 +87,8 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         # async_scheduling: the core's outputs of the last step, not yet through the front end
         self._unprocessed: list[EngineCoreOutput] = []
+        # schedule_ahead: the step launched by the last call, finished by the next
+        self._in_flight: LaunchedStep | None = None
         freeze_startup_heap()
 
     # -- requests --------------------------------------------------------------------
@@ -156,7 +164,8 @@ class LLMEngine:
         return held is not None and held.source is request
 
     def has_unfinished_requests(self) -> bool:
-        return self.core.has_unfinished_requests() or bool(self._unprocessed)
+        return (self.core.has_unfinished_requests() or bool(self._unprocessed)
+                or self._in_flight is not None)
 
     @property
     def request_ids(self) -> list[str]:
@@ -171,6 +180,8 @@ class LLMEngine:
         if not self.config.async_scheduling:
             return self._process(self.core.step())
         launched = self.core.launch_step()
+        if self.core.schedules_ahead:  # the step launched last time is finished below
+            launched, self._in_flight = self._in_flight, launched
         outputs = self._process(self._unprocessed)
         self._unprocessed = self.core.finish_step(launched)
         return outputs

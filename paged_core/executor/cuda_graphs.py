@@ -174,6 +174,8 @@ class StepGraphs:
             buffer[count:size].fill_(pad)
 
         fill(self.input_ids, packed.input_ids, n, rows, 0)
+        if packed.ahead is not None:
+            packed.ahead.write_into(self.input_ids)
         fill(self.rope_rows, packed.rope_rows, n, rows, 0)
         fill(self.slot_mapping, packed.slot_mapping, n, rows, -1)
         fill(self.seq_lens, packed.seq_lens, s, seqs, 0)

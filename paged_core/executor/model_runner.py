@@ -92,6 +92,8 @@ class ModelRunner:
         hidden = None if self.cuda_graphs is None else self.cuda_graphs.run(packed)
         if hidden is None:
             input_ids, rope_rows, meta = self._device_inputs(packed)  # positions: rotary's
+            if packed.ahead is not None:
+                packed.ahead.write_into(input_ids)
             hidden = self.model(input_ids, rope_rows, self.kv_caches, meta, self.backend)
         logits = self.model.compute_logits(hidden[self._to_device(packed.logits_indices)])
         return None if logits is None else logits.float()

@@ -13,6 +13,8 @@ Layout (the same as :class:`~paged_core.attention.AttentionMetadata`):
   factors, ``models.layers.RotaryEmbedding``); the same array as ``positions`` otherwise;
 - ``lora_slots`` is each row's LoRA slot (``None`` when no sequence runs an adapter) and
   ``lora_loads`` the ``(slot, LoRARequest)`` assignments to apply before the step;
+- ``ahead`` (``schedule_ahead`` only) names the rows whose token the previous step sampled
+  and the host does not know yet (``ahead_tokens``): the runner writes them on the device;
 - ``logits_indices`` are the rows whose logits are sampled (the last new token of
   each sequence whose known tokens are all computed after this step; with ``k``
   draft tokens, its last ``k + 1`` new tokens, in order); the runner returns logits
@@ -24,8 +26,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import chain
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .ahead_tokens import AheadTokens
 
 
 @dataclass
@@ -57,6 +63,7 @@ class PackedBatch:
     rope_rows: np.ndarray | None = None  # [padded] int64; None: the positions
     lora_slots: np.ndarray | None = None  # [padded] int64 LoRA slot per row (-1: none)
     lora_loads: tuple = ()  # (slot, LoRARequest): adapters to copy in before this step
+    ahead: AheadTokens | None = None  # rows whose token the device still has to fill in
 
     def __post_init__(self) -> None:
         if self.rope_rows is None:

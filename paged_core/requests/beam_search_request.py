@@ -92,6 +92,10 @@ class BeamSearchRequest(CoreRequest):
         """Never: a beam step ranks whole continuations, not one token after another."""
         return False
 
+    def may_schedule_ahead(self, seq: Sequence) -> bool:
+        """Never: which beams go on is decided from every beam's row after the step."""
+        return False
+
     def plan_sampling(self, seq: Sequence) -> GroupDecision:
         """Every beam's row comes back raw: a step ranks whole continuations itself."""
         return GroupDecision(needs_logits=True)

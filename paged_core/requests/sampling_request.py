@@ -113,15 +113,23 @@ class Request(CoreRequest):
         return row
 
     def append_token(self, seq: Sequence, token: int) -> bool:
-        """Append a sampled token to ``seq``; returns True if the token finished it: EOS, a
-        stop token or the grammar's end ("stop"), ``max_tokens`` or the context ("length")."""
+        """Append a sampled token to ``seq`` (in place of its oldest placeholder, if it holds
+        one: ``schedule_ahead``); returns True if the token finished it: EOS, a stop token or
+        the grammar's end ("stop"), ``max_tokens`` or the context ("length"). A finishing
+        token drops the placeholders after it."""
         grammar = self.sample_of(seq).grammar
-        seq.token_ids.append(token)
+        if seq.num_placeholders:
+            position = seq.num_known_tokens
+            seq.token_ids[position] = token
+            seq.num_placeholders -= 1
+        else:
+            position = len(seq.token_ids)
+            seq.token_ids.append(token)
         self.mark_first_token()
         p = self.params
         done = None
         grammar_ended = grammar is not None and grammar.accept(token)
-        num_output = seq.num_output_tokens
+        num_output = position + 1 - seq.num_prompt_tokens
         if num_output >= p.min_tokens:
             if token in self.eos_token_ids and not p.ignore_eos:
                 done = ("stop", None)
@@ -130,17 +138,30 @@ class Request(CoreRequest):
         if done is None and grammar_ended:
             done = ("stop", None)
         if done is None and ((p.max_tokens is not None and num_output >= p.max_tokens)
-                             or seq.num_tokens >= self.max_total_tokens):
+                             or position + 1 >= self.max_total_tokens):
             done = ("length", None)
         if done is None:
             return False
+        del seq.token_ids[position + 1:]
+        seq.num_placeholders = 0
         seq.finish_reason, seq.stop_reason = done
         return True
+
+    def may_schedule_ahead(self, seq: Sequence) -> bool:
+        """Whether ``seq``, which sampled a token in the step just launched, may be scheduled
+        again before that token reaches the host (``schedule_ahead``): not when its next
+        sampling reads its output (penalties) or a grammar's state, nor when that token is
+        its last by length (nothing would follow it)."""
+        p = self.params
+        return (not p.has_penalties and self.sample_of(seq).grammar is None
+                and (p.max_tokens is None or seq.num_output_tokens + 1 < p.max_tokens)
+                and seq.num_tokens + 1 < self.max_total_tokens)
 
     def stop_at_string(self, seq: Sequence, num_output_tokens: int, stop: str) -> None:
         """End ``seq`` on ``stop``, found in its text after output token ``num_output_tokens``:
         the tokens appended after that one are dropped."""
         del seq.token_ids[seq.num_prompt_tokens + num_output_tokens:]
+        seq.num_placeholders = 0
         seq.finish_reason, seq.stop_reason = "stop", stop
 
     def final_outputs(self) -> list[EngineCoreOutput]:

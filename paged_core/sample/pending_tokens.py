@@ -7,7 +7,8 @@ the host can do other work (``async_scheduling``: the front end's text work for 
 before) until ``tolist`` waits for that event. On the CPU the ids are already there.
 
 Invariant: ``tolist()`` returns exactly ``tokens.tolist()`` of the tensor it was made from,
-whenever it is called.
+whenever it is called; ``tensor`` is that tensor, where it was made (``schedule_ahead``: the
+next step's runner reads its tokens on the device).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 
 class PendingTokens:
     def __init__(self, tokens: torch.Tensor) -> None:
+        self.tensor = tokens
         self._ready: torch.cuda.Event | None = None
         if tokens.device.type != "cuda":
             self._host = tokens

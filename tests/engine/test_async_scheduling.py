@@ -62,7 +62,9 @@ def stop_strings_inside(sync_llm, prompts: list[str], max_tokens: int) -> list[s
     return stops
 
 
-def test_outputs_equal_the_synchronous_engine(sync_llm, async_llm):
+def assert_outputs_equal_the_synchronous_engine(sync_llm, llm) -> None:
+    """Stop strings, log-probabilities, seeded ``n > 1`` and ``min_tokens`` through ``llm``
+    give what the synchronous engine gives."""
     stops = stop_strings_inside(sync_llm, PROMPTS, 24)
     params = [
         SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=[stops[0]]),
@@ -72,9 +74,9 @@ def test_outputs_equal_the_synchronous_engine(sync_llm, async_llm):
         SamplingParams(temperature=0, max_tokens=9, min_tokens=5),
     ]
     expected = sync_llm.generate(PROMPTS, params, use_tqdm=False)
-    got = async_llm.generate(PROMPTS, params, use_tqdm=False)
+    got = llm.generate(PROMPTS, params, use_tqdm=False)
     assert summary(got) == summary(expected)
-    # a sample stopped late rides one more step: other batches, so the last float bits may differ
+    # a sample stopped late rides more steps: other batches, so the last float bits may differ
     assert logprob_values(got) == pytest.approx(logprob_values(expected), abs=1e-4)
     assert logprob_values(expected)
     # the stop strings did end samples early, so the late path was taken
@@ -82,17 +84,26 @@ def test_outputs_equal_the_synchronous_engine(sync_llm, async_llm):
     assert len(expected[0].outputs[0].token_ids) < 24
 
 
-def test_no_token_past_a_stop_string_is_counted_and_every_block_comes_back(sync_llm, async_llm):
+def assert_no_token_past_a_stop_string_is_counted(sync_llm, llm) -> None:
+    """Through ``llm``, tokens computed past a stop string are neither reported nor counted,
+    and every block comes back."""
     stops = stop_strings_inside(sync_llm, PROMPTS, 30)
     params = [SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop])
               for stop in stops]
-    before = async_llm.engine.generated_tokens
-    outs = async_llm.generate(PROMPTS, params, use_tqdm=False)
+    before = llm.engine.generated_tokens
+    outs = llm.generate(PROMPTS, params, use_tqdm=False)
     assert all(o.outputs[0].finish_reason == "stop" for o in outs)
-    assert async_llm.engine.generated_tokens - before == sum(len(o.outputs[0].token_ids)
-                                                             for o in outs)
-    assert async_llm.stats()["kv_blocks_used"] == 0
-    assert not async_llm.engine.has_unfinished_requests()
+    assert llm.engine.generated_tokens - before == sum(len(o.outputs[0].token_ids) for o in outs)
+    assert llm.stats()["kv_blocks_used"] == 0
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_outputs_equal_the_synchronous_engine(sync_llm, async_llm):
+    assert_outputs_equal_the_synchronous_engine(sync_llm, async_llm)
+
+
+def test_no_token_past_a_stop_string_is_counted_and_every_block_comes_back(sync_llm, async_llm):
+    assert_no_token_past_a_stop_string_is_counted(sync_llm, async_llm)
 
 
 def test_the_setting_is_vllms_flag_on_by_default_for_one_cuda_device_only():

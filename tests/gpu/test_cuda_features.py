@@ -1,6 +1,7 @@
 """Engine features on CUDA (float32; CUDA graphs for decode steps, then for every step, one
-step at a time; then the defaults: graphs for every step with ``async_scheduling``) against
-transformers on the CPU, token for token:
+step at a time; then the defaults: graphs for every step with ``async_scheduling``; then
+those scheduling each step ahead, ``schedule_ahead``) against transformers on the CPU, token
+for token:
 prefix caching, preemption by recompute, ``n > 1``, beam search, n-gram and draft-model
 speculative decoding, stop strings; structured outputs that follow their JSON schema."""
 import json
@@ -25,12 +26,14 @@ def greedy(max_tokens: int = NEW_TOKENS, **fields) -> SamplingParams:
 
 @pytest.fixture(scope="module", params=[
     {"cudagraph_mode": "FULL_DECODE_ONLY", "async_scheduling": False},
-    {"cudagraph_mode": "FULL", "async_scheduling": False}, {}],
-    ids=["decode-graphs", "full-graphs", "defaults-async-scheduling"])
+    {"cudagraph_mode": "FULL", "async_scheduling": False}, {}, {"schedule_ahead": True}],
+    ids=["decode-graphs", "full-graphs", "defaults-async-scheduling", "schedule-ahead"])
 def step_settings(request) -> dict:
     """The engine's step settings: decode steps replay graphs, or every step that fits one,
     one step at a time; or the defaults: every step that fits one replays a graph while the
-    front end works on the previous step (``async_scheduling``)."""
+    front end works on the previous step (``async_scheduling``); or those with each step
+    scheduled and launched before the previous one's tokens reach the host
+    (``schedule_ahead``)."""
     return request.param
 
 
@@ -94,6 +97,8 @@ def test_speculative_decoding_keeps_greedy_tokens(speculative, tokenizer, tmp_pa
     """On narrow models (``spec_decode.narrow_models``: outputs repeat, so drafts happen)."""
     from transformers import AutoModelForCausalLM
 
+    if step_settings.get("schedule_ahead"):
+        pytest.skip("speculative decoding schedules one step at a time (no schedule_ahead)")
     target = build_narrow_model(str(tmp_path / "target"), tokenizer)
     if speculative == "ngram":
         config = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
@@ -146,3 +151,20 @@ def test_structured_output_follows_the_schema(llm):
     (free,) = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=80),
                            use_tqdm=False)
     assert not free.outputs[0].text.lstrip().startswith("{")
+
+
+def test_steps_go_ahead_on_the_device_with_graphs(folder, reference, tokenizer):
+    """``schedule_ahead``: decode rows read the previous step's tokens on the device, inside
+    graph replays, and give transformers' tokens."""
+    llm = cuda_llm(folder, dtype="float32", enforce_eager=False, schedule_ahead=True)
+    ahead = []
+    run = llm.engine.core.executor.execute_model
+    llm.engine.core.executor.execute_model = lambda packed, copies, plan: (
+        ahead.append(packed.ahead is not None), run(packed, copies, plan))[1]
+    prompts = [passage_token_ids(tokenizer, n, offset=7 * n) for n in (6, 30)]
+    outputs = llm.generate(prompts, greedy(), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == \
+        [hf_greedy(reference, p, NEW_TOKENS) for p in prompts]
+    assert sum(ahead) >= NEW_TOKENS - 2 and graph_replays(llm)[0] > 0
+    assert llm.stats()["kv_blocks_used"] == 0
+    llm.shutdown()

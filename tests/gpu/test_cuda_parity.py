@@ -2,7 +2,7 @@
 for tiny random models of every supported family, eagerly and with CUDA graphs for decode
 steps (``cudagraph_mode="FULL_DECODE_ONLY"``) and for every step (``"FULL"``; MoE models run
 eagerly either way), one step at a time and with the defaults (``"FULL"`` graphs and
-``async_scheduling``); bfloat16 under the near-tie rule. Prompts of 3 to 90 tokens
+``async_scheduling``), with and without ``schedule_ahead``; bfloat16 under the near-tie rule. Prompts of 3 to 90 tokens
 arrive together under a 64-token step budget, so later ones prefill in chunks while earlier
 ones decode."""
 import pytest
@@ -18,10 +18,12 @@ FAMILIES = ["llama", "llama3-rope", "mistral", "qwen2", "qwen3", "phi3", "phi3-l
             "phi3-partial-rotary", *GEMMA, *MOE]
 NEW_TOKENS = 40
 TOP_K = 5
-# (enforce_eager, cudagraph_mode, async_scheduling): one step at a time eagerly, with decode
-# graphs, with graphs for every step; then the defaults (None: async_scheduling on for CUDA)
-STEP_MODES = ((True, "FULL_DECODE_ONLY", False), (False, "FULL_DECODE_ONLY", False),
-              (False, "FULL", False), (False, "FULL", None))
+# (enforce_eager, cudagraph_mode, async_scheduling, schedule_ahead): one step at a time
+# eagerly, with decode graphs, with graphs for every step; then the defaults (None:
+# async_scheduling on for CUDA), and the defaults scheduling each step ahead
+STEP_MODES = ((True, "FULL_DECODE_ONLY", False, False), (False, "FULL_DECODE_ONLY", False, False),
+              (False, "FULL", False, False), (False, "FULL", None, False),
+              (False, "FULL", None, True))
 
 
 def cuda_llm(folder: str, **settings) -> LLM:
@@ -50,14 +52,15 @@ def test_fp32_greedy_matches_transformers_eager_and_with_graphs(model_type, prom
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     expected = [hf_greedy(reference, p, NEW_TOKENS) for p in prompts]
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    for eager, mode, overlap in STEP_MODES:
+    for eager, mode, overlap, ahead in STEP_MODES:
         llm = cuda_llm(folder, dtype="float32", enforce_eager=eager, cudagraph_mode=mode,
-                       async_scheduling=overlap)
+                       async_scheduling=overlap, schedule_ahead=ahead)
         assert llm.engine.config.async_scheduling is (overlap is not False)  # None: on for CUDA
         assert llm.engine.attention_backend == "triton"
         assert llm.engine.core.executor.runner.model.ops.name == "triton"  # fused elementwise
         outputs = llm.generate(prompts, params, use_tqdm=False)
-        assert [o.outputs[0].token_ids for o in outputs] == expected, (eager, mode, overlap)
+        assert [o.outputs[0].token_ids for o in outputs] == expected, (eager, mode, overlap,
+                                                                       ahead)
         assert llm.stats()["kv_blocks_used"] == 0
         decode, mixed = graph_replays(llm)
         graphs = not eager and model_type not in MOE

@@ -42,3 +42,15 @@ def test_gpu_suite_mix_modes_are_the_engines():
     proc = subprocess.run([sys.executable, str(SUITE), "--mix-modes", "paged-core-fastest"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "--mix-modes" in proc.stderr, proc.stderr
+
+
+def test_host_waits_counts_each_wait_for_tokens_and_puts_the_method_back():
+    from paged_core.bench.gpu_engine import host_waits
+    from paged_core.sample.pending_tokens import PendingTokens
+
+    untimed = PendingTokens.tolist
+    with host_waits() as waits:
+        assert PendingTokens(torch.tensor([3, 1, 4])).tolist() == [3, 1, 4]
+        assert PendingTokens(torch.tensor([5])).tolist() == [5]
+    assert waits["steps"] == 2 and waits["host_waited_s"] >= 0.0
+    assert PendingTokens.tolist is untimed
