@@ -8,6 +8,8 @@ front end; a request counts as running until its final output was returned.
 """
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from paged_core import LLM, AsyncEngine, EngineConfig, SamplingParams
@@ -167,17 +169,27 @@ def test_a_request_counts_until_its_final_output_is_returned(engine):
     assert not engine.has_request("b") and not engine.has_unfinished_requests()
 
 
-async def test_streams_carry_the_synchronous_engine_text(sync_llm):
+async def assert_streams_carry_the_synchronous_engine_text(sync_llm, **settings) -> None:
+    """Streams of an ``AsyncEngine`` under ``settings``, all at once, carry the synchronous
+    engine's tokens and text, and every block comes back."""
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     expected = sync_llm.generate(PROMPTS, params, use_tqdm=False)
-    served = AsyncEngine(EngineConfig(**engine_settings(async_scheduling=True)))
+    served = AsyncEngine(EngineConfig(**engine_settings(**settings)))
+
+    async def stream(prompt: str):
+        pieces = []
+        async for out in served.generate(prompt, params):
+            pieces.append(out.outputs[0].delta_text)
+        return "".join(pieces), out
+
     try:
-        for prompt, want in zip(PROMPTS, expected):
-            pieces = []
-            async for out in served.generate(prompt, params):
-                pieces.append(out.outputs[0].delta_text)
-            assert "".join(pieces) == out.outputs[0].text == want.outputs[0].text
+        for (text, out), want in zip(await asyncio.gather(*map(stream, PROMPTS)), expected):
+            assert text == out.outputs[0].text == want.outputs[0].text
             assert out.outputs[0].token_ids == want.outputs[0].token_ids
         assert served.stats()["kv_blocks_used"] == 0
     finally:
         served.shutdown_sync()
+
+
+async def test_streams_carry_the_synchronous_engine_text(sync_llm):
+    await assert_streams_carry_the_synchronous_engine_text(sync_llm, async_scheduling=True)

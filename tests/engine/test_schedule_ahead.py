@@ -21,7 +21,8 @@ from paged_core.structured_outputs.params import StructuredOutputsParams
 
 from .test_async_scheduling import (  # noqa: F401 - sync_llm: a fixture used here
     PROMPTS, assert_no_token_past_a_stop_string_is_counted,
-    assert_outputs_equal_the_synchronous_engine, engine_settings as settings, summary, sync_llm)
+    assert_outputs_equal_the_synchronous_engine, assert_streams_carry_the_synchronous_engine_text,
+    engine_settings as settings, summary, sync_llm)
 
 AHEAD = {"async_scheduling": True, "schedule_ahead": True}
 
@@ -55,6 +56,10 @@ def test_outputs_equal_the_synchronous_engine(sync_llm, ahead_llm):
 
 def test_no_token_past_a_stop_string_is_counted(sync_llm, ahead_llm):
     assert_no_token_past_a_stop_string_is_counted(sync_llm, ahead_llm)
+
+
+async def test_a_server_streams_the_synchronous_engine_text(sync_llm):
+    await assert_streams_carry_the_synchronous_engine_text(sync_llm, **AHEAD)
 
 
 def test_requests_that_wait_for_their_tokens_run_beside_those_that_go_ahead(sync_llm,
