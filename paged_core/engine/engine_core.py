@@ -207,7 +207,7 @@ class EngineCore:
             return []
         sched = launched.sched
         try:
-            outputs = self.update_from_output(sched, launched.plan, launched.output.wait())
+            outputs = self.update_from_output(launched.plan, launched.output.wait())
             self.publish_kv_events()
             if self.speculation is not None:
                 self.speculation.propose(self.scheduler.running)
@@ -314,11 +314,10 @@ class EngineCore:
         (rank 0)."""
         return self.executor.execute_model(packed, sched.block_copies, plan)
 
-    def update_from_output(self, sched: SchedulerOutput, plan: StepPlan,
-                           output: SamplerOutput) -> list[EngineCoreOutput]:
-        """Apply the planned decisions (forks of
-        ``n > 1`` samples); hand kept rows to their requests (beam steps) and apply those
-        decisions; append the sampled tokens, verifying any drafts; free the finished.
+    def update_from_output(self, plan: StepPlan, output: SamplerOutput) -> list[EngineCoreOutput]:
+        """Apply the planned decisions (forks of ``n > 1`` samples); hand kept rows to their
+        requests (beam steps) and apply those decisions; append the sampled tokens (into
+        their placeholders, under ``schedule_ahead``), verifying any drafts; free the finished.
 
         Outputs come in this order: requests that failed deciding, beam searches that a
         decision ended, then the samples that got tokens (or failed appending them)."""
