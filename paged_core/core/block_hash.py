@@ -29,9 +29,10 @@ def salted_root(salt: str | None) -> bytes | None:
 
 
 def extend_block_hashes(hashes: list[bytes], token_ids: Sequence[int], block_size: int,
-                        salt: str | None = None) -> None:
-    """Append the hashes of every full block of ``token_ids`` not hashed yet (in place)."""
-    num_full = len(token_ids) // block_size
+                        salt: str | None = None, num_blocks: int | None = None) -> None:
+    """Append the hashes of every full block of ``token_ids`` (of its first ``num_blocks``
+    blocks, if given) not hashed yet (in place)."""
+    num_full = len(token_ids) // block_size if num_blocks is None else num_blocks
     for i in range(len(hashes), num_full):
         parent = hashes[i - 1] if i > 0 else salted_root(salt)
         hashes.append(hash_block(parent, token_ids[i * block_size:(i + 1) * block_size]))

@@ -169,8 +169,8 @@ class KVCacheManager:
         start = self._num_cached.get(seq.seq_id, 0)
         if num_full <= start:
             return
-        extend_block_hashes(seq.block_hashes, seq.token_ids[:num_full * self.block_size],
-                            self.block_size, seq.block_hash_salt)
+        extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_size, seq.block_hash_salt,
+                            num_full)
         stored = [i for i in range(start, num_full)
                   if self.pool.cache_full_block(table[i], seq.block_hashes[i])]
         self._num_cached[seq.seq_id] = num_full

@@ -15,13 +15,8 @@ One ``step()`` (``launch_step`` up to execute and counting the scheduled tokens 
 Only the core applies decisions to the KV cache manager and the scheduler; request kinds
 decide (``SequenceGroup``), the executor computes. Not thread-safe: one caller at a time.
 
-``schedule_ahead`` (vLLM's async scheduler): ``launch_step`` may run while the step before
-it is still in flight. Each sequence sampled in a launched step that may go on before its
-token reaches the host (``SequenceGroup.may_schedule_ahead``) holds a placeholder for it
-(``core.sequence``), so the scheduler gives it its next decode row at once; that row's
-input is the previous step's sampled token, taken on the device (``AheadTokens``).
-``finish_step`` then puts the token in its place; a sample it finishes drops the
-placeholder after it, and the step in flight computes that sample's row for nothing.
+With ``schedule_ahead`` (vLLM's async scheduler) ``launch_step`` may run while the step
+before it is still in flight (``engine.schedule_ahead``).
 """
 from __future__ import annotations
 
@@ -39,9 +34,8 @@ from ..core.group_decision import GroupDecision, SequenceGroup
 from ..core.kv_cache_manager import KVCacheManager
 from ..core.lora_slots import LoRASlotTable
 from ..core.scheduler import Scheduler, SchedulerOutput
-from ..core.sequence import PLACEHOLDER, Sequence
+from ..core.sequence import Sequence
 from ..core.step_pacer import StepPacer
-from ..executor.ahead_tokens import AheadTokens
 from ..executor.executor import make_executor
 from ..executor.packed_batch import PackedBatch, bucketed_num_tokens, pack_batch
 from ..executor.rank_worker import RankSpec
@@ -52,6 +46,8 @@ from ..spec_decode.proposer import TargetModel
 from ..spec_decode.speculation import Speculation
 from ..requests.engine_io import EngineCoreOutput, EngineRequest, StopAtString
 from .kv_event_sink import kv_event_publisher
+from .long_rope import rotate_long
+from .schedule_ahead import ScheduleAhead
 from .step_records import LaunchedStep, StepPlan, step_inputs
 
 logger = logging.getLogger(__name__)
@@ -102,10 +98,9 @@ class EngineCore:
         self.speculation = None if spec is None else Speculation(spec, TargetModel(
             config, model.vocab_size, self.max_total_tokens, num_blocks, model.device, model.dtype))
         # schedule_ahead (LongRoPE models, which recompute a sequence crossing the switch,
-        # schedule one step at a time): the output of the step launched last, whose sampled
-        # tokens the next step's placeholder rows read
-        self.schedules_ahead = config.schedule_ahead and model.long_rope_switch is None
-        self._ahead_source: SamplerOutput | None = None
+        # schedule one step at a time)
+        self.ahead = (ScheduleAhead() if config.schedule_ahead and model.long_rope_switch is None
+                      else None)
 
     # -- requests in and out ---------------------------------------------------------
     def add_request(self, source: EngineRequest) -> None:
@@ -167,7 +162,7 @@ class EngineCore:
         ``abort_request``, whose samples' tokens of this step are then dropped."""
         start = time.perf_counter()
         if self.model.long_rope_switch is not None:
-            self._rotate_long(self.model.long_rope_switch)
+            rotate_long(self.scheduler.running, self.kv, self.model.long_rope_switch)
         sched = self.scheduler.schedule(self.pacer.budget(self.scheduler.num_decodes_in_flight))
         if sched.is_empty:
             return None
@@ -182,24 +177,9 @@ class EngineCore:
             logger.error("engine step failed: %s", sched.describe())
             raise
         self._count_computed(sched)
-        if self.schedules_ahead:
-            self._hold_places(plan)
-            self._ahead_source = output
+        if self.ahead is not None:
+            self.ahead.hold_places(plan, output)
         return LaunchedStep(sched, plan, output, start)
-
-    def _hold_places(self, plan: StepPlan) -> None:
-        """``schedule_ahead``: each sequence the launched step samples that may go on before
-        its token arrives holds a placeholder for it, and notes its row in the step's
-        tokens; not the samples of a request that forks this step (they start together,
-        once the forks are applied)."""
-        forking = {parent.request.request_id for decision in plan.decisions
-                   for parent, _ in decision.forks}
-        for row, seq in enumerate(plan.sampling.targets):  # no drafts: one token per target
-            if seq.request.request_id in forking or not seq.request.may_schedule_ahead(seq):
-                continue
-            seq.token_ids.append(PLACEHOLDER)
-            seq.num_placeholders += 1
-            seq.placeholder_row = row
 
     def finish_step(self, launched: LaunchedStep | None) -> list[EngineCoreOutput]:
         """``step``'s second half: wait for the sampled tokens and update from them."""
@@ -218,22 +198,6 @@ class EngineCore:
                            time.perf_counter() - launched.started)
         return outputs
 
-    def _rotate_long(self, switch: int) -> None:
-        """LongRoPE as transformers runs it (its Phi-3 ``generate`` drops its cache once a
-        sequence grows past ``switch``): a running sequence whose keys were rotated with the
-        short factors and that now holds more than ``switch`` tokens computes all of them
-        again, rotated with the long factors (its short blocks stay cached for sequences that
-        stay short); drafts never cross the switch of a sequence still short."""
-        for seq in self.scheduler.running:
-            if seq.rotated_long:
-                continue
-            if seq.num_tokens > switch:
-                self.kv.free(seq)
-                seq.num_computed_tokens, seq.rotated_long = 0, True
-                seq.block_hashes, seq.spec_token_ids = [], []
-            else:
-                del seq.spec_token_ids[switch - seq.num_tokens:]
-
     def pack(self, sched: SchedulerOutput) -> PackedBatch:
         """The step as the runner reads it (``pack_batch``): rows, positions, slots, block
         tables and the logits layout."""
@@ -245,27 +209,9 @@ class EngineCore:
         if self.lora_slots is not None:
             packed.lora_loads = tuple((slot, self.loras[lora_id])
                                       for slot, lora_id in self.lora_slots.take_loads())
-        if self.schedules_ahead:
-            packed.ahead = self._ahead_tokens(sched, packed)
+        if self.ahead is not None:
+            packed.ahead = self.ahead.tokens_for(sched, packed)
         return packed
-
-    def _ahead_tokens(self, sched: SchedulerOutput, packed: PackedBatch) -> AheadTokens | None:
-        """The rows of this step whose token is a placeholder (the sequence computes its
-        oldest one), each to be the token its sequence sampled in the step launched before:
-        written here if the host already has those tokens, else taken on the device."""
-        rows, sources = [], []
-        for index, item in enumerate(sched.scheduled):
-            seq = item.seq
-            if seq.num_placeholders and seq.num_computed_tokens == seq.num_known_tokens:
-                rows.append(int(packed.query_start_loc[index]))
-                sources.append(seq.placeholder_row)
-        if not rows:
-            return None
-        tokens = self._ahead_source.token_ids
-        if isinstance(tokens, list):  # already on the host (log-probabilities need them)
-            packed.input_ids[rows] = [tokens[source] for source in sources]
-            return None
-        return AheadTokens(rows, sources, tokens.tensor)
 
     def _lora_slot(self, lora_id: int | None) -> int:
         return -1 if self.lora_slots is None else self.lora_slots.slot(lora_id)

@@ -180,7 +180,7 @@ class LLMEngine:
         if not self.config.async_scheduling:
             return self._process(self.core.step())
         launched = self.core.launch_step()
-        if self.core.schedules_ahead:  # the step launched last time is finished below
+        if self.core.ahead is not None:  # schedule_ahead: finish the step launched last time
             launched, self._in_flight = self._in_flight, launched
         outputs = self._process(self._unprocessed)
         self._unprocessed = self.core.finish_step(launched)
