@@ -52,8 +52,10 @@ def cpu_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     ``cpu_isa`` picks the build (``paged_core.cpu.isa`` level; default: the selected one);
     ``amx_tiles`` whether its bfloat16 tiles multiply on AMX (default:
     ``bf16_attention_amx(cpu_isa)``; True needs that to be possible); ``decode_loop`` whether
-    the ``avx512_bf16`` build's one-query units take their own loop (faster decode; off, every
-    query runs on the tiles, so a token gets the same bits alone or inside a prompt chunk).
+    the ``avx512_bf16`` build's one-query units take their own loop and its prompt tiles split
+    long key ranges by their query count (faster decode and prefill; off, every query runs on
+    the tiles, cut at the same positions, so a token gets the same bits alone or inside a
+    prompt chunk).
     Raises ``RuntimeError`` if that kernel is unavailable (``cpu_extension_available``)
     or an argument is inconsistent (the message says which).
     """

@@ -365,19 +365,32 @@ struct Bf16Split {
   int pending;  // parts not finished yet
 };
 
-// Keys of one part of a split tile: parts end at multiples of this absolute position.
+// Keys of one part of a split one-query tile: parts end at multiples of this absolute
+// position.
 constexpr int64_t kPartKeys = 256;
 static_assert(kPartKeys % paged_core_cpu::kSplitAlign == 0, "parts start on segment boundaries");
 
+// Where a tile of nq queries cuts its keys: at multiples of kPartKeys, or, with
+// scale_by_queries, of nq * kPartKeys (the same keys per unit of work as a one-query part).
+// Cutting prompt tiles every 256 keys cost them a partial result saved and combined per part:
+// a 2048-token prompt's attention ran at 449 GFLOP/s cut every 256 keys and 538 cut by its
+// queries, four such prompts 283 against 543 (SmolLM2's shape, bfloat16, both builds
+// interleaved in one process, AMD EPYC Zen 5, avx512_bf16); a step of many query tiles has
+// work for every thread without cuts.
+inline int64_t part_keys(int nq, bool scale_by_queries) {
+  return scale_by_queries ? kPartKeys * nq : kPartKeys;
+}
+
 // The jobs of every task on every KV head, longest first. A tile whose keys cross a multiple
-// of kPartKeys (long contexts) is split there into parts, so a few long sequences still give
-// every thread work. Where a tile is cut depends on its own positions only, never on the
-// rest of the step or the thread count: a query's result is the same whatever it is
-// batched with (batch-invariant mode relies on that).
+// of part_keys (long contexts) is split there into parts, so a few long sequences still give
+// every thread work. Where a tile is cut depends on its own positions and query count only,
+// never on the rest of the step or the thread count: a tile's result is the same whatever it
+// is batched with. Batch-invariant mode (scale_by_queries off) needs more: a query's bits the
+// same alone as inside a prompt chunk, so every tile cuts at the same positions.
 std::vector<Bf16Job> make_bf16_jobs(const std::vector<Task>& tasks, const int32_t* seq_lens,
                                     const int32_t* qsl, int64_t num_kv_heads, int64_t window,
-                                    int G, int D, std::vector<Bf16Split>& splits,
-                                    size_t& partial_floats) {
+                                    int G, int D, bool scale_by_queries,
+                                    std::vector<Bf16Split>& splits, size_t& partial_floats) {
   std::vector<Bf16Job> jobs;
   partial_floats = 0;
   for (const Task& t : tasks) {
@@ -385,8 +398,9 @@ std::vector<Bf16Job> make_bf16_jobs(const std::vector<Task>& tasks, const int32_
     const int64_t pos0 = seq_lens[s] - (qsl[s + 1] - qsl[s]) + t.first_query;
     const int64_t key_hi = pos0 + t.num_queries;
     const int64_t key_lo = window > 0 ? std::max<int64_t>(0, pos0 - window + 1) : 0;
-    const int64_t first_part = key_lo / kPartKeys;
-    const int64_t parts = (key_hi - 1) / kPartKeys - first_part + 1;
+    const int64_t cut = part_keys(static_cast<int>(t.num_queries), scale_by_queries);
+    const int64_t first_part = key_lo / cut;
+    const int64_t parts = (key_hi - 1) / cut - first_part + 1;
     for (int64_t h = 0; h < num_kv_heads; ++h) {
       const Bf16Unit tile{s, h, qsl[s] + t.first_query, pos0, key_lo, key_hi,
                           static_cast<int>(t.num_queries)};
@@ -399,8 +413,8 @@ std::vector<Bf16Job> make_bf16_jobs(const std::vector<Task>& tasks, const int32_
       splits.push_back({tile, partial_floats, stride, static_cast<int>(parts), static_cast<int>(parts)});
       for (int64_t j = 0; j < parts; ++j) {
         Bf16Unit part = tile;
-        part.key_lo = std::max(key_lo, (first_part + j) * kPartKeys);
-        part.key_hi = std::min(key_hi, (first_part + j + 1) * kPartKeys);
+        part.key_lo = std::max(key_lo, (first_part + j) * cut);
+        part.key_hi = std::min(key_hi, (first_part + j + 1) * cut);
         jobs.push_back({part, (part.key_hi - part.key_lo) * t.num_queries,
                         static_cast<int64_t>(partial_floats), split});
         partial_floats += stride;
@@ -446,11 +460,12 @@ void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
   std::vector<Bf16Split> splits;
   size_t partial_floats = 0;
   const std::vector<Bf16Job> jobs = make_bf16_jobs(tasks, seq_lens, qsl, num_kv_heads, pb.window,
-                                                   pb.G, pb.D, splits, partial_floats);
+                                                   pb.G, pb.D, decode_loop, splits, partial_floats);
   const int max_rows = static_cast<int>(TILE) * pb.G;
-  // One-query units on vdpbf16ps take the decode loop (attention_decode_bf16.h) unless the
-  // caller wants every query on the tiles (batch-invariant mode: a prompt's last token comes
-  // alone in one schedule and inside a chunk in another, and must give the same bits).
+  // One-query units on vdpbf16ps take the decode loop (attention_decode_bf16.h), and prompt
+  // tiles cut their keys by their query count (part_keys), unless the caller wants every
+  // query on the tiles cut alike (batch-invariant mode: a prompt's last token comes alone in
+  // one schedule and inside a chunk in another, and must give the same bits).
   const bool decode = decode_loop && !amx && paged_core_cpu::decode_rows_fit(pb.G, pb.D, pb.block_size);
   // Every slot is written before it is read: no need to zero the buffer.
   const std::unique_ptr<float[]> partials(partial_floats ? new float[partial_floats] : nullptr);
