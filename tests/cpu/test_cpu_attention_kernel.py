@@ -96,13 +96,15 @@ def test_logits_soft_cap_matches_reference(step, head_dim, window, dtype, attent
 
 # Few sequences with long contexts: the bf16 tiles split a tile's keys into parts across
 # threads (a lone long decode, a chunk after a long cached prefix, a window wider than a
-# part) and combine them; short ones in the same step are not split. A tile of nq queries
-# is cut every nq * 256 keys (every 256 in batch-invariant mode): the 16-query tile of
-# "chunk_past_4096" crosses 4096, the 4-query one of "mixed" 1024.
+# part) and combine them; short ones in the same step are not split. A bf16 tile of nq
+# queries (up to 32) is cut every nq * 256 keys (every 256 in batch-invariant mode): the
+# 16-query tile of "chunk_past_4096" crosses 4096, the 32- and 8-query tiles of
+# "chunk_past_8192" 8192 and every 2048.
 LONG_STEPS = {
     "lone_decode": ([2100], [1]),
     "chunk_after_prefix": ([1500, 3], [16, 3]),
     "chunk_past_4096": ([4200, 5], [16, 5]),
+    "chunk_past_8192": ([8300], [40]),
     "mixed": ([2100, 9, 1300, 600], [1, 9, 20, 1]),
 }
 
