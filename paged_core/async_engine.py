@@ -48,6 +48,7 @@ from .frontend.chat_prompt import chat_prompt_token_ids
 from .serving.admission import AdmissionGate
 from .config import SERVING_ITL_TARGET_MS, EngineConfig
 from .core.engine_stats import EngineStats
+from .cpu.openmp_team import release_openmp_team
 from .requests.engine_io import EngineRequest
 from .serving.deadlines import Deadlines, check_timeout
 from .engine.llm_engine import LLMEngine
@@ -83,6 +84,9 @@ class AsyncEngine:
         self._loras: dict[str, LoRARequest] = {}  # served adapters by name (OpenAI ``model``)
         for name, path in parse_lora_modules(self.config.lora_modules or ""):
             self._register_lora(LoRARequest(name, len(self._loras) + 1, path))
+        # The loop's thread runs every step: this thread's OpenMP workers, left from loading,
+        # would make libgomp stop spinning between the steps' ops (openmp_team).
+        release_openmp_team()
         self._thread = threading.Thread(target=self._run_loop, name="paged-core-engine", daemon=True)
         self._thread.start()
 
