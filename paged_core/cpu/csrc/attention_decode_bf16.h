@@ -1,8 +1,7 @@
 // bfloat16 decode attention with AVX512-BF16 dot products (vdpbf16ps): the units of a call
 // that hold one query (a decode step's, nq == 1), for the shapes decode_rows_fit names. Same
-// inputs, visibility rules and partial results as
-// bf16_unit_run (attention_tiles_bf16.h), which takes every other unit; what differs is
-// how the keys are read.
+// inputs, visibility rules and partial results as bf16_unit_run (attention_tiles_bf16.h),
+// which takes every other unit; what differs is how the keys are read.
 //
 // The tiles transpose each chunk of keys and interleave the values into per-thread buffers
 // that many query rows then share. A decode unit has only G rows (the query heads of one KV
@@ -198,8 +197,8 @@ bool decode_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* n
                                     map_scores(decode_scores<D>(q[r], now.k, ahead.k, r == 0), map));
       const float smax = _mm512_reduce_max_ps(s);
       if (smax > max[r] + kRescaleSlack) {  // true at the first visible key (max[r] = -inf)
-        const __m512 alpha = exp2_probs(_mm512_set1_ps(max[r] - smax),
-                                        max[r] == -std::numeric_limits<float>::infinity() ? 0 : 0xFFFF);
+        const bool first = max[r] == -std::numeric_limits<float>::infinity();
+        const __m512 alpha = exp2_probs(_mm512_set1_ps(max[r] - smax), first ? 0 : 0xFFFF);
         max[r] = smax;
         sum[r] = _mm512_mul_ps(alpha, sum[r]);
         #pragma GCC unroll 16

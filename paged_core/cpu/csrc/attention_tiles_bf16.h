@@ -2,8 +2,9 @@
 // -mavx512bf16 (the avx512_bf16 level); PAGED_CORE_BF16_TILES says whether it exists.
 //
 // The same visibility rules and output as attention_kernel in paged_attention.cpp; what
-// differs is how a unit of work computes. A unit is a tile of up to 32 queries (kBf16TileQueries) of one
-// sequence (every query head of one KV head: rows r = i * G + g) over a range of keys
+// differs is how a unit of work computes. A unit is a tile of up to 32 queries
+// (kBf16TileQueries) of one sequence (every query head of one KV head: rows r = i * G + g)
+// over a range of keys
 // [key_lo, key_hi) (the whole visible context, or one part of it when a long context is
 // split across threads). It walks the range in segments of up to kMaxSegChunks chunks of
 // 16 consecutive positions (any block size: each key row is found through the block

@@ -20,9 +20,10 @@
 //
 // bfloat16 caches (head_dim % 32 == 0) take attention_tiles_bf16.h's tiles (of up to
 // kBf16TileQueries queries), and their one-query units (decodes) attention_decode_bf16.h's
-// loop where it beats them (decode_rows_fit); with amx_tiles every unit's products run on AMX tiles (attention_tiles_amx.h). It
-// needs the avx512_bf16 build on a CPU and OS granting AMX tiles (else an error); float32
-// and quantized-cache calls compute as they do without it.
+// loop where it beats them (decode_rows_fit); with amx_tiles every unit's products run on
+// AMX tiles (attention_tiles_amx.h). It needs the avx512_bf16 build on a CPU and OS
+// granting AMX tiles (else an error); float32 and quantized-cache calls compute as they do
+// without it.
 //
 // Registered as torch.ops.paged_core_cpu_<level>.paged_attention (no pybind needed).
 #include <ATen/core/Tensor.h>
@@ -183,9 +184,8 @@ struct Task {
   int64_t seq, first_query, num_queries, cost;
 };
 
-// Tasks of every sequence, longest (most keys to read) first, so the dynamic
-// schedule does not end with one long task on one thread.
-// Tiles of up to `tile` queries.
+// Tasks of every sequence (tiles of up to `tile` queries), longest (most keys to read)
+// first, so the dynamic schedule does not end with one long task on one thread.
 std::vector<Task> make_tasks(const int32_t* seq_lens, const int32_t* qsl, int64_t num_seqs,
                              int64_t window, int64_t tile) {
   std::vector<Task> tasks;
