@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-
 import threading
 
 import pytest
@@ -16,19 +15,20 @@ from paged_core import EngineConfig
 from paged_core.cpu.openmp_team import release_openmp_team
 
 # A parallel op on a new thread gives that thread a team; the script prints the process's
-# threads with the team, whether release_openmp_team did it, and the threads once the
-# workers are gone (5 s at most).
+# threads with the team, whether release_openmp_team ended it (None: not called), and the
+# threads once the workers are gone (waiting up to {wait} s).
 PROBE = """
 import json, os, threading, time
-{setup}
+import paged_core, torch
+from paged_core.cpu.openmp_team import release_openmp_team
 def threads():
     return len(os.listdir("/proc/self/task"))
 result = {{}}
 def on_a_thread():
-    {team}
+    torch.ones(1 << 24).sum()
     result["with_team"] = threads()
-    result["released"] = {release}
-    deadline = time.monotonic() + 5
+    result["released"] = release_openmp_team() if {release} else None
+    deadline = time.monotonic() + {wait}
     while threads() >= result["with_team"] and time.monotonic() < deadline:
         time.sleep(0.01)
     result["after"] = threads()
@@ -39,26 +39,24 @@ print(json.dumps(result))
 """
 
 
-def _probe(setup: str, team: str, release: str) -> dict:
+def _probe(release: bool, wait: float) -> dict:
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one CPU here: OpenMP makes no worker team to end")
-    script = PROBE.format(setup=setup, team=team, release=release)
+    script = PROBE.format(release=release, wait=wait)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=300, check=True, env={**os.environ, "OMP_NUM_THREADS": "2"})
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_release_ends_the_calling_threads_team():
-    result = _probe("import paged_core, torch\n"
-                    "from paged_core.cpu.openmp_team import release_openmp_team",
-                    "torch.ones(1 << 24).sum()", "release_openmp_team()")
+    result = _probe(release=True, wait=5)
     if not result["released"]:
         pytest.skip("torch's OpenMP here is not libgomp with omp_pause_resource_all")
     assert result["after"] < result["with_team"]
 
 
 def test_without_it_the_team_stays():
-    result = _probe("import paged_core, torch", "torch.ones(1 << 24).sum()", "None")
+    result = _probe(release=False, wait=1)
     assert result["after"] == result["with_team"]
 
 
