@@ -45,10 +45,12 @@ def quantized_engine_args(kind: str) -> dict:
 
 
 def compressed_tensors_checkpoint(source: str, scheme_name: str, out: str,
-                                  group_size: int | None = None,
-                                  strategy: str | None = None) -> tuple[str, str]:
+                                  group_size: int | None = None, strategy: str | None = None,
+                                  quantize_lm_head: bool = False) -> tuple[str, str]:
     """``(checkpoint, twin)`` folders for ``source`` quantized with preset ``scheme_name``;
-    ``group_size`` / ``strategy`` override the preset's weight arguments."""
+    ``group_size`` / ``strategy`` override the preset's weight arguments. The LM head stays
+    dense (llmcompressor's usual ``ignore=["lm_head"]``) unless ``quantize_lm_head`` (an
+    untied head only: a tied one is the embedding too)."""
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (QuantizationConfig, apply_quantization_config,
                                                  preset_name_to_scheme)
@@ -66,7 +68,8 @@ def compressed_tensors_checkpoint(source: str, scheme_name: str, out: str,
     elif group_size is not None:
         scheme.weights.group_size = group_size
     apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme},
-                                                        ignore=["lm_head"]))
+                                                        ignore=[] if quantize_lm_head
+                                                        else ["lm_head"]))
     twin_weights = dict(twin_model.named_parameters())
     for name, module in model.named_modules():
         args = getattr(getattr(module, "quantization_scheme", None), "weights", None)

@@ -1,7 +1,9 @@
 """A GGUF file's quantized projections as ``Int4Weight`` / ``Int8Weight``, under Hugging Face names.
 
 Served quantized, each exactly (the stored levels, scales kept in float32; the dequantized
-weight equals ``gguf.quants.dequantize``'s, which the tests check per type):
+weight equals ``gguf.quants.dequantize``'s, which the tests check per type), the layers'
+projections and the LM head (``output``, or ``token_embd`` where the file ties the two; the
+embedding lookup keeps the loader's dense copy):
 
 - Q4_0, Q4_1, Q8_0: blocks of 32 weights, a float16 scale ``d`` (Q4_1: then a float16
   minimum ``m``), then the levels: 16 bytes of nibbles (low nibbles weights 0-15, high ones
@@ -46,21 +48,28 @@ _NAME = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
 
 
 def gguf_projections(path: str) -> dict[str, object]:
-    """The file's layer projections (``gguf.ReaderTensor``s) by Hugging Face module name."""
+    """The file's layer projections and LM head (``gguf.ReaderTensor``s) by Hugging Face
+    module name; the LM head (``lm_head``) is the file's ``output`` tensor or, where the file
+    has none (tied to the embedding), its ``token_embd``, as llama.cpp reads it."""
     from gguf import GGUFReader
 
-    found = {}
+    found, vocabulary = {}, {}
     for tensor in GGUFReader(path).tensors:
         match = _NAME.fullmatch(tensor.name)
         if match is not None and match[2] in _PROJECTIONS:
             found[f"model.layers.{match[1]}.{_PROJECTIONS[match[2]]}"] = tensor
+        elif tensor.name in ("output.weight", "token_embd.weight"):
+            vocabulary[tensor.name] = tensor
+    head = vocabulary.get("output.weight", vocabulary.get("token_embd.weight"))
+    if head is not None:
+        found["lm_head"] = head
     return found
 
 
 def gguf_weights(path: str, num_heads: int,
                  num_kv_heads: int) -> dict[str, Int4Weight | Int8Weight]:
     """Every projection of the file at ``path`` of a type served quantized, keyed by its
-    Hugging Face module name (``model.layers.{i}.self_attn.q_proj``, ...)."""
+    Hugging Face module name (``model.layers.{i}.self_attn.q_proj``, ..., ``lm_head``)."""
     weights = {}
     for name, tensor in gguf_projections(path).items():
         width, rows = (int(n) for n in tensor.shape[:2])  # GGUF lists the fastest dimension first

@@ -17,7 +17,12 @@ Hugging Face module names (``model.layers.3.self_attn.q_proj``) to whole ``Int4W
 
 A projection is swapped only when every part it fuses is quantized; its dense weight
 parameter is then gone, so the loader neither expects nor accepts a dense copy.
-Mixture-of-experts blocks keep dense experts. Returns the module names used.
+Mixture-of-experts blocks keep dense experts.
+
+A quantized ``lm_head`` (a GGUF file's ``output`` or, tied, ``token_embd`` tensor; a folder
+checkpoint whose recipe quantized the LM head) becomes the model's LM head, this rank's
+vocabulary rows of it; the embedding stays dense (the loader's dense copy), so lookups read
+whole rows. Returns the module names used.
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ from .w8a8_linear import W8A8Linear
 
 QuantizedWeight = Int4Weight | Int8Weight | ActOrderWeight
 
+LM_HEAD = "lm_head"  # the name under which a quantized LM head comes in ``weights``
 _FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
           "self_attn.o_proj": ("self_attn.o_proj",),
           "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
@@ -64,6 +70,10 @@ def use_quantized_projections(model: nn.Module, weights: dict[str, QuantizedWeig
             else:
                 setattr(owner, attribute, quantized_linear(local, has_bias, dtype, dense_dtype))
             used.update(names)
+    if LM_HEAD in weights:
+        model.lm_head = quantized_linear([_vocab_rows(model.shard, weights[LM_HEAD])], False,
+                                         dtype, dense_dtype)
+        used.add(LM_HEAD)
     return used
 
 
@@ -99,6 +109,20 @@ class ConcatLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.cat([part(x) for part in self.parts], dim=-1)
         return y if self.bias is None else y + self.bias
+
+
+def _vocab_rows(shard, weight: QuantizedWeight) -> QuantizedWeight:
+    """This rank's ``shard.vocab_size`` rows of a quantized LM head, from ``shard.vocab_start``;
+    rows past the vocabulary (the last rank's padding) repeat its last row: their logits are
+    cut off (``compute_logits``)."""
+    spec = shard.spec
+    if weight.shape != (spec.vocab_size, spec.hidden_size):
+        raise ValueError(f"lm_head: quantized weight {weight.shape} does not match the model's "
+                         f"{(spec.vocab_size, spec.hidden_size)} (vocabulary, hidden size)")
+    if shard.size == 1:
+        return weight
+    rows = torch.arange(shard.vocab_start, shard.vocab_start + shard.vocab_size)
+    return weight.rows(rows.clamp(max=spec.vocab_size - 1))
 
 
 def _shard(shard, name: str, weight: QuantizedWeight) -> QuantizedWeight:

@@ -15,6 +15,7 @@ from paged_core.bench.quantized_models import compressed_tensors_checkpoint
 from paged_core.quantization.compressed_tensors_format import CompressedTensorsFormat
 from paged_core.quantization.int4_linear import Int4Linear
 from paged_core.quantization.int8_linear import Int8Linear
+from paged_core.quantization.quantized_linear import QuantizedLinear
 from paged_core.quantization.w8a8_linear import W8A8Linear
 
 from ..w8a8_reference import quantize_activations_per_token
@@ -81,8 +82,31 @@ def test_embedded_model_w4a16_is_close_to_transformers(embedded_folder, tokenize
     _assert_close_to_transformers(checkpoint, checkpoint, tokenizer, Int4Linear)
 
 
+def test_a_quantized_lm_head_is_served_quantized(tiny_llama, tokenizer, tmp_path):
+    """A recipe that quantized the (untied) LM head too: the engine's LM head is the stored
+    4-bit weight, and greedy output stays close to transformers loading the same checkpoint;
+    under two ranks each holds its vocabulary rows and the tokens are the one rank's."""
+    checkpoint, _ = compressed_tensors_checkpoint(tiny_llama, "W4A16", str(tmp_path), 32,
+                                                  quantize_lm_head=True)
+    stored = load_file(f"{checkpoint}/model.safetensors")
+    assert "lm_head.weight_packed" in stored and "lm_head.weight" not in stored
+    _assert_close_to_transformers(checkpoint, checkpoint, tokenizer, Int4Linear,
+                                  lm_head=Int4Linear)
+    prompts = [passage_token_ids(tokenizer, n, offset=7 * i) for i, n in enumerate([5, 30])]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    tokens = {}
+    for size in (1, 2):
+        llm = LLM(model=checkpoint, dtype="float32", num_kv_blocks=64, tensor_parallel_size=size)
+        try:
+            tokens[size] = [o.outputs[0].token_ids
+                            for o in llm.generate(prompts, params, use_tqdm=False)]
+        finally:
+            llm.shutdown()
+    assert tokens[1] == tokens[2]
+
+
 def _assert_close_to_transformers(reference_folder, checkpoint, tokenizer, linear,
-                                  activations_int8=False):
+                                  activations_int8=False, lm_head=None):
     from transformers import AutoModelForCausalLM
 
     reference = AutoModelForCausalLM.from_pretrained(reference_folder, dtype=torch.float32).eval()
@@ -97,6 +121,10 @@ def _assert_close_to_transformers(reference_folder, checkpoint, tokenizer, linea
     model = llm.engine.core.executor.runner.model
     assert type(model.layers[0].self_attn.qkv_proj) is linear
     assert type(model.layers[-1].mlp.down_proj) is linear
+    if lm_head is None:  # the recipe ignored the LM head: dense
+        assert not isinstance(model.lm_head, QuantizedLinear)
+    else:
+        assert type(model.lm_head) is lm_head
     assert_close_with_cached_prefix(llm, prompts, expected, 12, TOP_K)
     llm.shutdown()
 

@@ -9,6 +9,7 @@ from paged_core import LLM, EngineConfig
 from paged_core.models.embedded_model import embedded_gguf_path
 from paged_core.quantization.gguf_weights import gguf_weights
 from paged_core.quantization.int4_linear import Int4Linear, Int4Weight
+from paged_core.quantization.int8_linear import Int8Linear, Int8Weight
 
 from ..reference import assert_close_with_cached_prefix, hf_greedy_top_logprobs, \
     passage_token_ids
@@ -16,7 +17,9 @@ from ..reference import assert_close_with_cached_prefix, hf_greedy_top_logprobs,
 TOP_K = 5
 
 
-def test_every_q4_1_projection_decodes_to_transformers_weights_exactly(embedded_folder):
+def test_every_projection_and_the_lm_head_decode_to_transformers_weights_exactly(embedded_folder):
+    """Every projection of the 30 layers is Q4_1; the LM head is the Q8_0 token embedding
+    (the file ties the two), whose dense copy transformers made the embedding."""
     from safetensors.torch import load_file
     import glob
 
@@ -24,8 +27,12 @@ def test_every_q4_1_projection_decodes_to_transformers_weights_exactly(embedded_
     for path in glob.glob(f"{embedded_folder}/*.safetensors"):
         dense.update(load_file(path))
     weights = gguf_weights(embedded_gguf_path(), num_heads=9, num_kv_heads=3)
-    assert len(weights) == 30 * 7  # every projection of the 30 layers is Q4_1
+    head = weights.pop("lm_head")
+    assert isinstance(head, Int8Weight) and head.group_size == 32
+    assert torch.equal(head.dequantize(), dense["model.embed_tokens.weight"].float())
+    assert len(weights) == 30 * 7
     for name, weight in weights.items():
+        assert isinstance(weight, Int4Weight)
         assert torch.equal(weight.dequantize(), dense[f"{name}.weight"].float()), name
 
 
@@ -54,7 +61,9 @@ def test_gguf_int4_engine_is_close_to_transformers(embedded_folder, tokenizer, d
                for i, n in enumerate([4, 30])] + [passage_token_ids(tokenizer, 7, offset=3)]
     expected = [hf_greedy_top_logprobs(reference, p, 16, TOP_K) for p in prompts]
     llm = LLM(dtype=dtype, quantization="gguf", num_kv_blocks=64, enable_prefix_caching=True)
-    assert type(llm.engine.core.executor.runner.model.layers[0].mlp.down_proj) is Int4Linear
+    model = llm.engine.core.executor.runner.model
+    assert type(model.layers[0].mlp.down_proj) is Int4Linear
+    assert type(model.lm_head) is Int8Linear  # the file's Q8_0 token embedding
     assert_close_with_cached_prefix(llm, prompts, expected, 16, TOP_K)
     llm.shutdown()
 

@@ -134,7 +134,7 @@ def test_mixed_gguf_engine_is_close_to_transformers(mixed_gguf, tokenizer, dtype
     assert "Q6_K 10 quantized / 0 dense" in caplog.text
     assert "Q5_0 0 quantized / 1 dense" in caplog.text
     # layer 1's q (Q8_0) and k (Q4_1) are served dense with its Q5_0 v
-    assert "Q8_0 89 quantized / 1 dense" in caplog.text
+    assert "Q8_0 90 quantized / 1 dense" in caplog.text  # the LM head (token_embd) too
     assert "Q4_1 88 quantized / 1 dense" in caplog.text
     layers = llm.engine.core.executor.runner.model.layers
     assert type(layers[0].self_attn.qkv_proj) is Int8Linear
