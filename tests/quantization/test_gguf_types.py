@@ -93,6 +93,39 @@ def test_q_and_k_rows_come_back_in_hugging_face_order_for_every_type(tmp_path, k
     assert f"{kind} 0 quantized / 2 dense" in log_served(path, set())
 
 
+def test_the_lm_head_is_the_output_tensor_or_else_the_token_embedding(tmp_path):
+    """An untied file's ``output`` (Q6_K, as llama.cpp's Q4_K_M writes it) is the LM head; a
+    tied file's ``token_embd`` (Q8_0) is; a dense one leaves the head to the loader."""
+    import gguf
+
+    rng = np.random.default_rng(3)
+    dense = {name: rng.standard_normal((64, 256)).astype(np.float32)
+             for name in ("token_embd", "output")}
+
+    def write(path, kinds):
+        writer = gguf.GGUFWriter(path, "llama")
+        for name, kind in kinds.items():
+            raw = dense[name] if kind == "F32" else quantize(dense[name], kind)
+            writer.add_tensor(f"{name}.weight", raw, raw_dtype=gguf.GGMLQuantizationType[kind])
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return path
+
+    for kinds, source in (({"token_embd": "Q8_0", "output": "Q6_K"}, "output"),
+                          ({"token_embd": "Q8_0"}, "token_embd")):
+        path = write(str(tmp_path / f"{len(kinds)}.gguf"), kinds)
+        head = gguf_weights(path, num_heads=4, num_kv_heads=2)["lm_head"]
+        kind = kinds[source]
+        assert isinstance(head, QUANTIZED[kind][0]) and head.group_size == QUANTIZED[kind][1]
+        assert torch.equal(head.dequantize(),
+                           _dequantized(quantize(dense[source], kind), kind).reshape(64, 256))
+        assert f"{kind} 0 quantized / 1 dense" in log_served(path, set())
+    path = write(str(tmp_path / "dense.gguf"), {"token_embd": "F32"})
+    assert "lm_head" not in gguf_weights(path, num_heads=4, num_kv_heads=2)
+
+
 def _kinds(num_layers: int = 30) -> dict[str, str]:
     """Down projections (the only input width, 1536, that is whole super-blocks of 256) Q6_K
     in every third layer from 0, as llama.cpp's Q4_K_M gives some of them more bits, Q4_K in
