@@ -105,6 +105,25 @@ def test_a_quantized_lm_head_is_served_quantized(tiny_llama, tokenizer, tmp_path
     assert tokens[1] == tokens[2]
 
 
+def test_the_last_rank_pads_its_quantized_lm_head_rows():
+    """A vocabulary of 10 over 3 ranks (4 rows each): the last rank holds rows 8 and 9, then
+    repeats row 9 for its padding, whose logits ``compute_logits`` cuts off."""
+    from types import SimpleNamespace
+
+    from paged_core.quantization.int8_linear import Int8Weight
+    from paged_core.quantization.projections import _vocab_rows
+
+    weight = Int8Weight(torch.arange(10, dtype=torch.int8)[:, None].expand(10, 32).contiguous(),
+                        torch.ones(10, 1), 32)
+    spec = SimpleNamespace(vocab_size=10, hidden_size=32)
+    for rank, rows in ((0, [0, 1, 2, 3]), (2, [8, 9, 9, 9])):
+        shard = SimpleNamespace(spec=spec, size=3, vocab_size=4, vocab_start=4 * rank)
+        assert _vocab_rows(shard, weight).q[:, 0].tolist() == rows
+    with pytest.raises(ValueError, match="lm_head: quantized weight"):
+        _vocab_rows(SimpleNamespace(spec=SimpleNamespace(vocab_size=12, hidden_size=32), size=1),
+                    weight)
+
+
 def _assert_close_to_transformers(reference_folder, checkpoint, tokenizer, linear,
                                   activations_int8=False, lm_head=None):
     from transformers import AutoModelForCausalLM
