@@ -38,6 +38,7 @@ import torch
 
 from .int4_linear import Int4Weight
 from .int8_linear import Int8Weight
+from .projections import LM_HEAD
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ def gguf_projections(path: str) -> dict[str, object]:
             vocabulary[tensor.name] = tensor
     head = vocabulary.get("output.weight", vocabulary.get("token_embd.weight"))
     if head is not None:
-        found["lm_head"] = head
+        found[LM_HEAD] = head
     return found
 
 

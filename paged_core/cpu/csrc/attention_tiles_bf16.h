@@ -4,11 +4,10 @@
 // The same visibility rules and output as attention_kernel in paged_attention.cpp; what
 // differs is how a unit of work computes. A unit is a tile of up to 32 queries
 // (kBf16TileQueries) of one sequence (every query head of one KV head: rows r = i * G + g)
-// over a range of keys
-// [key_lo, key_hi) (the whole visible context, or one part of it when a long context is
-// split across threads). It walks the range in segments of up to kMaxSegChunks chunks of
-// 16 consecutive positions (any block size: each key row is found through the block
-// table) and, per segment:
+// over a range of keys [key_lo, key_hi) (the whole visible context, or one part of it when
+// a long context is split across threads). It walks the range in segments of up to
+// kMaxSegChunks chunks of 16 consecutive positions (any block size: each key row is found
+// through the block table) and, per segment:
 //   - transposes each chunk's keys once into Kt[D/2][16] (pairs of dims as 32-bit words),
 //     so a query row's 16 scores of a chunk are D/2 vdpbf16ps with the query's pair
 //     broadcast: no horizontal sums, and every row of the unit reuses the transposed keys,
