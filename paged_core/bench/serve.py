@@ -12,6 +12,9 @@ stops afterwards, or ``--in-process``: the engine's ``AsyncEngine`` without HTTP
 With ``--vllm-python PATH`` the same requests also go to ``vllm serve`` (vLLM's
 OpenAI server from that interpreter), scenario by scenario in turn with
 paged-core, so both see the same machine load; its results are under ``peers``.
+Before each scenario of each system the command waits until the machine is quiet
+(``quiet_machine``: a server's start-up tail, or the previous scenario's, would otherwise
+be timed too) and records what it saw as the scenario's ``machine_before``.
 """
 from __future__ import annotations
 
@@ -24,12 +27,17 @@ import time
 from typing import Any
 
 from .clients import HTTPClient, InProcessClient, RequestRecord
+from .quiet_machine import wait_until_quiet
 from .report import new_figure, percentiles, save_plot
 from .server import running_server, running_vllm_server
 from .workload import QUICK, BenchRequest, WorkloadSpec, embedded_tokenizer, sharegpt_like, summarize
 
 NAME = "serve"
 METRICS = ("ttft", "itl", "tpot", "e2e")
+# wait_until_quiet's settings before each scenario: up to a minute for a busy window of
+# under 10% of the cores; --quick (the CI smoke test, beside other tests) only records one.
+SETTLE = {"max_busy": 0.1, "window_s": 1.0, "timeout_s": 60.0}
+QUICK_SETTLE = {"max_busy": 0.1, "window_s": 0.2, "timeout_s": 0.0}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,8 +81,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             url = stack.enter_context(running_vllm_server(args.vllm_python, args.dtype, args.threads))
             targets.append(("vllm serve", lambda: HTTPClient(url, args.request_timeout,
                                                              model="SmolLM2-135M-Instruct")))
+        settle = QUICK_SETTLE if args.quick else SETTLE
         scenarios = asyncio.run(_run_scenarios([make for _, make in targets], requests, rates,
-                                               per_rate, bursts, args.seed))
+                                               per_rate, bursts, args.seed, settle))
     result = {"target": targets[0][0], "dtype": args.dtype, "workload": summarize(requests),
               "scenarios": scenarios[0]}
     if len(targets) > 1:
@@ -98,8 +107,10 @@ def _target(args: argparse.Namespace):
 
 
 async def _run_scenarios(make_clients, requests: list[BenchRequest], rates: list[float],
-                         per_rate: int, bursts: list[int], seed: int) -> list[list[dict[str, Any]]]:
-    """Every scenario on every target in turn (interleaved); one list of results per target."""
+                         per_rate: int, bursts: list[int], seed: int,
+                         settle: dict[str, float]) -> list[list[dict[str, Any]]]:
+    """Every scenario on every target in turn (interleaved), each started once the machine
+    is quiet (``wait_until_quiet(**settle)``); one list of results per target."""
     clients = [make() for make in make_clients]
     try:
         for client in clients:
@@ -111,8 +122,10 @@ async def _run_scenarios(make_clients, requests: list[BenchRequest], rates: list
         results: list[list[dict[str, Any]]] = [[] for _ in clients]
         for label, rate, batch, gaps in scenarios:
             for client, out in zip(clients, results):
+                quiet = await asyncio.to_thread(wait_until_quiet, **settle)
                 records, seconds = await _drive(client, batch, label, gaps)
-                out.append(_scenario(label, rate, records, seconds))
+                out.append({**_scenario(label, rate, records, seconds),
+                            "machine_before": quiet.as_dict()})
         return results
     finally:
         for client in clients:
