@@ -2,9 +2,10 @@
 
 A server that has just answered its readiness probe may still be finishing start-up work:
 ``vllm serve`` on the 2-core AMD EPYC (avx512_bf16) kept a core busy for a few seconds
-after it answered (its KV cache being faulted in), and a burst that started then had a
-TTFT p50 of 2446 ms against 1503-1554 ms with the same server alone or beside an idle
-vLLM. On a small machine every scenario would otherwise be timed against whatever the
+after it answered (its KV cache being faulted in), and paged-core's burst of 100 that
+started then had a TTFT p50 of 2446 ms, against 1538 ms for the same requests to a fresh
+server alone; beside an idle vLLM the same burst (another seed) took 1554 ms against 1503
+alone. On a small machine every scenario would otherwise be timed against whatever the
 previous one, or another system's start-up, left running.
 
 ``wait_until_quiet`` samples the whole machine's CPU time (``/proc/stat``'s first line)

@@ -62,7 +62,8 @@ def test_cpu_times_parses_the_cpu_line(tmp_path):
     assert cpu_times(str(tmp_path / "missing")) is None
 
 
-def _spin(seconds: float) -> None:
+def _spin(seconds: float, spinning) -> None:
+    spinning.set()
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         pass
@@ -72,10 +73,12 @@ def _spin(seconds: float) -> None:
 def test_a_busy_process_is_seen_on_this_machine():
     """A process spinning on a core makes a window at least 1/cores busy (real /proc/stat)."""
     cores = multiprocessing.cpu_count()
-    spinner = multiprocessing.get_context("spawn").Process(target=_spin, args=(3.0,))
+    context = multiprocessing.get_context("spawn")
+    spinning = context.Event()
+    spinner = context.Process(target=_spin, args=(3.0, spinning))
     spinner.start()
     try:
-        time.sleep(0.5)  # the spawned interpreter is up and spinning
+        assert spinning.wait(timeout=60), "the spinning process did not start"
         quiet = wait_until_quiet(max_busy=0.5 / cores, window_s=0.5, timeout_s=0)
     finally:
         spinner.join()
