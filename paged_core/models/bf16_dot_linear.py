@@ -48,3 +48,11 @@ class Bf16DotLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._ops.bf16_dot_linear(x, self.packed_weight, self.out_features, self.bias,
                                          self.amx_min_rows)
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` of this projection's product ``[gate | up]`` (a gate_up
+        projection: out_features ``2 * I``), ``[..., I]``: bit for bit the avx512_bf16
+        ``FusedCpuOps.silu_and_mul`` of ``self(x)``, computed in the product's epilogue
+        (``bf16_dot_silu_and_mul``), so the ``[..., 2 * I]`` product never reaches memory."""
+        return self._ops.bf16_dot_silu_and_mul(x, self.packed_weight, self.out_features, self.bias,
+                                               self.amx_min_rows)

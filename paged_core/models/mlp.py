@@ -8,12 +8,15 @@ import torch
 from torch import nn
 
 from ..executor.group import TensorParallelGroup
+from .bf16_dot_linear import Bf16DotLinear
 from .elementwise import TORCH_OPS
 from .parallel_layers import RowParallelLinear
 
 
 class GatedMLP(nn.Module):
-    """SiLU-gated MLP of this rank's ``width`` channels (``ops.silu_and_mul``)."""
+    """SiLU-gated MLP of this rank's ``width`` channels (``ops.silu_and_mul``; in the
+    product's epilogue where ``gate_up_proj`` is a ``Bf16DotLinear`` and the ops are the
+    avx512_bf16 level's fused C++ ops: the same bits, without the ``[T, 2 * width]`` product)."""
 
     def __init__(self, hidden_size: int, width: int, bias: bool, tp: TensorParallelGroup) -> None:
         super().__init__()
@@ -22,4 +25,7 @@ class GatedMLP(nn.Module):
         self.ops = TORCH_OPS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj
+        if type(gate_up) is Bf16DotLinear and getattr(self.ops, "cpu_isa", None) == "avx512_bf16":
+            return self.down_proj(gate_up.silu_and_mul(x))
+        return self.down_proj(self.ops.silu_and_mul(gate_up(x)))

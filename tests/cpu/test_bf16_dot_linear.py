@@ -95,3 +95,31 @@ def test_a_bf16_engine_runs_the_chosen_kernel_and_buckets_only_for_onednn(kernel
     out = llm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=4),
                        use_tqdm=False)[0].outputs[0]
     assert "Paris" in out.text
+
+
+@pytest.mark.parametrize("rows", [1, 4, 5, 6, 7, 12, 13, 300])
+@pytest.mark.parametrize("width", [32, 96, 48])  # 48: not whole 32-column groups
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_silu_and_mul_in_the_epilogue_gives_the_two_ops_bits(rows, width, with_bias):
+    from paged_core.models.elementwise import FusedCpuOps
+
+    weight, bias = _layer(2 * width, 96, with_bias, seed=4)
+    layer = Bf16DotLinear(weight, bias)
+    gen = torch.Generator().manual_seed(5)
+    # rows from small to large sums: SiLU's negative tail, its linear part, and inf * 0
+    scale = torch.logspace(-2, 2, rows).unsqueeze(1)
+    x = (torch.randn(rows, 96, generator=gen) * scale).bfloat16()
+    if rows > 1:
+        x[-1, :4] = torch.tensor([float("inf"), float("-inf"), float("nan"), 1e30])
+    expected = FusedCpuOps("avx512_bf16").silu_and_mul(layer(x))
+    fused = layer.silu_and_mul(x)
+    assert fused.shape == (rows, width) and fused.dtype == torch.bfloat16
+    assert torch.equal(fused.view(torch.int16), expected.view(torch.int16))
+    batched = layer.silu_and_mul(x.view(1, rows, 96))
+    assert torch.equal(batched.view(torch.int16), fused.view(1, rows, width).view(torch.int16))
+
+
+def test_silu_and_mul_needs_a_gate_up_product():
+    layer = Bf16DotLinear(_layer(33, 96, False)[0], None)
+    with pytest.raises(RuntimeError, match="must be even"):
+        layer.silu_and_mul(torch.zeros(2, 96, dtype=torch.bfloat16))

@@ -17,6 +17,11 @@
 // EPYC Zen 5, best ISA avx512_bf16: 48-128 rows 2-8% faster, 27.8 -> 25.8 ms at 128 rows;
 // 8-32 rows within 3%).
 //
+// bf16_dot_silu_and_mul multiplies gate_up's packed weight ([gate | up], I outputs each) in
+// units of two groups, gate group u beside up group u + I / 32, six rows a tile (24
+// accumulators), and stores silu(gate) * up of each tile's sums (SiluMulStore) with the very
+// roundings of the linear and then silu_and_mul: the [M, 2 I] product never reaches memory.
+//
 // Why not oneDNN (cpu_linear.PackedLinear): at decode-sized batches (1-64 rows) oneDNN's
 // call costs and its K-split blocking left it at 10-30 GB/s on the 2-core AVX512-BF16 EPYC;
 // this loop streams the weights at 1.3-1.6x its speed there, and matches it at prefill
@@ -36,6 +41,8 @@
 #include "bf16_dot_linear.h"
 #include "bf16_linear_epilogue.h"
 #include "cpu_common.h"
+#include "cpu_simd.h"
+#include "fused_ops.h"
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -44,21 +51,86 @@ namespace {
 
 constexpr int64_t kGroup = 32;     // outputs per packed column group (two zmm of float32)
 constexpr int64_t kRowTile = 12;   // rows per tile: 12 x 2 accumulators + 2 weights + 1 broadcast
+constexpr int64_t kPairTile = 6;   // rows per tile of two groups: 6 x 4 accumulators + 4 + 1
 constexpr int64_t kRowBlock = 256; // rows whose x stays in L2 while every group passes by
 
-// The share of the thread's next groups that one row tile prefetches: the pair-rows k with
-// k % stride == phase of the groups starting at start (nullptr: none).
+// The share of the thread's next unit's groups that one row tile prefetches: the pair-rows
+// k with k % stride == phase of the groups starting at start (nullptr: none).
 struct NextGroups {
   const char* start;
   int64_t phase, stride;
 };
 
-// Rows [0, MT) of x times G consecutive groups starting at w (G groups are K2 * 64 elements
-// apart); writes columns [n0, min(n0 + 32 G, N)) of y, touching its share of `next` meanwhile.
-template <int MT, int G>
-inline void row_tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t K2,
-                     const uint16_t* bias, uint16_t* y, int64_t ldy, int64_t n0, int64_t N,
-                     const NextGroups& next) {
+// What the units of work multiply: unit u's G column groups start unit_step * u elements into
+// the packed weight, group_step elements apart; units from single_from on have their first
+// group only (an odd group count); unit u's first output column is u * unit_columns.
+// prefetch: each unit's row tiles touch the thread's next unit, in shares.
+struct UnitLayout {
+  int64_t count, G, group_step, unit_step, single_from, unit_columns;
+  bool prefetch;
+};
+
+// A plain linear's store: block b of a tile holds columns n0 + 16 b of y [M, N] (N apart);
+// + bias, rounded to bfloat16.
+struct LinearStore {
+  const uint16_t* bias;  // [N] or null
+  uint16_t* y;
+  int64_t N;
+
+  template <int MT, int NB>
+  void operator()(__m512 (&acc)[MT][NB], int64_t m0, int64_t n0) const {
+    for (int b = 0; b < NB; ++b) {
+      const int64_t n = n0 + 16 * b;
+      if (n >= N) break;
+      const __mmask16 mask = paged_core_cpu::column_mask(n, N);
+      const __m512 bias_f32 = paged_core_cpu::bias_block(bias, n, mask);
+      for (int m = 0; m < MT; ++m) paged_core_cpu::store_bf16(y + (m0 + m) * N + n, mask, acc[m][b], bias_f32);
+    }
+  }
+};
+
+// SiLU-and-mul's store (gate_up = [gate | up], I outputs each, I % 32 == 0): blocks
+// [0, NB / 2) of a tile hold gate columns n0 + 16 b, blocks [NB / 2, NB) the up columns of
+// the same outputs; y [M, I] gets silu_and_mul's bits (fused_ops.cpp) of the linear's
+// bfloat16 outputs: g, u = bf16(sum + bias), y = bf16(bf16(silu(g)) * u) (NaN as 0x7FC0).
+struct SiluMulStore {
+  const uint16_t* bias;  // [2 I] or null
+  uint16_t* y;
+  int64_t I;
+
+  template <int MT, int NB>
+  void operator()(__m512 (&acc)[MT][NB], int64_t m0, int64_t n0) const {
+    constexpr int H = NB / 2;
+    const __mmask16 all = 0xFFFF;
+    for (int b = 0; b < H; ++b) {
+      const int64_t n = n0 + 16 * b;
+      const __m512 gate_bias = paged_core_cpu::bias_block(bias, n, all);
+      const __m512 up_bias = paged_core_cpu::bias_block(bias, I + n, all);
+      for (int m = 0; m < MT; ++m) {
+        const __m512 gate = round_bf16(_mm512_add_ps(acc[m][b], gate_bias));
+        const __m512 up = round_bf16(_mm512_add_ps(acc[m][H + b], up_bias));
+        const __m512 out = _mm512_mul_ps(round_bf16(paged_core_cpu::silu16(gate)), up);
+        const __m256i bits = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(out));
+        const __mmask16 nan = _mm512_cmp_ps_mask(out, out, _CMP_UNORD_Q);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + (m0 + m) * I + n),
+                            _mm256_mask_mov_epi16(bits, nan, _mm256_set1_epi16(0x7FC0)));
+      }
+    }
+  }
+
+  // x rounded to bfloat16 (nearest even), as float32.
+  static __m512 round_bf16(__m512 x) {
+    const __m256i bits = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+  }
+};
+
+// Rows [m0, m0 + MT) of x (at x, ldx apart) times G groups starting at w (group_step
+// elements apart), handed to store(sums, m0, n0), touching its share of `next` meanwhile
+// (next's groups are group_step apart too).
+template <int MT, int G, typename Store>
+inline void row_tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t group_step,
+                     int64_t K2, const NextGroups& next, const Store& store, int64_t m0, int64_t n0) {
   constexpr int NB = 2 * G;  // 16-output blocks
   __m512 acc[MT][NB];
   for (int m = 0; m < MT; ++m)
@@ -70,14 +142,14 @@ inline void row_tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t 
     if (k == next_k) {
       next_k += next.stride;
       for (int g = 0; g < G; ++g) {
-        const char* line = next.start + (g * K2 + k) * kGroup * 2 * sizeof(uint16_t);
+        const char* line = next.start + (g * group_step + k * kGroup * 2) * sizeof(uint16_t);
         _mm_prefetch(line, _MM_HINT_T0);
         _mm_prefetch(line + 64, _MM_HINT_T0);
       }
     }
     __m512bh weights[NB];
     for (int g = 0; g < G; ++g) {
-      const uint16_t* pair = w + (g * K2 + k) * kGroup * 2;
+      const uint16_t* pair = w + g * group_step + k * kGroup * 2;
       weights[2 * g] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(pair));
       weights[2 * g + 1] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(pair + 32));
     }
@@ -86,27 +158,68 @@ inline void row_tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t 
       for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_dpbf16_ps(acc[m][b], xv, weights[b]);
     }
   }
-  for (int b = 0; b < NB; ++b) {
-    const int64_t n = n0 + 16 * b;
-    if (n >= N) break;
-    const __mmask16 mask = paged_core_cpu::column_mask(n, N);
-    const __m512 bias_f32 = paged_core_cpu::bias_block(bias, n, mask);
-    for (int m = 0; m < MT; ++m) paged_core_cpu::store_bf16(y + m * ldy + n, mask, acc[m][b], bias_f32);
-  }
+  store(acc, m0, n0);
 }
 
-template <int G>
-void any_row_tile(int64_t rows, const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t K2,
-                  const uint16_t* bias, uint16_t* y, int64_t ldy, int64_t n0, int64_t N,
-                  const NextGroups& next) {
+template <int G, typename Store>
+void any_row_tile(int64_t rows, const uint16_t* x, int64_t ldx, const uint16_t* w,
+                  int64_t group_step, int64_t K2, const NextGroups& next, const Store& store,
+                  int64_t m0, int64_t n0) {
   switch (rows) {
 #define PAGED_CORE_ROW_TILE(MT) \
-  case MT: return row_tile<MT, G>(x, ldx, w, K2, bias, y, ldy, n0, N, next);
+  case MT: return row_tile<MT, G>(x, ldx, w, group_step, K2, next, store, m0, n0);
     PAGED_CORE_ROW_TILE(1) PAGED_CORE_ROW_TILE(2) PAGED_CORE_ROW_TILE(3) PAGED_CORE_ROW_TILE(4)
-    PAGED_CORE_ROW_TILE(5) PAGED_CORE_ROW_TILE(6) PAGED_CORE_ROW_TILE(7) PAGED_CORE_ROW_TILE(8)
-    PAGED_CORE_ROW_TILE(9) PAGED_CORE_ROW_TILE(10) PAGED_CORE_ROW_TILE(11) PAGED_CORE_ROW_TILE(12)
+    PAGED_CORE_ROW_TILE(5) PAGED_CORE_ROW_TILE(6)
 #undef PAGED_CORE_ROW_TILE
-    default: TORCH_CHECK(false, "row tiles hold 1 to ", kRowTile, " rows");
+    default: break;
+  }
+  if constexpr (G == 1) {
+    switch (rows) {
+#define PAGED_CORE_ROW_TILE(MT) \
+  case MT: return row_tile<MT, 1>(x, ldx, w, group_step, K2, next, store, m0, n0);
+      PAGED_CORE_ROW_TILE(7) PAGED_CORE_ROW_TILE(8) PAGED_CORE_ROW_TILE(9)
+      PAGED_CORE_ROW_TILE(10) PAGED_CORE_ROW_TILE(11) PAGED_CORE_ROW_TILE(12)
+#undef PAGED_CORE_ROW_TILE
+      default: break;
+    }
+  }
+  TORCH_CHECK(false, "row tiles of ", G, " groups hold 1 to ", G == 1 ? kRowTile : kPairTile, " rows");
+}
+
+// Rows [0, M) of x times every unit of `units` (split between threads by units), each row
+// tile's sums handed to store. Widened weights (packed null: units of one group) are widened
+// a group at a time into a buffer of the thread's, right before that group's row tiles.
+template <typename Store>
+void unit_rows(const uint16_t* xp, int64_t ldx, int64_t M, const paged_core_cpu::GroupWeights& weights,
+               int64_t K2, const UnitLayout& units, const Store& store) {
+  const bool widened = weights.packed == nullptr;
+  TORCH_CHECK(!widened || units.G == 1, "widened weights come one group at a time");
+  const int64_t tile_rows = units.G == 1 ? kRowTile : kPairTile;
+  for (int64_t m_begin = 0; m_begin < M; m_begin += kRowBlock) {
+    const int64_t m_end = std::min(M, m_begin + kRowBlock);
+    at::parallel_for(0, units.count, 1, [&](int64_t u_begin, int64_t u_end) {
+      // One widened group (left uninitialised: widen writes all of it before it is read).
+      const std::unique_ptr<uint16_t[]> group(widened ? new uint16_t[K2 * kGroup * 2] : nullptr);
+      for (int64_t u = u_begin; u < u_end; ++u) {
+        const uint16_t* w = widened ? group.get() : weights.packed + u * units.unit_step;
+        if (widened) weights.widen(u, u + 1, group.get());
+        const char* next = !widened && units.prefetch && u + 1 < u_end
+                               ? reinterpret_cast<const char*>(w + units.unit_step) : nullptr;
+        const bool pair = units.G == 2 && u < units.single_from;
+        // Shares go to the full tiles (a short last tile would take its share in a burst).
+        const int64_t sharing = std::max<int64_t>((m_end - m_begin) / tile_rows, 1);
+        for (int64_t m = m_begin; m < m_end; m += tile_rows) {
+          const int64_t rows = std::min(tile_rows, m_end - m);
+          const int64_t tile = (m - m_begin) / tile_rows;
+          const NextGroups share{tile < sharing ? next : nullptr, tile, sharing};
+          const int64_t n0 = u * units.unit_columns;
+          if (pair)
+            any_row_tile<2>(rows, xp + m * ldx, ldx, w, units.group_step, K2, share, store, m, n0);
+          else
+            any_row_tile<1>(rows, xp + m * ldx, ldx, w, units.group_step, K2, share, store, m, n0);
+        }
+      }
+    });
   }
 }
 
@@ -133,72 +246,101 @@ at::Tensor pack_bf16_dot_weight(const at::Tensor& weight) {
 
 void bf16_dot_rows(const uint16_t* xp, int64_t ldx, int64_t M, const GroupWeights& weights,
                    int64_t K2, int64_t groups, const uint16_t* bp, uint16_t* yp, int64_t N) {
-  const bool widened = weights.packed == nullptr;
   // A few rows: two groups at a time (more loads in flight per k). More: one, and the
   // next one prefetched, in shares, by this one's row tiles (packed weights only).
-  const int64_t G = M <= 4 && !widened ? 2 : 1;
-  const int64_t units = (groups + G - 1) / G;
-  for (int64_t m_begin = 0; m_begin < M; m_begin += kRowBlock) {
-    const int64_t m_end = std::min(M, m_begin + kRowBlock);
-    at::parallel_for(0, units, 1, [&](int64_t u_begin, int64_t u_end) {
-      // One widened group (left uninitialised: widen writes all of it before it is read).
-      const std::unique_ptr<uint16_t[]> group(widened ? new uint16_t[K2 * kGroup * 2] : nullptr);
-      for (int64_t u = u_begin; u < u_end; ++u) {
-        const int64_t g = u * G, n0 = g * kGroup;
-        const uint16_t* w = widened ? group.get() : weights.packed + g * K2 * kGroup * 2;
-        if (widened) weights.widen(g, g + 1, group.get());
-        const char* next = !widened && G == 1 && u + 1 < u_end
-                               ? reinterpret_cast<const char*>(w + K2 * kGroup * 2) : nullptr;
-        // Shares go to the full tiles (a short last tile would take its share in a burst).
-        const int64_t sharing = std::max<int64_t>((m_end - m_begin) / kRowTile, 1);
-        for (int64_t m = m_begin; m < m_end; m += kRowTile) {
-          const int64_t rows = std::min(kRowTile, m_end - m);
-          const int64_t tile = (m - m_begin) / kRowTile;
-          const NextGroups share{tile < sharing ? next : nullptr, tile, sharing};
-          if (G == 2 && g + 1 < groups)
-            any_row_tile<2>(rows, xp + m * ldx, ldx, w, K2, bp, yp + m * N, N, n0, N, share);
-          else
-            any_row_tile<1>(rows, xp + m * ldx, ldx, w, K2, bp, yp + m * N, N, n0, N, share);
-        }
-      }
-    });
-  }
+  const int64_t G = M <= 4 && weights.packed != nullptr ? 2 : 1;
+  const int64_t group_elems = K2 * kGroup * 2;
+  const UnitLayout units{(groups + G - 1) / G, G, group_elems, G * group_elems, groups / G,
+                         G * kGroup, G == 1};
+  unit_rows(xp, ldx, M, weights, K2, units, LinearStore{bp, yp, N});
 }
+
+namespace {
+
+// A checked call of the packed weight on x: x's rows as a matrix (ldx apart), the bias as
+// bfloat16 (or undefined), and the result's shape but for its last dimension.
+struct PackedCall {
+  at::Tensor x2, bias_bf16;
+  int64_t M, ldx, K2, groups;
+  std::vector<int64_t> out_shape;
+
+  PackedCall(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
+             const std::optional<at::Tensor>& bias)
+      : out_shape(x.sizes().begin(), x.sizes().end()) {
+    TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kGroup && packed.size(3) == 2 &&
+                    packed.scalar_type() == at::kBFloat16 && packed.is_contiguous(),
+                "packed must come from pack_bf16_dot_weight");
+    K2 = packed.size(1);
+    groups = packed.size(0);
+    const int64_t K = 2 * K2;
+    TORCH_CHECK(out_features > (groups - 1) * kGroup && out_features <= groups * kGroup,
+                "out_features ", out_features, " does not fit the packed weight's ", groups, " groups");
+    TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.device().is_cpu() && x.size(-1) == K,
+                "x must be bfloat16 on CPU with in_features = ", K, " columns");
+    const at::Tensor rows_of_x = x.reshape({-1, K});
+    x2 = rows_of_x.stride(1) == 1 && rows_of_x.stride(0) % 2 == 0 ? rows_of_x : rows_of_x.contiguous();
+    if (bias.has_value()) {
+      TORCH_CHECK(bias->numel() == out_features, "bias must have out_features = ", out_features, " values");
+      bias_bf16 = bias->to(at::kBFloat16).contiguous();
+    }
+    M = x2.size(0);
+    ldx = x2.stride(0);
+  }
+
+  const uint16_t* x_data() const { return static_cast<const uint16_t*>(x2.const_data_ptr()); }
+  const uint16_t* bias_data() const {
+    return bias_bf16.defined() ? static_cast<const uint16_t*>(bias_bf16.const_data_ptr()) : nullptr;
+  }
+  // An uninitialised [M, columns] result and its shape (x's, last dimension columns).
+  at::Tensor output(int64_t columns) {
+    out_shape.back() = columns;
+    return at::empty({M, columns}, x2.options());
+  }
+};
+
+}  // namespace
 
 at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
                            const std::optional<at::Tensor>& bias, int64_t amx_min_rows) {
-  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kGroup && packed.size(3) == 2 &&
-                  packed.scalar_type() == at::kBFloat16 && packed.is_contiguous(),
-              "packed must come from pack_bf16_dot_weight");
-  const int64_t K2 = packed.size(1), K = 2 * K2, groups = packed.size(0);
-  TORCH_CHECK(out_features > (groups - 1) * kGroup && out_features <= groups * kGroup,
-              "out_features ", out_features, " does not fit the packed weight's ", groups, " groups");
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.device().is_cpu() && x.size(-1) == K,
-              "x must be bfloat16 on CPU with in_features = ", K, " columns");
-  const at::Tensor rows_of_x = x.reshape({-1, K});
-  const at::Tensor x2 = rows_of_x.stride(1) == 1 && rows_of_x.stride(0) % 2 == 0
-                            ? rows_of_x : rows_of_x.contiguous();
-  at::Tensor bias_bf16;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->numel() == out_features, "bias must have out_features = ", out_features, " values");
-    bias_bf16 = bias->to(at::kBFloat16).contiguous();
-  }
-  const int64_t M = x2.size(0), N = out_features, ldx = x2.stride(0);
-  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
-  out_shape.back() = N;
-  at::Tensor y = at::empty({M, N}, x.options());
-  const auto* xp = static_cast<const uint16_t*>(x2.const_data_ptr());
+  PackedCall call(x, packed, out_features, bias);
+  const int64_t M = call.M, N = out_features, K2 = call.K2, ldx = call.ldx;
+  at::Tensor y = call.output(N);
+  const auto* xp = call.x_data();
   const auto* wp = static_cast<const uint16_t*>(packed.const_data_ptr());
-  const auto* bp = bias_bf16.defined() ? static_cast<const uint16_t*>(bias_bf16.const_data_ptr()) : nullptr;
+  const auto* bp = call.bias_data();
   auto* yp = static_cast<uint16_t*>(y.mutable_data_ptr());
   if (amx_min_rows > 0 && M >= amx_min_rows && K2 % 16 == 0 && bf16_amx_ready()) {
-    at::parallel_for(0, groups, 1, [&](int64_t g_begin, int64_t g_end) {
+    at::parallel_for(0, call.groups, 1, [&](int64_t g_begin, int64_t g_end) {
       bf16_amx_groups(xp, ldx, M, GroupWeights{wp, {}}, K2, g_begin, g_end, bp, yp, N, N);
     });
-    return y.view(out_shape);
+    return y.view(call.out_shape);
   }
-  bf16_dot_rows(xp, ldx, M, GroupWeights{wp, {}}, K2, groups, bp, yp, N);
-  return y.view(out_shape);
+  bf16_dot_rows(xp, ldx, M, GroupWeights{wp, {}}, K2, call.groups, bp, yp, N);
+  return y.view(call.out_shape);
+}
+
+at::Tensor bf16_dot_silu_and_mul(const at::Tensor& x, const at::Tensor& packed,
+                                 int64_t out_features, const std::optional<at::Tensor>& bias,
+                                 int64_t amx_min_rows) {
+  TORCH_CHECK(out_features % 2 == 0, "gate_up's out_features must be even, got ", out_features);
+  const int64_t I = out_features / 2;
+  PackedCall call(x, packed, out_features, bias);
+  const bool amx = amx_min_rows > 0 && call.M >= amx_min_rows && call.K2 % 16 == 0 && bf16_amx_ready();
+  if (amx || I % kGroup != 0) {  // the two ops one after the other: the same bits
+    const at::Tensor gate_up = bf16_dot_linear(x, packed, out_features, bias, amx_min_rows);
+    at::Tensor activated = call.output(I);
+    silu_and_mul(gate_up.reshape({-1, out_features}), activated);
+    return activated.view(call.out_shape);
+  }
+  at::Tensor y = call.output(I);
+  // Unit u: gate group u and up group u + I / 32 (every group whole: I % 32 == 0).
+  const int64_t group_elems = call.K2 * kGroup * 2, units = I / kGroup;
+  const UnitLayout layout{units, 2, units * group_elems, group_elems, units, kGroup,
+                          call.M >= 2 * kPairTile};
+  unit_rows(call.x_data(), call.ldx, call.M,
+            GroupWeights{static_cast<const uint16_t*>(packed.const_data_ptr()), {}}, call.K2, layout,
+            SiluMulStore{call.bias_data(), static_cast<uint16_t*>(y.mutable_data_ptr()), I});
+  return y.view(call.out_shape);
 }
 
 }  // namespace paged_core_cpu
@@ -209,6 +351,10 @@ PAGED_CORE_LIBRARY_FRAGMENT(m) {
         "int amx_min_rows=0) -> Tensor");
   m.impl("pack_bf16_dot_weight", c10::DispatchKey::CPU, TORCH_FN(paged_core_cpu::pack_bf16_dot_weight));
   m.impl("bf16_dot_linear", c10::DispatchKey::CPU, TORCH_FN(paged_core_cpu::bf16_dot_linear));
+  m.def("bf16_dot_silu_and_mul(Tensor x, Tensor packed, int out_features, Tensor? bias, "
+        "int amx_min_rows=0) -> Tensor");
+  m.impl("bf16_dot_silu_and_mul", c10::DispatchKey::CPU,
+         TORCH_FN(paged_core_cpu::bf16_dot_silu_and_mul));
   m.def("bf16_amx_ready() -> bool", &paged_core_cpu::bf16_amx_ready);
 }
 

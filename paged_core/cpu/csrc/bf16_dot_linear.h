@@ -17,6 +17,13 @@ at::Tensor pack_bf16_dot_weight(const at::Tensor& weight);
 // amx_min_rows rows (0: none) run on AMX tiles where bf16_amx_ready() and K % 32 == 0.
 at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
                            const std::optional<at::Tensor>& bias, int64_t amx_min_rows);
+// silu_and_mul (fused_ops.h) of bf16_dot_linear(x, packed, out_features = 2 I, bias,
+// amx_min_rows) [..., I], bit for bit, without the [..., 2 I] product in between: each
+// row tile's gate and up sums go through SiLU-and-mul in registers (unless AMX takes the
+// call, or I % 32 != 0: then the two ops run one after the other).
+at::Tensor bf16_dot_silu_and_mul(const at::Tensor& x, const at::Tensor& packed,
+                                 int64_t out_features, const std::optional<at::Tensor>& bias,
+                                 int64_t amx_min_rows);
 
 // True if this CPU has AMX-BF16, this build has the AMX code and the OS granted the tile
 // state (asked once per process; bf16_amx_linear.cpp).

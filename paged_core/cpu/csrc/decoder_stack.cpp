@@ -11,7 +11,8 @@
 //     write k, v of the real tokens to their slots (quantized rows for an int8 / fp8
 //     cache: write_slots, also the op write_kv_slots);  a = paged_attention(q, caches)
 //     residual += o(a);  normed = rms_norm(residual, post_norm[i])
-//     residual += down(silu(gate) * up of gate_up(normed))
+//     residual += down(silu(gate) * up of gate_up(normed))  (in gate_up's epilogue where
+//                                                          bf16_dot_silu_and_mul can)
 //     hidden = rms_norm(residual, input_norm[i + 1] or the final norm)
 //   return hidden
 //
@@ -122,6 +123,19 @@ struct Projection {
     paged_core_cpu::lora_apply(y, x, lora->a, lora->b_t, lora->width, lora->part_starts,
                                lora_token_slots);
     return y;
+  }
+
+  // silu_and_mul of this projection's product (a gate_up: [gate | up]): in the product's
+  // epilogue where the weight is bf16_dot_linear's and no row has an adapter (the same bits).
+  at::Tensor silu_and_mul_of(const at::Tensor& x, const at::Tensor& lora_token_slots) const {
+#if defined(__AVX512BF16__)
+    if (bf16_dot_out_features > 0 && !quantized && !(lora && lora_token_slots.defined()))
+      return paged_core_cpu::bf16_dot_silu_and_mul(x, weight, bf16_dot_out_features, bias, amx_min_rows);
+#endif
+    const at::Tensor gate_up = (*this)(x, lora_token_slots);
+    at::Tensor activated = at::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
+    paged_core_cpu::silu_and_mul(gate_up, activated);
+    return activated;
   }
 
   at::Tensor base(const at::Tensor& x) const {
@@ -341,9 +355,7 @@ class DecoderStack : public torch::CustomClassHolder {
       const at::Tensor attention = attend(layer, hidden, k_caches[i], v_caches[i], step);
       at::Tensor normed = at::empty_like(residual);
       paged_core_cpu::add_rms_norm(residual, attention, layer.post_norm, eps_, normed);
-      const at::Tensor gate_up = layer.gate_up(normed, step.lora);
-      at::Tensor activated = at::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
-      paged_core_cpu::silu_and_mul(gate_up, activated);
+      const at::Tensor activated = layer.gate_up.silu_and_mul_of(normed, step.lora);
       const at::Tensor mlp = layer.down(activated, step.lora);
       hidden = at::empty_like(residual);
       const at::Tensor& next_norm = i + 1 < layers_.size() ? layers_[i + 1].input_norm : final_norm_;
