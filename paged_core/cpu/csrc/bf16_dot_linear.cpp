@@ -6,8 +6,8 @@
 // so one 64-byte load holds the pairs (k, k + 1) of 16 outputs: exactly vdpbf16ps's operand.
 // Each group is one contiguous stream of 32 K * 2 bytes.
 //
-// bf16_dot_linear walks the groups (split between threads) and, for each, every tile of up
-// to 12 rows: per pair of k, one or two weight loads, one broadcast of x per row, and a
+// bf16_dot_linear walks the groups (claimed by threads as they go: claimed_ranges.h) and,
+// for each, every tile of up to 12 rows: per pair of k, one or two weight loads, one broadcast of x per row, and a
 // vdpbf16ps per (row, 16 outputs), accumulating in float32; then + bias, rounded to
 // bfloat16 (nearest even). A group's weights come from memory during its first row tile
 // and from L1/L2 for the others; the thread's next group is prefetched meanwhile, its
@@ -40,12 +40,14 @@
 
 #include "bf16_dot_linear.h"
 #include "bf16_linear_epilogue.h"
+#include "claimed_ranges.h"
 #include "cpu_common.h"
 #include "cpu_simd.h"
 #include "fused_ops.h"
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
+#include <omp.h>
 
 namespace {
 
@@ -186,40 +188,55 @@ void any_row_tile(int64_t rows, const uint16_t* x, int64_t ldx, const uint16_t* 
   TORCH_CHECK(false, "row tiles of ", G, " groups hold 1 to ", G == 1 ? kRowTile : kPairTile, " rows");
 }
 
-// Rows [0, M) of x times every unit of `units` (split between threads by units), each row
-// tile's sums handed to store. Widened weights (packed null: units of one group) are widened
-// a group at a time into a buffer of the thread's, right before that group's row tiles.
+// Rows [0, M) of x times every unit of `units`, each row tile's sums handed to store. The
+// work is (row block, unit) pairs, row blocks in turn, claimed by the threads one at a time
+// (ClaimedRanges: each thread its own run of pairs first, then what others have left): a
+// unit's bits do not depend on the thread that runs it, and a thread the OS delays leaves
+// the rest of its run to the others instead of holding up the op's end. A thread claims its
+// next pair as it starts one and, for packed weights, prefetches that pair's weights in
+// shares over this one's full row tiles; widened weights (packed null: units of one group)
+// are widened a group at a time into a buffer of the thread's, right before that group's
+// row tiles.
 template <typename Store>
 void unit_rows(const uint16_t* xp, int64_t ldx, int64_t M, const paged_core_cpu::GroupWeights& weights,
                int64_t K2, const UnitLayout& units, const Store& store) {
   const bool widened = weights.packed == nullptr;
   TORCH_CHECK(!widened || units.G == 1, "widened weights come one group at a time");
   const int64_t tile_rows = units.G == 1 ? kRowTile : kPairTile;
-  for (int64_t m_begin = 0; m_begin < M; m_begin += kRowBlock) {
-    const int64_t m_end = std::min(M, m_begin + kRowBlock);
-    at::parallel_for(0, units.count, 1, [&](int64_t u_begin, int64_t u_end) {
-      // One widened group (left uninitialised: widen writes all of it before it is read).
-      const std::unique_ptr<uint16_t[]> group(widened ? new uint16_t[K2 * kGroup * 2] : nullptr);
-      for (int64_t u = u_begin; u < u_end; ++u) {
-        const uint16_t* w = widened ? group.get() : weights.packed + u * units.unit_step;
-        if (widened) weights.widen(u, u + 1, group.get());
-        const char* next = !widened && units.prefetch && u + 1 < u_end
-                               ? reinterpret_cast<const char*>(w + units.unit_step) : nullptr;
-        const bool pair = units.G == 2 && u < units.single_from;
-        // Shares go to the full tiles (a short last tile would take its share in a burst).
-        const int64_t sharing = std::max<int64_t>((m_end - m_begin) / tile_rows, 1);
-        for (int64_t m = m_begin; m < m_end; m += tile_rows) {
-          const int64_t rows = std::min(tile_rows, m_end - m);
-          const int64_t tile = (m - m_begin) / tile_rows;
-          const NextGroups share{tile < sharing ? next : nullptr, tile, sharing};
-          const int64_t n0 = u * units.unit_columns;
-          if (pair)
-            any_row_tile<2>(rows, xp + m * ldx, ldx, w, units.group_step, K2, share, store, m, n0);
-          else
-            any_row_tile<1>(rows, xp + m * ldx, ldx, w, units.group_step, K2, share, store, m, n0);
-        }
+  const int64_t pairs = (M + kRowBlock - 1) / kRowBlock * units.count;
+  const int threads = at::in_parallel_region()
+                          ? 1 : static_cast<int>(std::min<int64_t>(at::get_num_threads(), pairs));
+  paged_core_cpu::ClaimedRanges claims(pairs, threads);
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num();
+    // One widened group (left uninitialised: widen writes all of it before it is read).
+    const std::unique_ptr<uint16_t[]> group(widened ? new uint16_t[K2 * kGroup * 2] : nullptr);
+    int64_t i = claims.take(t);
+    while (i >= 0) {
+      const int64_t after = claims.take(t);
+      const int64_t u = i % units.count, m_begin = i / units.count * kRowBlock;
+      const int64_t m_end = std::min(M, m_begin + kRowBlock);
+      const uint16_t* w = widened ? group.get() : weights.packed + u * units.unit_step;
+      if (widened) weights.widen(u, u + 1, group.get());  // plain loops: never throws
+      const char* next = !widened && units.prefetch && after >= 0
+                             ? reinterpret_cast<const char*>(weights.packed + after % units.count * units.unit_step)
+                             : nullptr;
+      const bool pair = units.G == 2 && u < units.single_from;
+      // Shares go to the full tiles (a short last tile would take its share in a burst).
+      const int64_t sharing = std::max<int64_t>((m_end - m_begin) / tile_rows, 1);
+      for (int64_t m = m_begin; m < m_end; m += tile_rows) {
+        const int64_t rows = std::min(tile_rows, m_end - m);
+        const int64_t tile = (m - m_begin) / tile_rows;
+        const NextGroups share{tile < sharing ? next : nullptr, tile, sharing};
+        const int64_t n0 = u * units.unit_columns;
+        if (pair)
+          any_row_tile<2>(rows, xp + m * ldx, ldx, w, units.group_step, K2, share, store, m, n0);
+        else
+          any_row_tile<1>(rows, xp + m * ldx, ldx, w, units.group_step, K2, share, store, m, n0);
       }
-    });
+      i = after;
+    }
   }
 }
 

@@ -30,14 +30,15 @@ at::Tensor bf16_dot_silu_and_mul(const at::Tensor& x, const at::Tensor& packed,
 bool bf16_amx_ready();
 // The weights bf16_dot_rows and bf16_amx_groups multiply, in the packed layout: the whole
 // packed weight, or (packed null) `widen(g0, g1, out)`, which writes column groups [g0, g1)
-// into out (K2 * 64 values a group; e.g. quantized levels, dequantized a chunk at a time).
+// into out (K2 * 64 values a group; e.g. quantized levels, dequantized a chunk at a time;
+// it runs inside parallel regions and must not throw).
 struct GroupWeights {
   const uint16_t* packed = nullptr;
   std::function<void(int64_t g0, int64_t g1, uint16_t* out)> widen;
 };
 // Rows [0, M) of x (ldx elements apart) times the `groups` column groups of w (K2 k pairs)
-// on vdpbf16ps, plus bias (or null), into y [M, N] (N columns, N apart), split between
-// threads by groups. Widened weights (w.widen) are widened one group at a time into a buffer
+// on vdpbf16ps, plus bias (or null), into y [M, N] (N columns, N apart), groups claimed by
+// threads as they go (the bits do not depend on which thread ran a group). Widened weights (w.widen) are widened one group at a time into a buffer
 // of the thread's, right before that group's row tiles read it from L1/L2.
 void bf16_dot_rows(const uint16_t* x, int64_t ldx, int64_t M, const GroupWeights& w, int64_t K2,
                    int64_t groups, const uint16_t* bias, uint16_t* y, int64_t N);
