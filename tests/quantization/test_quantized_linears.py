@@ -133,6 +133,32 @@ def test_the_dense_path_widens_each_group_for_every_block_of_rows(cpu_isa, kind)
         assert torch.equal(layer.product(x[row:row + 1]), dense[row:row + 1])
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_column_kernels_give_the_same_bits_however_many_threads_claim_the_groups(cpu_isa, threads):
+    """Column groups are claimed by the threads as they go (claimed_ranges.h): 1 or 3 threads
+    (more than this machine's cores, some ranges left to thieves) give the bits of the
+    default team, on the row kernels and on the widened dense path."""
+    gen = torch.Generator().manual_seed(8)
+    layer = Int4Linear(int4_weight(200, 256, 32, gen), False, torch.bfloat16)
+    if not layer.column_outputs or layer.amx_min_rows:
+        pytest.skip(f"the vdpbf16ps column kernels are the avx512_bf16 level's without AMX; this "
+                    f"run is {cpu_isa}{' with AMX tiles' if layer.amx_min_rows else ''}")
+    x = torch.randn(300, 256, generator=gen).bfloat16()
+    calls = {"rows": (x[:9], 10), "dense": (x, 1)}
+    expected = {}
+    for name, (rows, dense_rows) in calls.items():
+        layer.dense_rows = dense_rows
+        expected[name] = layer.product(rows)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for name, (rows, dense_rows) in calls.items():
+            layer.dense_rows = dense_rows
+            assert torch.equal(layer.product(rows), expected[name]), name
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_without_the_cpp_kernels_every_call_is_dense():
     gen = torch.Generator().manual_seed(0)
     weight = int4_weight(8, 64, 32, gen)

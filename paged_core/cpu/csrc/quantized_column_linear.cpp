@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "bf16_dot_linear.h"
+#include "claimed_ranges.h"
 #include "cpu_common.h"
 #include "quantized_column_layout.h"
 #include "quantized_linear.h"
@@ -182,11 +183,14 @@ void column_gemm_of(const uint16_t* xp, int64_t M, int64_t K, const ColumnGroups
   static constexpr Rows kRows[kRowTile] = {column_rows<L, 1>, column_rows<L, 2>,
                                            column_rows<L, 3>, column_rows<L, 4>};
   const auto* x_pairs = reinterpret_cast<const int32_t*>(xp);
-  at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
+  // Column groups claimed as threads go (claimed_ranges.h), the next one's levels and
+  // factors fetched during this one's first row tile.
+  paged_core_cpu::run_claiming(C, [&](paged_core_cpu::ClaimedRanges& claims, int t) {
+    for (int64_t c = claims.take(t), after; c >= 0; c = after) {
+      after = claims.take(t);
       const __mmask16 lo = lanes_below(N - c * kColumns), hi = lanes_below(N - c * kColumns - 16);
       const ColumnGroup col = w.column<L>(c, K);
-      const ColumnGroup next = c + 1 < c1 ? w.column<L>(c + 1, K) : ColumnGroup{};
+      const ColumnGroup next = after >= 0 ? w.column<L>(after, K) : ColumnGroup{};
       for (int64_t m = 0; m < M; m += kRowTile) {
         const int rows = static_cast<int>(std::min<int64_t>(kRowTile, M - m));
         kRows[rows - 1](x_pairs + m * (K / 2), K / 2, xsum.data() + m * groups, col, groups,
