@@ -305,6 +305,11 @@ struct PackedCall {
   const uint16_t* bias_data() const {
     return bias_bf16.defined() ? static_cast<const uint16_t*>(bias_bf16.const_data_ptr()) : nullptr;
   }
+  // Whether bf16_amx_groups takes the call: amx_min_rows rows or more (0: never), whole
+  // 32-k tile steps, AMX granted.
+  bool takes_amx(int64_t amx_min_rows) const {
+    return amx_min_rows > 0 && M >= amx_min_rows && K2 % 16 == 0 && bf16_amx_ready();
+  }
   // An uninitialised [M, columns] result and its shape (x's, last dimension columns).
   at::Tensor output(int64_t columns) {
     out_shape.back() = columns;
@@ -323,7 +328,7 @@ at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& packed, int64_
   const auto* wp = static_cast<const uint16_t*>(packed.const_data_ptr());
   const auto* bp = call.bias_data();
   auto* yp = static_cast<uint16_t*>(y.mutable_data_ptr());
-  if (amx_min_rows > 0 && M >= amx_min_rows && K2 % 16 == 0 && bf16_amx_ready()) {
+  if (call.takes_amx(amx_min_rows)) {
     at::parallel_for(0, call.groups, 1, [&](int64_t g_begin, int64_t g_end) {
       bf16_amx_groups(xp, ldx, M, GroupWeights{wp, {}}, K2, g_begin, g_end, bp, yp, N, N);
     });
@@ -339,8 +344,7 @@ at::Tensor bf16_dot_silu_and_mul(const at::Tensor& x, const at::Tensor& packed,
   TORCH_CHECK(out_features % 2 == 0, "gate_up's out_features must be even, got ", out_features);
   const int64_t I = out_features / 2;
   PackedCall call(x, packed, out_features, bias);
-  const bool amx = amx_min_rows > 0 && call.M >= amx_min_rows && call.K2 % 16 == 0 && bf16_amx_ready();
-  if (amx || I % kGroup != 0) {  // the two ops one after the other: the same bits
+  if (call.takes_amx(amx_min_rows) || I % kGroup != 0) {  // the two ops one after the other: the same bits
     const at::Tensor gate_up = bf16_dot_linear(x, packed, out_features, bias, amx_min_rows);
     at::Tensor activated = call.output(I);
     silu_and_mul(gate_up.reshape({-1, out_features}), activated);

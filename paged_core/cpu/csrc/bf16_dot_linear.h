@@ -36,10 +36,11 @@ struct GroupWeights {
   const uint16_t* packed = nullptr;
   std::function<void(int64_t g0, int64_t g1, uint16_t* out)> widen;
 };
-// Rows [0, M) of x (ldx elements apart) times the `groups` column groups of w (K2 k pairs)
-// on vdpbf16ps, plus bias (or null), into y [M, N] (N columns, N apart), groups claimed by
-// threads as they go (the bits do not depend on which thread ran a group). Widened weights (w.widen) are widened one group at a time into a buffer
-// of the thread's, right before that group's row tiles read it from L1/L2.
+// Rows [0, M) of x (ldx elements apart) times the `groups` column groups of w (K2 k pairs) on
+// vdpbf16ps, plus bias (or null), into y [M, N] (N columns, N apart), groups claimed by
+// threads as they go (the bits do not depend on which thread ran a group). Widened weights
+// (w.widen) are widened one group at a time into a buffer of the thread's, right before that
+// group's row tiles read it from L1/L2.
 void bf16_dot_rows(const uint16_t* x, int64_t ldx, int64_t M, const GroupWeights& w, int64_t K2,
                    int64_t groups, const uint16_t* bias, uint16_t* y, int64_t N);
 // Rows [0, rows) of x (ldx elements apart) times column groups [g_begin, g_end) of w (K2 k

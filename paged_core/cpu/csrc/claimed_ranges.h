@@ -19,6 +19,7 @@
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -31,6 +32,8 @@ namespace paged_core_cpu {
 class ClaimedRanges {
  public:
   ClaimedRanges(int64_t items, int threads) : threads_(threads), ranges_(new Range[threads]) {
+    TORCH_CHECK(items >= 0 && items < (int64_t{1} << 32), "a range word holds 32-bit item indices, got ",
+                items, " items");
     for (int t = 0; t < threads; ++t)
       ranges_[t].word.store(pack(items * t / threads, items * (t + 1) / threads),
                             std::memory_order_relaxed);
