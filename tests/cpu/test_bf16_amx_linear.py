@@ -1,7 +1,8 @@
 """``Bf16DotLinear`` on AMX tiles (``PAGED_CORE_CPU_LINEAR=amx``): calls of ``amx_min_rows``
 rows or more give the exact product rounded once, every row's bits independent of the other
 rows of such calls, smaller calls and in_features that are not a multiple of 32 the
-``vdpbf16ps`` loop's bits; the setting's checks. The kernel tests run only on CPUs with
+``vdpbf16ps`` loop's bits; SiLU-and-mul fused on the tiles gives the two ops' bits; the
+setting's checks. The kernel tests run only on CPUs with
 AMX-BF16; the refusal of ``amx`` elsewhere runs everywhere."""
 import pytest
 import torch
@@ -21,6 +22,13 @@ def _layer(out_features: int, in_features: int, with_bias: bool, amx_min_rows: i
     weight = torch.randn(out_features, in_features, generator=gen).bfloat16()
     bias = torch.randn(out_features, generator=gen).bfloat16() if with_bias else None
     return Bf16DotLinear(weight, bias, amx_min_rows), weight, bias
+
+
+def _silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """The unfused op: silu_and_mul of the avx512_bf16 level on a product."""
+    from paged_core.models.elementwise import FusedCpuOps
+
+    return FusedCpuOps("avx512_bf16").silu_and_mul(gate_up)
 
 
 def _rows(count: int, in_features: int, seed: int = 1) -> torch.Tensor:
@@ -76,6 +84,44 @@ def test_small_calls_and_in_features_off_the_tiles_take_the_dot_loop():
         dot = _layer(64, in_features, True, amx_min_rows=0)[0]
         x = _rows(rows, in_features)
         assert torch.equal(amx(x), dot(x)), (in_features, rows)
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", [1, 15, 16, 17, 32, 33, 300])
+@pytest.mark.parametrize("width", [32, 96, 48])  # 48: not whole 32-column groups
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_silu_and_mul_on_amx_tiles_gives_the_two_ops_bits(rows, width, with_bias):
+    """The fused op on the tiles (units of gate group u and up group u + I / 32) equals the
+    AMX linear followed by silu_and_mul, bit for bit, and differs from the vdpbf16ps op's bits
+    (so the tiles ran)."""
+    layer = _layer(2 * width, 128, with_bias, amx_min_rows=1)[0]
+    scale = torch.logspace(-2, 2, rows).unsqueeze(1)  # SiLU's negative tail to inf * 0
+    x = (_rows(rows, 128, seed=5).float() * scale).bfloat16()
+    if rows > 1:
+        x[-1, :4] = torch.tensor([float("inf"), float("-inf"), float("nan"), 1e30])
+    expected = _silu_and_mul(layer(x))
+    fused = layer.silu_and_mul(x)
+    assert fused.shape == (rows, width)
+    assert torch.equal(fused.view(torch.int16), expected.view(torch.int16))
+    assert torch.equal(layer.silu_and_mul(x.view(1, rows, 128)).view(torch.int16),
+                       fused.view(1, rows, width).view(torch.int16))
+
+
+@needs_amx
+@pytest.mark.parametrize("threads", [1, 3])
+def test_silu_and_mul_on_amx_tiles_across_l2_chunks_and_threads(threads):
+    # 4096 in_features: a chunk of gate_up units kept in L2 holds one (two groups of 256 KiB)
+    layer = _layer(2 * 160, 4096, True, amx_min_rows=1)[0]
+    x = _rows(70, 4096, seed=3) / 8
+    dot = _layer(2 * 160, 4096, True, amx_min_rows=0)[0]
+    assert not torch.equal(layer.silu_and_mul(x), dot.silu_and_mul(x))
+    expected = _silu_and_mul(layer(x))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert torch.equal(layer.silu_and_mul(x).view(torch.int16), expected.view(torch.int16))
+    finally:
+        torch.set_num_threads(before)
 
 
 @needs_amx

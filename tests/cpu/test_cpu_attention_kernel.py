@@ -192,6 +192,43 @@ def test_decode_loop_matches_the_tiles_and_can_be_left_out(head_dim, group, wind
     assert torch.equal(alone[0], outs[False][last])
 
 
+def test_with_amx_tiles_decodes_keep_the_decode_loop_unless_it_is_left_out():
+    """On AMX tiles, one-query units still take the decode loop (a decode's few query rows
+    would fill a sliver of a tile): the same bits as without the tiles, while prompt tiles
+    run on AMX; with ``decode_loop=False`` every query is on the tiles, and a prompt's last
+    token gets the same bits alone as inside its chunk."""
+    from paged_core.attention.cpu_kernels import bf16_attention_amx
+
+    try:
+        amx = bf16_attention_amx("avx512_bf16")
+    except (ValueError, RuntimeError) as refused:
+        pytest.skip(f"no AMX attention here: {refused}")
+    if not amx:
+        pytest.skip("no AMX attention here: this CPU lacks amx_bf16 or AVX512-BF16")
+    seq_lens, query_lens = [600, 300, 90], [200, 1, 1]
+    query, k_cache, v_cache, tables, lens, starts = _step(seq_lens, query_lens, 2, 3, 64, 16,
+                                                          torch.bfloat16, seed=6)
+    expected = _reference(query, k_cache, v_cache, tables, lens, starts, 0.125, None)
+
+    def attend(amx_tiles, decode_loop, rows=slice(None), seqs=slice(None), starts=starts):
+        return cpu_paged_attention(query[rows], k_cache, v_cache, tables[seqs], lens[seqs], starts,
+                                   0.125, cpu_isa="avx512_bf16", amx_tiles=amx_tiles,
+                                   decode_loop=decode_loop)
+
+    tiles, plain = attend(True, True), attend(False, True)
+    torch.testing.assert_close(tiles.double(), expected, atol=2e-2, rtol=2e-2)
+    decodes = [int(starts[1]), int(starts[2])]
+    assert torch.equal(tiles[decodes], plain[decodes])
+    # the prompt's tiles ran on AMX: tdpbf16ps rounds a few of its 76800 outputs differently
+    assert not torch.equal(tiles[:200], plain[:200])
+    invariant = attend(True, False)
+    torch.testing.assert_close(invariant.double(), expected, atol=2e-2, rtol=2e-2)
+    last = int(starts[1]) - 1  # sequence 0's last prompt token, alone as a one-token chunk
+    alone = attend(True, False, slice(last, last + 1), slice(0, 1),
+                   torch.tensor([0, 1], dtype=torch.int32))
+    assert torch.equal(alone[0], invariant[last])
+
+
 def test_out_argument_padding_rows_threads_and_strided_query(cpu_isa):
     query, k_cache, v_cache, tables, lens, starts = _step([5, 300, 41], [5, 20, 1], 2, 2, 64, 16,
                                                           torch.float32, pad=3, seed=1)

@@ -18,6 +18,10 @@
 // took AMX (bf16_dot_linear's amx_min_rows); within AMX calls they do not depend on the
 // other rows.
 //
+// gate_up's SiLU-and-mul (bf16_amx_silu_and_mul) runs units of two groups, gate group u and
+// up group u + I / 32, and stores silu_and_mul's bits of the pair's sums (silu_mul_bits, as
+// the vdpbf16ps fused op does), so the [rows, 2 I] product never reaches memory.
+//
 // The weights may also come a chunk at a time from a widening function (GroupWeights.widen:
 // the quantized column layout's dense path), written into a per-thread buffer that the
 // chunk's row tiles then read from L2.
@@ -162,47 +166,90 @@ bool bf16_amx_ready() {
   return ready;
 }
 
-void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const GroupWeights& w, int64_t K2,
-                     int64_t g_begin, int64_t g_end, const uint16_t* bias, uint16_t* y,
-                     int64_t ldy, int64_t N) {
+namespace {
+
+// Units [u_begin, u_end) of G column groups each (groups u + i * group_offset, i < G; G == 1
+// for widened weights) times rows [0, rows) of x on AMX tiles: every unit's float32 sums,
+// c[i] [block][32] for its group i, go to store(c, block, m, u) for each row block
+// [m, m + block). Units go in chunks whose weights fit L2, every row block passing each chunk.
+template <int G, typename Store>
+void amx_units(const uint16_t* x, int64_t ldx, int64_t rows, const GroupWeights& w, int64_t K2,
+               int64_t group_offset, int64_t u_begin, int64_t u_end, const Store& store) {
   const int64_t K = 2 * K2, group_values = K2 * 64;
   // Widened weights: a chunk at a time, written where the chunk's row tiles read it (L2).
   thread_local std::vector<uint16_t> widened;
-  alignas(64) float c[32 * 32];
+  alignas(64) float c[G][32 * 32];
   int64_t configured = 0;  // the rows the tiles are configured for (0: not yet)
-  const int64_t chunk = groups_in_l2(K2);
-  for (int64_t g0 = g_begin; g0 < g_end; g0 += chunk) {
-    const int64_t g1 = std::min(g_end, g0 + chunk);
-    const uint16_t* chunk_weights;
-    if (w.packed != nullptr) {
-      chunk_weights = w.packed + g0 * group_values;
-    } else {
-      widened.resize(std::max<size_t>(widened.size(), chunk * group_values));
-      w.widen(g0, g1, widened.data());
-      chunk_weights = widened.data();
+  const int64_t chunk = std::max<int64_t>(1, groups_in_l2(K2) / G);
+  for (int64_t u0 = u_begin; u0 < u_end; u0 += chunk) {
+    const int64_t u1 = std::min(u_end, u0 + chunk);
+    const uint16_t* weights = w.packed;  // group (u, i) at weights + (u - first) + i * offset
+    int64_t first = 0;
+    if (w.packed == nullptr) {
+      widened.resize(std::max<size_t>(widened.size(), (u1 - u0) * group_values));
+      w.widen(u0, u1, widened.data());
+      weights = widened.data();
+      first = u0;
     }
-    // Groups after this chunk's: in the packed weight only.
-    const int64_t next_end = w.packed != nullptr ? g_end : g1;
+    // Units after this chunk's: in the packed weight only.
+    const int64_t next_end = w.packed != nullptr ? u_end : u1;
+    auto group = [&](int64_t u, int i) {
+      return weights + ((u - first) + i * group_offset) * group_values;
+    };
     for (int64_t m = 0; m < rows; m += 32) {
       const int64_t block = std::min<int64_t>(32, rows - m);
       if (block != configured) {  // a call's last block may be short: tiles of its rows only
         configure_row_block_tiles(block);
         configured = block;
       }
-      for (int64_t g = g0; g < g1; ++g) {
-        const uint16_t* wg = chunk_weights + (g - g0) * group_values;
-        // The first row tile streams the chunk's weights in, each group's while the one
-        // before it runs.
-        const char* next = m == 0 && g + 1 < next_end
-                               ? reinterpret_cast<const char*>(wg + group_values) : nullptr;
-        tile_product(x + m * ldx, ldx, block, wg, K / 32, next, c);
-        for (int half = 0; half < 2; ++half)
-          store_bf16_rows(c + 16 * half, 32, block, bias, y + m * ldy, ldy, g * 32 + 16 * half,
-                          N);
+      for (int64_t u = u0; u < u1; ++u) {
+        for (int i = 0; i < G; ++i) {
+          // The first row tile streams the chunk's weights in, each group's while the one
+          // before it runs.
+          const uint16_t* next = m > 0 ? nullptr
+                                 : i + 1 < G ? group(u, i + 1)
+                                 : u + 1 < next_end ? group(u + 1, 0) : nullptr;
+          tile_product(x + m * ldx, ldx, block, group(u, i), K / 32,
+                       reinterpret_cast<const char*>(next), c[i]);
+        }
+        store(c, block, m, u);
       }
     }
   }
   release_amx_tiles();
+}
+
+}  // namespace
+
+void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const GroupWeights& w, int64_t K2,
+                     int64_t g_begin, int64_t g_end, const uint16_t* bias, uint16_t* y,
+                     int64_t ldy, int64_t N) {
+  amx_units<1>(x, ldx, rows, w, K2, 0, g_begin, g_end,
+               [&](const float (&c)[1][32 * 32], int64_t block, int64_t m, int64_t g) {
+                 for (int half = 0; half < 2; ++half)
+                   store_bf16_rows(c[0] + 16 * half, 32, block, bias, y + m * ldy, ldy,
+                                   g * 32 + 16 * half, N);
+               });
+}
+
+void bf16_amx_silu_and_mul(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* packed,
+                           int64_t K2, int64_t I, int64_t u_begin, int64_t u_end,
+                           const uint16_t* bias, uint16_t* y) {
+  const __mmask16 all = 0xFFFF;
+  amx_units<2>(x, ldx, rows, GroupWeights{packed, {}}, K2, I / 32, u_begin, u_end,
+               [&](const float (&c)[2][32 * 32], int64_t block, int64_t m, int64_t u) {
+                 for (int half = 0; half < 2; ++half) {
+                   const int64_t n = u * 32 + 16 * half;
+                   const __m512 gate_bias = bias_block(bias, n, all);
+                   const __m512 up_bias = bias_block(bias, I + n, all);
+                   for (int64_t r = 0; r < block; ++r)
+                     _mm256_storeu_si256(
+                         reinterpret_cast<__m256i*>(y + (m + r) * I + n),
+                         silu_mul_bits(_mm512_loadu_ps(c[0] + r * 32 + 16 * half),
+                                       _mm512_loadu_ps(c[1] + r * 32 + 16 * half), gate_bias,
+                                       up_bias));
+                 }
+               });
 }
 #else
 bool bf16_amx_ready() { return false; }
@@ -215,6 +262,11 @@ void configure_row_block_tiles(int64_t) { TORCH_CHECK(false, "this build has no 
 
 void bf16_amx_groups(const uint16_t*, int64_t, int64_t, const GroupWeights&, int64_t, int64_t,
                      int64_t, const uint16_t*, uint16_t*, int64_t, int64_t) {
+  TORCH_CHECK(false, "this build has no AMX tiles");
+}
+
+void bf16_amx_silu_and_mul(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, int64_t,
+                           int64_t, int64_t, const uint16_t*, uint16_t*) {
   TORCH_CHECK(false, "this build has no AMX tiles");
 }
 #endif

@@ -109,22 +109,10 @@ struct SiluMulStore {
       const int64_t n = n0 + 16 * b;
       const __m512 gate_bias = paged_core_cpu::bias_block(bias, n, all);
       const __m512 up_bias = paged_core_cpu::bias_block(bias, I + n, all);
-      for (int m = 0; m < MT; ++m) {
-        const __m512 gate = round_bf16(_mm512_add_ps(acc[m][b], gate_bias));
-        const __m512 up = round_bf16(_mm512_add_ps(acc[m][H + b], up_bias));
-        const __m512 out = _mm512_mul_ps(round_bf16(paged_core_cpu::silu16(gate)), up);
-        const __m256i bits = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(out));
-        const __mmask16 nan = _mm512_cmp_ps_mask(out, out, _CMP_UNORD_Q);
+      for (int m = 0; m < MT; ++m)
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + (m0 + m) * I + n),
-                            _mm256_mask_mov_epi16(bits, nan, _mm256_set1_epi16(0x7FC0)));
-      }
+                            paged_core_cpu::silu_mul_bits(acc[m][b], acc[m][H + b], gate_bias, up_bias));
     }
-  }
-
-  // x rounded to bfloat16 (nearest even), as float32.
-  static __m512 round_bf16(__m512 x) {
-    const __m256i bits = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
   }
 };
 
@@ -344,7 +332,7 @@ at::Tensor bf16_dot_silu_and_mul(const at::Tensor& x, const at::Tensor& packed,
   TORCH_CHECK(out_features % 2 == 0, "gate_up's out_features must be even, got ", out_features);
   const int64_t I = out_features / 2;
   PackedCall call(x, packed, out_features, bias);
-  if (call.takes_amx(amx_min_rows) || I % kGroup != 0) {  // the two ops one after the other: the same bits
+  if (I % kGroup != 0) {  // the two ops one after the other: the same bits
     const at::Tensor gate_up = bf16_dot_linear(x, packed, out_features, bias, amx_min_rows);
     at::Tensor activated = call.output(I);
     silu_and_mul(gate_up.reshape({-1, out_features}), activated);
@@ -353,6 +341,15 @@ at::Tensor bf16_dot_silu_and_mul(const at::Tensor& x, const at::Tensor& packed,
   at::Tensor y = call.output(I);
   // Unit u: gate group u and up group u + I / 32 (every group whole: I % 32 == 0).
   const int64_t group_elems = call.K2 * kGroup * 2, units = I / kGroup;
+  if (call.takes_amx(amx_min_rows)) {
+    const auto* wp = static_cast<const uint16_t*>(packed.const_data_ptr());
+    auto* yp = static_cast<uint16_t*>(y.mutable_data_ptr());
+    at::parallel_for(0, units, 1, [&](int64_t u_begin, int64_t u_end) {
+      bf16_amx_silu_and_mul(call.x_data(), call.ldx, call.M, wp, call.K2, I, u_begin, u_end,
+                            call.bias_data(), yp);
+    });
+    return y.view(call.out_shape);
+  }
   const UnitLayout layout{units, 2, units * group_elems, group_elems, units, kGroup,
                           call.M >= 2 * kPairTile};
   unit_rows(call.x_data(), call.ldx, call.M,

@@ -19,8 +19,8 @@ at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& packed, int64_
                            const std::optional<at::Tensor>& bias, int64_t amx_min_rows);
 // silu_and_mul (fused_ops.h) of bf16_dot_linear(x, packed, out_features = 2 I, bias,
 // amx_min_rows) [..., I], bit for bit, without the [..., 2 I] product in between: each
-// row tile's gate and up sums go through SiLU-and-mul in registers (unless AMX takes the
-// call, or I % 32 != 0: then the two ops run one after the other).
+// row tile's gate and up sums go through SiLU-and-mul in registers, on AMX tiles where the
+// linear would take them (unless I % 32 != 0: then the two ops run one after the other).
 at::Tensor bf16_dot_silu_and_mul(const at::Tensor& x, const at::Tensor& packed,
                                  int64_t out_features, const std::optional<at::Tensor>& bias,
                                  int64_t amx_min_rows);
@@ -48,6 +48,13 @@ void bf16_dot_rows(const uint16_t* x, int64_t ldx, int64_t M, const GroupWeights
 void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const GroupWeights& w, int64_t K2,
                      int64_t g_begin, int64_t g_end, const uint16_t* bias, uint16_t* y,
                      int64_t ldy, int64_t N);
+// Units [u_begin, u_end) of gate_up's packed weight ([gate | up], I % 32 == 0 outputs each;
+// unit u: gate group u and up group u + I / 32) times rows [0, rows) of x on AMX tiles:
+// y [rows, I] columns [32 u_begin, 32 u_end) get silu_and_mul's bits of those outputs, as
+// bf16_amx_groups would give them (bias [2 I] or null); K2 % 16 == 0.
+void bf16_amx_silu_and_mul(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* packed,
+                           int64_t K2, int64_t I, int64_t u_begin, int64_t u_end,
+                           const uint16_t* bias, uint16_t* y);
 #endif
 
 }  // namespace paged_core_cpu

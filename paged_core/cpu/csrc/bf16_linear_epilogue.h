@@ -1,12 +1,15 @@
 // The last step of the bfloat16 linears (bf16_dot_linear.cpp, bf16_amx_linear.cpp): float32
 // sums of 16 consecutive output columns, plus the bias, rounded to bfloat16 (nearest even)
-// and stored, masked at the last column N.
+// and stored, masked at the last column N; or, for a gate_up projection, SiLU-and-mul of its
+// gate and up sums (silu_mul_bits).
 #pragma once
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 
 #include <cstdint>
+
+#include "cpu_simd.h"
 
 namespace paged_core_cpu {
 
@@ -36,6 +39,23 @@ inline void store_bf16_rows(const float* c, int64_t ldc, int64_t rows, const uin
   const __m512 b = bias_block(bias, n, mask);
   for (int64_t m = 0; m < rows; ++m)
     store_bf16(y + m * ldy + n, mask, _mm512_loadu_ps(c + m * ldc), b);
+}
+
+// x rounded to bfloat16 (nearest even), as float32.
+inline __m512 round_bf16(__m512 x) {
+  const __m256i bits = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// silu_and_mul's bits (fused_ops.cpp) for 16 outputs of a gate_up linear's bfloat16 outputs
+// g, u = bf16(sum + bias): bf16(bf16(silu(g)) * u), NaN as 0x7FC0.
+inline __m256i silu_mul_bits(__m512 gate_sums, __m512 up_sums, __m512 gate_bias, __m512 up_bias) {
+  const __m512 gate = round_bf16(_mm512_add_ps(gate_sums, gate_bias));
+  const __m512 up = round_bf16(_mm512_add_ps(up_sums, up_bias));
+  const __m512 out = _mm512_mul_ps(round_bf16(silu16(gate)), up);
+  const __m256i bits = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(out));
+  const __mmask16 nan = _mm512_cmp_ps_mask(out, out, _CMP_UNORD_Q);
+  return _mm256_mask_mov_epi16(bits, nan, _mm256_set1_epi16(0x7FC0));
 }
 
 }  // namespace paged_core_cpu
