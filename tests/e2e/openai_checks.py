@@ -66,6 +66,13 @@ def streaming(served: Served, reference_texts: dict[str, str]) -> None:
     assert "".join(deltas) == reference_texts["<chat>"]
 
 
+# Tokens per stream of the concurrency check: long enough that a stream admitted first cannot
+# finish before the last of the n requests reaches the engine. With 32, on a 2-core Intel Xeon
+# with AMX under a parallel test run, two streams decoded alone at ~8 ms a token finished
+# before the other 14 requests' HTTP handling was through (0.57 s later).
+CONCURRENT_STREAM_TOKENS = 96
+
+
 async def _concurrent(served: Served, n: int) -> tuple[list[tuple[float, float]], float]:
     client = served.async_client()
     peak = 0.0
@@ -73,7 +80,8 @@ async def _concurrent(served: Served, n: int) -> tuple[list[tuple[float, float]]
 
     async def one(i: int) -> tuple[float, float]:
         stream = await client.completions.create(
-            model=MODEL, prompt=f"{PROMPTS[i % len(PROMPTS)]} ({i})", max_tokens=32,
+            model=MODEL, prompt=f"{PROMPTS[i % len(PROMPTS)]} ({i})",
+            max_tokens=CONCURRENT_STREAM_TOKENS,
             temperature=0.8, seed=i, extra_body={"ignore_eos": True}, stream=True)
         times = [time.monotonic() async for c in stream if c.choices and c.choices[0].text]
         assert len(times) >= 2
