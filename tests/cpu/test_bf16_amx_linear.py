@@ -92,8 +92,7 @@ def test_small_calls_and_in_features_off_the_tiles_take_the_dot_loop():
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_silu_and_mul_on_amx_tiles_gives_the_two_ops_bits(rows, width, with_bias):
     """The fused op on the tiles (units of gate group u and up group u + I / 32) equals the
-    AMX linear followed by silu_and_mul, bit for bit, and differs from the vdpbf16ps op's bits
-    (so the tiles ran)."""
+    AMX linear followed by silu_and_mul, bit for bit, with any leading shape."""
     layer = _layer(2 * width, 128, with_bias, amx_min_rows=1)[0]
     scale = torch.logspace(-2, 2, rows).unsqueeze(1)  # SiLU's negative tail to inf * 0
     x = (_rows(rows, 128, seed=5).float() * scale).bfloat16()

@@ -183,7 +183,7 @@ void amx_units(const uint16_t* x, int64_t ldx, int64_t rows, const GroupWeights&
   const int64_t chunk = std::max<int64_t>(1, groups_in_l2(K2) / G);
   for (int64_t u0 = u_begin; u0 < u_end; u0 += chunk) {
     const int64_t u1 = std::min(u_end, u0 + chunk);
-    const uint16_t* weights = w.packed;  // group (u, i) at weights + (u - first) + i * offset
+    const uint16_t* weights = w.packed;  // group(u, i): (u - first) + i * group_offset groups in
     int64_t first = 0;
     if (w.packed == nullptr) {
       widened.resize(std::max<size_t>(widened.size(), (u1 - u0) * group_values));

@@ -110,8 +110,9 @@ struct SiluMulStore {
       const __m512 gate_bias = paged_core_cpu::bias_block(bias, n, all);
       const __m512 up_bias = paged_core_cpu::bias_block(bias, I + n, all);
       for (int m = 0; m < MT; ++m)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + (m0 + m) * I + n),
-                            paged_core_cpu::silu_mul_bits(acc[m][b], acc[m][H + b], gate_bias, up_bias));
+        _mm256_storeu_si256(
+            reinterpret_cast<__m256i*>(y + (m0 + m) * I + n),
+            paged_core_cpu::silu_mul_bits(acc[m][b], acc[m][H + b], gate_bias, up_bias));
     }
   }
 };

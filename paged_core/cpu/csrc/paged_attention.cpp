@@ -21,9 +21,9 @@
 // bfloat16 caches (head_dim % 32 == 0) take attention_tiles_bf16.h's tiles (of up to
 // kBf16TileQueries queries), and their one-query units (decodes) attention_decode_bf16.h's
 // loop where it beats them (decode_rows_fit), with or without amx_tiles; with amx_tiles the
-// other units' products run on AMX tiles (attention_tiles_amx.h). It needs the avx512_bf16 build on a CPU and OS
-// granting AMX tiles (else an error); float32 and quantized-cache calls compute as they do
-// without it.
+// other units' products run on AMX tiles (attention_tiles_amx.h). That needs the avx512_bf16
+// build on a CPU and OS granting AMX tiles (else an error); float32 and quantized-cache calls
+// compute as they do without it.
 //
 // Registered as torch.ops.paged_core_cpu_<level>.paged_attention (no pybind needed).
 #include <ATen/core/Tensor.h>
@@ -471,7 +471,7 @@ void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
                                                    pb.G, pb.D, decode_loop, splits, partial_floats);
   const int max_rows = static_cast<int>(kBf16TileQueries) * pb.G;
   // One-query units take the decode loop (attention_decode_bf16.h), with amx too (a decode's
-  // G query rows would fill a sixteenth of a tile: 30 SmolLM2 layers, 11 decodes of 250
+  // G query rows would fill G of a tile's 16 rows: 30 SmolLM2 layers, 11 decodes of 250
   // tokens, 5.1 against 6.4 ms on the tiles, 2-core Xeon with AMX), and prompt tiles cut
   // their keys by their query count (part_keys), unless the caller wants every query on the
   // tiles cut alike (batch-invariant mode: a prompt's last token comes alone in one schedule
