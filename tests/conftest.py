@@ -105,6 +105,17 @@ def _use_cpu_isa(level, monkeypatch):
 
 
 @pytest.fixture
+def torch_threads():
+    """``torch_threads(n)`` sets torch's intra-op thread count for the rest of the test; the
+    count from before the test comes back after it, however it ends."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
 def amx_cpu_without_tile_state(monkeypatch):
     """A CPU that reports AMX-BF16 while the OS grants no AMX tile state (Linux before 5.16):
     the ``avx512_bf16`` kernels' ``bf16_amx_ready`` says no."""

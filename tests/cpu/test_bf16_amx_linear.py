@@ -108,19 +108,15 @@ def test_silu_and_mul_on_amx_tiles_gives_the_two_ops_bits(rows, width, with_bias
 
 @needs_amx
 @pytest.mark.parametrize("threads", [1, 3])
-def test_silu_and_mul_on_amx_tiles_across_l2_chunks_and_threads(threads):
+def test_silu_and_mul_on_amx_tiles_across_l2_chunks_and_threads(threads, torch_threads):
     # 4096 in_features: a chunk of gate_up units kept in L2 holds one (two groups of 256 KiB)
     layer = _layer(2 * 160, 4096, True, amx_min_rows=1)[0]
     x = _rows(70, 4096, seed=3) / 8
     dot = _layer(2 * 160, 4096, True, amx_min_rows=0)[0]
     assert not torch.equal(layer.silu_and_mul(x), dot.silu_and_mul(x))
     expected = _silu_and_mul(layer(x))
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        assert torch.equal(layer.silu_and_mul(x).view(torch.int16), expected.view(torch.int16))
-    finally:
-        torch.set_num_threads(before)
+    torch_threads(threads)
+    assert torch.equal(layer.silu_and_mul(x).view(torch.int16), expected.view(torch.int16))
 
 
 @needs_amx

@@ -126,16 +126,12 @@ def test_silu_and_mul_needs_a_gate_up_product():
 
 
 @pytest.mark.parametrize("threads", [1, 3, 5])
-def test_the_bits_do_not_depend_on_how_many_threads_claim_the_work(threads):
+def test_the_bits_do_not_depend_on_how_many_threads_claim_the_work(threads, torch_threads):
     weight, bias = _layer(2 * 96, 128, True, seed=6)
     layer = Bf16DotLinear(weight, bias)
     x = torch.randn(600, 128, generator=torch.Generator().manual_seed(7)).bfloat16()  # 3 row blocks
-    before = torch.get_num_threads()
     expected = {rows: (layer(x[:rows]), layer.silu_and_mul(x[:rows])) for rows in (1, 4, 600)}
-    torch.set_num_threads(threads)
-    try:
-        for rows, (product, activated) in expected.items():
-            assert torch.equal(layer(x[:rows]), product)
-            assert torch.equal(layer.silu_and_mul(x[:rows]), activated)
-    finally:
-        torch.set_num_threads(before)
+    torch_threads(threads)
+    for rows, (product, activated) in expected.items():
+        assert torch.equal(layer(x[:rows]), product)
+        assert torch.equal(layer.silu_and_mul(x[:rows]), activated)

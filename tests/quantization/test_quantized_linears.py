@@ -134,7 +134,8 @@ def test_the_dense_path_widens_each_group_for_every_block_of_rows(cpu_isa, kind)
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-def test_column_kernels_give_the_same_bits_however_many_threads_claim_the_groups(cpu_isa, threads):
+def test_column_kernels_give_the_same_bits_however_many_threads_claim_the_groups(cpu_isa, threads,
+                                                                                 torch_threads):
     """Column groups are claimed by the threads as they go (claimed_ranges.h): 1 or 3 threads
     (more than this machine's cores, some ranges left to thieves) give the bits of the
     default team, on the row kernels and on the widened dense path."""
@@ -149,14 +150,10 @@ def test_column_kernels_give_the_same_bits_however_many_threads_claim_the_groups
     for name, (rows, dense_rows) in calls.items():
         layer.dense_rows = dense_rows
         expected[name] = layer.product(rows)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        for name, (rows, dense_rows) in calls.items():
-            layer.dense_rows = dense_rows
-            assert torch.equal(layer.product(rows), expected[name]), name
-    finally:
-        torch.set_num_threads(before)
+    torch_threads(threads)
+    for name, (rows, dense_rows) in calls.items():
+        layer.dense_rows = dense_rows
+        assert torch.equal(layer.product(rows), expected[name]), name
 
 
 def test_without_the_cpp_kernels_every_call_is_dense():

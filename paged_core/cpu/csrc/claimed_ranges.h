@@ -77,8 +77,7 @@ class ClaimedRanges {
 
 // Runs thread_body(claims, t) on each thread t of a team of min(at::get_num_threads(), items)
 // threads (one inside another parallel region; none for no items), claims shared over
-// [0, items). A body takes
-// its items with claims.take(t) until it gets -1; it must not throw.
+// [0, items). A body takes its items with claims.take(t) until it gets -1; it must not throw.
 template <typename ThreadBody>
 void run_claiming(int64_t items, ThreadBody&& thread_body) {
   if (items <= 0) return;
