@@ -33,7 +33,6 @@ import hashlib
 import logging
 import os
 import platform
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,15 +83,31 @@ def build_directory(level: str | None = None) -> Path:
     return Path(_get_build_directory(name, verbose=False))
 
 
-def _ensure_ninja_on_path() -> None:
-    """torch runs ``ninja`` from PATH; a venv used without activation has it only in its bin."""
-    if shutil.which("ninja"):
-        return
+@contextlib.contextmanager
+def _wheel_ninja_first_on_path() -> Iterator[None]:
+    """While torch builds, the ``ninja`` of the ``ninja`` wheel (a dependency) comes first on
+    PATH, whatever else PATH holds; afterwards PATH is as it was.
+
+    torch runs ``ninja`` from PATH, and ninja versions keep build logs the others cannot
+    read (1.13's log format and command hashes differ from 1.11's): processes of one install
+    that found different ninjas (a venv not activated finds the system's; the Triton
+    launcher puts the venv's bin first) rebuilt every kernel (minutes on 2 cores) whenever
+    the other had built last. Without the wheel, PATH's ninja builds (or the build says
+    that ninja is missing)."""
     try:
         import ninja
     except ImportError:
-        return  # the build then says that ninja is missing
-    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+        yield
+        return
+    path = os.environ.get("PATH")
+    os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, *([path] if path else [])])
+    try:
+        yield
+    finally:
+        if path is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = path
 
 
 @contextlib.contextmanager
@@ -127,9 +142,8 @@ def _load(level: str) -> str | None:
     try:
         from torch.utils.cpp_extension import load
 
-        _ensure_ninja_on_path()
         folder = build_directory(level)
-        with _build_folder_lock(folder):
+        with _build_folder_lock(folder), _wheel_ninja_first_on_path():
             load(
                 name=ops_namespace(level),
                 sources=[str(_CSRC / source) for source in _SOURCES],

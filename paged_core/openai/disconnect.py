@@ -21,14 +21,25 @@ class ClientDisconnected(Exception):
     """The client went away before the response was ready."""
 
 
-class NothingToSend(Response):
-    """The "response" to a client that has left: sends nothing (any send would fail)."""
+class ClientClosedRequest(Response):
+    """The response to a client that has left: an empty 499 (nginx's "client closed
+    request"), which no client reads.
+
+    It is sent all the same, because the ASGI server and the middleware around the app
+    count a request as open until its response ends: one that never starts (an app that
+    returns without sending) held BentoML's graceful shutdown until its grace ran out and
+    the worker was killed. A server that refuses sends to a gone client (ASGI spec >= 2.4:
+    ``OSError``) ends the cycle itself; that refusal is swallowed here.
+    """
 
     def __init__(self) -> None:
         super().__init__(status_code=499)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        return None
+        try:
+            await super().__call__(scope, receive, send)
+        except OSError:
+            pass
 
 
 async def wait_for_disconnect(receive: Receive) -> None:

@@ -23,7 +23,7 @@ from paged_core.outputs import CompletionOutput, RequestOutput
 from paged_core.sampling_params import SamplingParams
 
 from . import generation
-from .disconnect import ClientDisconnected, NothingToSend, SSEResponse, cancel_on_disconnect
+from .disconnect import ClientDisconnected, ClientClosedRequest, SSEResponse, cancel_on_disconnect
 from .errors import ENGINE_ERRORS, OpenAIError, engine_error, error_body
 from .metrics import ServingMetrics
 
@@ -96,13 +96,13 @@ async def run(request: Request, job: Job, stream: bool) -> Response:
             lambda: generation.start_all(job.engine, job.prompts, job.params, job.metrics,
                                          job.refusal, job.options))
     except ClientDisconnected:
-        return NothingToSend()
+        return ClientClosedRequest()
     if stream:
         return SSEResponse(_events(job, streams))
     try:
         finals = await cancel_on_disconnect(request.receive, lambda: _collect(streams))
     except ClientDisconnected:
-        return NothingToSend()
+        return ClientClosedRequest()
     n = job.params.n
     choices = [job.formatter.final_choice(i * n + c.index, c)
                for i, out in sorted(finals.items()) for c in out.outputs]

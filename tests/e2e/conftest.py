@@ -66,6 +66,7 @@ class ServerProcess:
                  stop_signal: int = signal.SIGINT, extra_env: dict[str, str] | None = None) -> None:
         self.name, self.cmd, self.ready_url = name, cmd, ready_url
         self.stop_signal = stop_signal
+        self.returncode: int | None = None  # set by ``stop``
         self.log_path = log_dir / f"{name}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("PAGED_CORE_")}
         env.update(SERVER_ENV)
@@ -96,9 +97,11 @@ class ServerProcess:
         raise TimeoutError(f"{self.name} not ready after {timeout_s}s:\n{self.log_tail()}")
 
     def stop(self, grace_s: float = 30.0) -> int | None:
-        """Documented stop signal, then SIGKILL to the group and every descendant; always reaps."""
+        """Documented stop signal, then SIGKILL to the group and every descendant; always reaps.
+        The exit code is also kept as ``returncode`` (``-SIGKILL``: the signal was not enough)."""
         try:
-            return stop_child(self.proc, grace_s, self.stop_signal)
+            self.returncode = stop_child(self.proc, grace_s, self.stop_signal)
+            return self.returncode
         finally:
             self._log.close()
 

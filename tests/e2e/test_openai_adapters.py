@@ -30,8 +30,12 @@ def served(request, log_dir):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd, ready_path, metrics_path = _launch(request.param, port)
-    with running_server(request, request.param, cmd, url + ready_path, log_dir, signal.SIGINT):
+    with running_server(request, request.param, cmd, url + ready_path, log_dir,
+                        signal.SIGINT) as server:
         yield checks.Served(request.param, url, metrics_path)
+    # the documented stop ends it, after every check here (a client that timed out waiting
+    # for a whole completion once kept BentoML's shutdown waiting until it was killed)
+    assert server.returncode != -signal.SIGKILL, f"{request.param} had to be killed"
 
 
 def test_greedy_matches_offline_llm(served, reference_texts):

@@ -13,7 +13,10 @@ from .conftest import MODEL
 
 
 async def _drive(app, body: dict, disconnect_after_chunks: int | None,
-                 disconnect_after_s: float | None = None) -> list[dict]:
+                 disconnect_after_s: float | None = None,
+                 sends_to_gone_client: str = "raise") -> list[dict]:
+    """Sent messages. After the disconnect, ``send`` raises ``OSError`` (ASGI spec >= 2.4)
+    or, with ``sends_to_gone_client="record"``, keeps them (uvicorn drops them silently)."""
     payload = json.dumps(body).encode()
     gone = asyncio.Event()
     sent: list[dict] = []
@@ -28,7 +31,7 @@ async def _drive(app, body: dict, disconnect_after_chunks: int | None,
         return {"type": "http.disconnect"}
 
     async def send(message: dict) -> None:
-        if gone.is_set():
+        if gone.is_set() and sends_to_gone_client == "raise":
             raise OSError("client disconnected")  # what uvicorn does (ASGI spec >= 2.4)
         sent.append(message)
         chunks = [m for m in sent if m["type"] == "http.response.body" and m.get("body")]
@@ -72,3 +75,16 @@ async def test_non_streaming_disconnect_aborts_the_request(app, engine):
     await _drive(app, LONG, disconnect_after_chunks=None, disconnect_after_s=0.5)
     await _assert_freed_within(engine, 1.0)
     assert time.monotonic() - start < 20
+
+
+async def test_non_streaming_disconnect_still_ends_the_response(app, engine):
+    """Where the server takes sends to a gone client, the app ends the response cycle (an
+    empty 499): a response never started leaves the request open for the server and the
+    middleware around the app (BentoML's graceful shutdown waited for it until its grace ran
+    out and the worker was killed)."""
+    sent = await _drive(app, LONG, disconnect_after_chunks=None, disconnect_after_s=0.5,
+                        sends_to_gone_client="record")
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert sent[0]["status"] == 499
+    assert not sent[1].get("more_body", False)
+    await _assert_freed_within(engine, 1.0)
