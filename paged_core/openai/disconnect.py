@@ -25,11 +25,11 @@ class ClientClosedRequest(Response):
     """The response to a client that has left: an empty 499 (nginx's "client closed
     request"), which no client reads.
 
-    It is sent all the same, because the ASGI server and the middleware around the app
-    count a request as open until its response ends: one that never starts (an app that
-    returns without sending) held BentoML's graceful shutdown until its grace ran out and
-    the worker was killed. A server that refuses sends to a gone client (ASGI spec >= 2.4:
-    ``OSError``) ends the cycle itself; that refusal is swallowed here.
+    It is sent all the same, because middleware around the app may count a request as open
+    until its response ends: one that never started (the app returned without sending)
+    held BentoML's graceful shutdown until its grace ran out and the worker was killed.
+    uvicorn drops sends to a gone client; a server that refuses them (ASGI spec >= 2.4:
+    ``OSError``) ends the cycle itself, and that refusal is swallowed here.
     """
 
     def __init__(self) -> None:

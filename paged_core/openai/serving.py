@@ -23,7 +23,7 @@ from paged_core.outputs import CompletionOutput, RequestOutput
 from paged_core.sampling_params import SamplingParams
 
 from . import generation
-from .disconnect import ClientDisconnected, ClientClosedRequest, SSEResponse, cancel_on_disconnect
+from .disconnect import ClientClosedRequest, ClientDisconnected, SSEResponse, cancel_on_disconnect
 from .errors import ENGINE_ERRORS, OpenAIError, engine_error, error_body
 from .metrics import ServingMetrics
 

@@ -15,8 +15,9 @@ from .conftest import MODEL
 async def _drive(app, body: dict, disconnect_after_chunks: int | None,
                  disconnect_after_s: float | None = None,
                  sends_to_gone_client: str = "raise") -> list[dict]:
-    """Sent messages. After the disconnect, ``send`` raises ``OSError`` (ASGI spec >= 2.4)
-    or, with ``sends_to_gone_client="record"``, keeps them (uvicorn drops them silently)."""
+    """Sent messages. After the disconnect, ``send`` raises ``OSError`` (what ASGI spec >= 2.4
+    lets a server do) or, with ``sends_to_gone_client="record"``, takes them as uvicorn's
+    httptools protocol does (it drops them without a word); the test sees them."""
     payload = json.dumps(body).encode()
     gone = asyncio.Event()
     sent: list[dict] = []
@@ -32,7 +33,7 @@ async def _drive(app, body: dict, disconnect_after_chunks: int | None,
 
     async def send(message: dict) -> None:
         if gone.is_set() and sends_to_gone_client == "raise":
-            raise OSError("client disconnected")  # what uvicorn does (ASGI spec >= 2.4)
+            raise OSError("client disconnected")
         sent.append(message)
         chunks = [m for m in sent if m["type"] == "http.response.body" and m.get("body")]
         if disconnect_after_chunks is not None and len(chunks) >= disconnect_after_chunks:
