@@ -70,13 +70,18 @@ struct alignas(64) TileConfig {
 // `prefetch`, if set, is the next group's weights, fetched into L2 as these are read
 // (weights stream from memory during a group's first row tile; into L2 rather than L1 took
 // 30 layers of 8-128 rows 5-15% faster, in one process alternating both, on a 2-core Xeon
-// with AMX). The A and B lines of the step kAhead on are prefetched into L1: a tileloadd that
-// meets L2 stalls the tiles (measured on one core, 32x32 units over 2048 rows: 570-610
-// GFLOP/s without, 770-870 with).
+// with AMX). The B lines of the step kAhead on are prefetched into L1: a tileloadd that meets
+// L2 stalls the tiles (measured on one core, 32x32 units over 2048 rows: 570-610 GFLOP/s
+// without, 770-870 with). So are x's where `fetch_x` says so: in a row block's first product
+// of a chunk. The chunk's later groups find those lines in L1 or L2, and fetching them again
+// only took load slots from the tile loads (one process alternating both, SmolLM2's q, o,
+// gate_up and down at 64-2048 rows: 1.05-1.2x the GFLOP/s without; Intel(R) Xeon(R)
+// Processor, amx_bf16, 1 and 2 threads).
 __attribute__((target("amx-tile,amx-bf16"))) void tile_product(const uint16_t* x, int64_t ldx,
                                                                 int64_t rows, const uint16_t* w,
                                                                 int64_t kt_count,
-                                                                const char* prefetch, float* c) {
+                                                                const char* prefetch, float* c,
+                                                                bool fetch_x) {
   constexpr int64_t kGroupRowBytes = 32 * 2 * sizeof(uint16_t);  // one k pair of 32 columns
   constexpr int64_t kAhead = 2;  // k steps between a prefetch and the tile load it serves
   const int64_t x_stride = ldx * static_cast<int64_t>(sizeof(uint16_t));
@@ -96,9 +101,10 @@ __attribute__((target("amx-tile,amx-bf16"))) void tile_product(const uint16_t* x
     if (kt + kAhead < kt_count) {  // the lines of the tiles kAhead steps on, into L1
       const char* b_ahead = reinterpret_cast<const char*>(b + kAhead * 16 * 64);
       for (int line = 0; line < 32; ++line) _mm_prefetch(b_ahead + line * 64, _MM_HINT_T0);
-      for (int64_t row = 0; row < rows; ++row)
-        _mm_prefetch(reinterpret_cast<const char*>(x + row * ldx + (kt + kAhead) * 32),
-                     _MM_HINT_T0);
+      if (fetch_x)
+        for (int64_t row = 0; row < rows; ++row)
+          _mm_prefetch(reinterpret_cast<const char*>(x + row * ldx + (kt + kAhead) * 32),
+                       _MM_HINT_T0);
     }
     _tile_loadd(4, x + kt * 32, x_stride);
     _tile_loadd(6, b, kGroupRowBytes);
@@ -210,7 +216,7 @@ void amx_units(const uint16_t* x, int64_t ldx, int64_t rows, const GroupWeights&
                                  : i + 1 < G ? group(u, i + 1)
                                  : u + 1 < next_end ? group(u + 1, 0) : nullptr;
           tile_product(x + m * ldx, ldx, block, group(u, i), K / 32,
-                       reinterpret_cast<const char*>(next), c[i]);
+                       reinterpret_cast<const char*>(next), c[i], /*fetch_x=*/u == u0 && i == 0);
         }
         store(c, block, m, u);
       }
