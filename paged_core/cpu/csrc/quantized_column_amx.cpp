@@ -14,6 +14,12 @@
 // alternating; 2-core Xeon with AMX): 8 rows 4-bit 12.6 ms against the vdpbf16ps kernel's
 // 22.7 and the bfloat16 weights' AMX 17.3; 16 rows 17.2 / 41.9 / 17.4 ms.
 //
+// Rows go out as the vdpbf16ps kernel's do (RowsOut): float32, or bfloat16 rounded as they are
+// stored where the caller asks for it. (Stored as float32 and rounded by torch afterwards,
+// a decode step of the embedded model in W4A16 took 1.04-1.13x as long at 8 and 16 sequences,
+// W8A16 1.04x at 8: one process alternating both, same tokens; Intel(R) Xeon(R) Processor,
+// amx_bf16, 2 threads.)
+//
 // A row's sums depend on it alone (each tile row is its own sum), but tdpbf16ps sums a k pair
 // differently from vdpbf16ps: a row's last bits depend on whether its call took the tiles.
 #include <ATen/ATen.h>
@@ -40,7 +46,7 @@ constexpr int64_t kTileRows = 16;
 template <typename L>
 __attribute__((target("amx-tile,amx-bf16"))) void block_product(
     const uint16_t* x, int64_t K, int64_t rows, const float* xsum, const ColumnGroup& col,
-    int64_t groups, int64_t group_size, float* y, int64_t ldy, __mmask16 mask_lo,
+    int64_t groups, int64_t group_size, const RowsOut& y, __mmask16 mask_lo,
     __mmask16 mask_hi, const ColumnGroup& next) {
   alignas(64) uint16_t b[2][16 * 32];          // 16 k pairs of outputs 0-15, 16-31
   alignas(64) float sums[kBlockRows][kColumns];  // a group's, every row
@@ -91,8 +97,8 @@ __attribute__((target("amx-tile,amx-bf16"))) void block_product(
                                     _mm512_load_ps(&total[r][16 * h])));
   }
   for (int64_t r = 0; r < rows; ++r) {
-    _mm512_mask_storeu_ps(y + r * ldy, mask_lo, _mm512_load_ps(&total[r][0]));
-    _mm512_mask_storeu_ps(y + r * ldy + 16, mask_hi, _mm512_load_ps(&total[r][16]));
+    y.store(r, 0, mask_lo, _mm512_load_ps(&total[r][0]));
+    y.store(r, 16, mask_hi, _mm512_load_ps(&total[r][16]));
   }
 }
 
@@ -100,7 +106,8 @@ __attribute__((target("amx-tile,amx-bf16"))) void block_product(
 
 template <typename L>
 void amx_column_groups(const uint16_t* x, int64_t M, int64_t K, const float* xsum,
-                       const ColumnGroups& w, int64_t c0, int64_t c1, int64_t N, float* y) {
+                       const ColumnGroups& w, int64_t c0, int64_t c1, int64_t N,
+                       const RowsOut& y) {
   const int64_t groups = K / w.group_size;
   for (int64_t m = 0; m < M; m += kBlockRows) {
     const int64_t rows = std::min(kBlockRows, M - m);
@@ -108,7 +115,7 @@ void amx_column_groups(const uint16_t* x, int64_t M, int64_t K, const float* xsu
     for (int64_t c = c0; c < c1; ++c) {
       const ColumnGroup next = m == 0 && c + 1 < c1 ? w.column<L>(c + 1, K) : ColumnGroup{};
       block_product<L>(x + m * K, K, rows, xsum + m * groups, w.column<L>(c, K), groups,
-                       w.group_size, y + m * N + c * kColumns, N,
+                       w.group_size, y.at(m, c * kColumns),
                        lanes_below(N - c * kColumns), lanes_below(N - c * kColumns - 16), next);
     }
   }
@@ -117,15 +124,17 @@ void amx_column_groups(const uint16_t* x, int64_t M, int64_t K, const float* xsu
 #else
 template <typename L>
 void amx_column_groups(const uint16_t*, int64_t, int64_t, const float*, const ColumnGroups&,
-                       int64_t, int64_t, int64_t, float*) {
+                       int64_t, int64_t, int64_t, const RowsOut&) {
   TORCH_CHECK(false, "this build has no AMX tiles");
 }
 #endif
 
 template void amx_column_groups<Int4Levels>(const uint16_t*, int64_t, int64_t, const float*,
-                                            const ColumnGroups&, int64_t, int64_t, int64_t, float*);
+                                            const ColumnGroups&, int64_t, int64_t, int64_t,
+                                            const RowsOut&);
 template void amx_column_groups<Int8Levels>(const uint16_t*, int64_t, int64_t, const float*,
-                                            const ColumnGroups&, int64_t, int64_t, int64_t, float*);
+                                            const ColumnGroups&, int64_t, int64_t, int64_t,
+                                            const RowsOut&);
 
 }  // namespace paged_core_cpu::column_layout
 

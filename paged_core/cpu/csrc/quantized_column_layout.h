@@ -130,6 +130,26 @@ inline __mmask16 lanes_below(int64_t n) {
   return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
 }
 
+// Where a product's rows go: float32 (f) or bfloat16 (b: each sum rounded to nearest even,
+// as torch rounds float32 to bfloat16), row r at r * ld.
+struct RowsOut {
+  float* f;
+  uint16_t* b;
+  int64_t ld;
+
+  RowsOut at(int64_t row, int64_t column) const {
+    const int64_t offset = row * ld + column;
+    return {f != nullptr ? f + offset : nullptr, b != nullptr ? b + offset : nullptr, ld};
+  }
+  // 16 sums to row r, outputs [column, column + 16) (masked past N).
+  void store(int64_t r, int64_t column, __mmask16 mask, __m512 sums) const {
+    if (b != nullptr)
+      _mm256_mask_storeu_epi16(b + r * ld + column, mask, (__m256i)_mm512_cvtneps_pbh(sums));
+    else
+      _mm512_mask_storeu_ps(f + r * ld + column, mask, sums);
+  }
+};
+
 // A column group's levels (K / 2 pairs) and per-group scales and offsets (groups x 32;
 // offsets null for 8 bits).
 struct ColumnGroup {
@@ -199,10 +219,10 @@ struct GroupFactors {
 
 // quantized_column_amx.cpp: rows [0, M) of x (bfloat16, K apart; their group_sums xsum)
 // times column groups [c0, c1) of w on AMX tiles (w.group_size % 32 == 0; only where
-// bf16_amx_ready()): y[m * N + 32 c ..] float32, masked past N.
+// bf16_amx_ready()): row m's outputs [32 c, 32 c + 32) to y (y.ld == N), masked past N.
 template <typename L>
 void amx_column_groups(const uint16_t* x, int64_t M, int64_t K, const float* xsum,
-                       const ColumnGroups& w, int64_t c0, int64_t c1, int64_t N, float* y);
+                       const ColumnGroups& w, int64_t c0, int64_t c1, int64_t N, const RowsOut& y);
 
 // Each row's sums over each group of x's bfloat16 values (the offsets' factor):
 // xsum[m * groups + g] = sum of x[m, g G .. (g + 1) G), in one order whatever M.

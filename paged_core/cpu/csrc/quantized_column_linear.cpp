@@ -88,26 +88,6 @@ const float* data_of(const std::optional<at::Tensor>& t) {
   return t ? t->data_ptr<float>() : nullptr;
 }
 
-// Where a product's rows go: float32 (f) or bfloat16 (b: each sum rounded to nearest even,
-// as torch rounds float32 to bfloat16), row r at r * ld.
-struct RowsOut {
-  float* f;
-  uint16_t* b;
-  int64_t ld;
-
-  RowsOut at(int64_t row, int64_t column) const {
-    const int64_t offset = row * ld + column;
-    return {f != nullptr ? f + offset : nullptr, b != nullptr ? b + offset : nullptr, ld};
-  }
-  // 16 sums to row r, outputs [column, column + 16) (masked past N).
-  void store(int64_t r, int64_t column, __mmask16 mask, __m512 sums) const {
-    if (b != nullptr)
-      _mm256_mask_storeu_epi16(b + r * ld + column, mask, (__m256i)_mm512_cvtneps_pbh(sums));
-    else
-      _mm512_mask_storeu_ps(f + r * ld + column, mask, sums);
-  }
-};
-
 // Column group `col` for rows [0, R) of x (bfloat16 pairs, ldx pairs apart; their group
 // sums xsum, `groups` apart): row m of y = the products (masked past N); `next`
 // (levels null: none) is fetched meanwhile, a line of its levels beside each line of col's
@@ -162,7 +142,7 @@ bool takes_amx(int64_t M, int64_t amx_min_rows, int64_t group_size) {
          paged_core_cpu::bf16_amx_ready();
 }
 
-// x [M, K] times W into y [M, N] (ld N): on AMX tiles where takes_amx (y float32 only).
+// x [M, K] times W into y [M, N] (ld N): on AMX tiles where takes_amx.
 template <typename L>
 void column_gemm_of(const uint16_t* xp, int64_t M, int64_t K, const ColumnGroups& w, int64_t C,
                     int64_t N, int64_t amx_min_rows, const RowsOut& y) {
@@ -174,7 +154,7 @@ void column_gemm_of(const uint16_t* xp, int64_t M, int64_t K, const ColumnGroups
   }
   if (takes_amx(M, amx_min_rows, group_size)) {
     at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
-      amx_column_groups<L>(xp, M, K, xsum.data(), w, c0, c1, N, y.f);
+      amx_column_groups<L>(xp, M, K, xsum.data(), w, c0, c1, N, y);
     });
     return;
   }
@@ -327,20 +307,19 @@ at::Tensor column_gemm(const at::Tensor& x, const at::Tensor& levels, const at::
   const at::ScalarType dtype = out_dtype.value_or(at::kFloat);
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "out_dtype must be float32 or bfloat16");
   const int64_t M = x.size(0);
-  // The AMX tiles write float32 only: a bfloat16 product there is rounded afterwards.
-  const bool rounded_here = dtype == at::kBFloat16 && !takes_amx(M, amx_min_rows, group_size);
-  at::Tensor y = at::empty({M, out_features}, x.options().dtype(rounded_here ? dtype : at::kFloat));
-  if (M == 0 || out_features == 0) return y.to(dtype);
+  const bool rounded = dtype == at::kBFloat16;  // each sum as it is stored (RowsOut)
+  at::Tensor y = at::empty({M, out_features}, x.options().dtype(dtype));
+  if (M == 0 || out_features == 0) return y;
   const auto* xp = reinterpret_cast<const uint16_t*>(x.const_data_ptr());
   const ColumnGroups w{static_cast<const uint8_t*>(levels.const_data_ptr()),
                        scales.data_ptr<float>(), data_of(offsets), group_size};
-  const RowsOut out{rounded_here ? nullptr : y.data_ptr<float>(),
-                    rounded_here ? static_cast<uint16_t*>(y.data_ptr()) : nullptr, out_features};
+  const RowsOut out{rounded ? nullptr : y.data_ptr<float>(),
+                    rounded ? static_cast<uint16_t*>(y.data_ptr()) : nullptr, out_features};
   if (is_int4(levels))
     column_gemm_of<Int4Levels>(xp, M, K, w, levels.size(0), out_features, amx_min_rows, out);
   else
     column_gemm_of<Int8Levels>(xp, M, K, w, levels.size(0), out_features, amx_min_rows, out);
-  return y.to(dtype);
+  return y;
 }
 
 at::Tensor column_dense(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
