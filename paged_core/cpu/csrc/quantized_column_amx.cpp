@@ -41,8 +41,8 @@ constexpr int64_t kBlockRows = 32;  // rows per pass: two A tiles
 constexpr int64_t kTileRows = 16;
 
 // Rows [0, rows) (rows <= 32) of x (K apart; their group sums xsum, `groups` apart) times
-// column group `col`: y[m * ldy ..] (masked past N); `next` (levels null: none) is fetched
-// meanwhile. Tiles configured by configure_row_block_tiles(rows).
+// column group `col`: row m's 32 outputs to y's row m (masked past N); `next` (levels null:
+// none) is fetched meanwhile. Tiles configured by configure_row_block_tiles(rows).
 template <typename L>
 __attribute__((target("amx-tile,amx-bf16"))) void block_product(
     const uint16_t* x, int64_t K, int64_t rows, const float* xsum, const ColumnGroup& col,
