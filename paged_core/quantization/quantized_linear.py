@@ -41,9 +41,11 @@ DENSE_ROWS_SETTING = "PAGED_CORE_QUANTIZED_DENSE_ROWS"
 # SmolLM2 layers x 4 projections, 2-core Xeon with AMX: 4-bit 23 against 33 ms at 48 rows,
 # alike at 64-96), so the dense path starts there. 4-bit rows take the tiles from one row
 # (one row: 6.7 against the vdpbf16ps kernel's 7.3 ms, 8 rows 9.2 against 18.0); 8-bit rows,
-# whose widening costs more, from 8 (8 rows: 15.8 against 25.5 ms; 1 row: 13.2 against 11.8).
+# whose widening costs more, from 2 (decode steps of the embedded model in W8A16, one
+# process alternating both, same tokens, Intel(R) Xeon(R) Processor, amx_bf16: 2 sequences
+# 13.5 against 14.3 ms, 4 sequences 12.8 against 15.7; one sequence 12.4 against 11.9).
 COLUMN_AMX_DENSE_ROWS = 64
-COLUMN_AMX_MIN_ROWS = {4: 1, 8: 8}
+COLUMN_AMX_MIN_ROWS = {4: 1, 8: 2}
 # The column layout on vdpbf16ps: the column kernel widens the levels again for every 4 rows
 # (fetching the next column group's levels line by line as it reads its own); the dense path
 # widens one column group at a time into L1 (the next group's levels fetched meanwhile), then

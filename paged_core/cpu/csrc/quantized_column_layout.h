@@ -184,16 +184,6 @@ inline void fetch_factors(const ColumnGroup& next, int64_t g) {
     }
 }
 
-// Fetches column group `next`'s group g (levels, scales, offsets) into L1.
-template <typename L>
-inline void fetch_group(const ColumnGroup& next, int64_t g, int64_t pairs_per_group) {
-  fetch_factors(next, g);
-  const char* levels = reinterpret_cast<const char*>(next.levels);
-  for (int64_t b = g * pairs_per_group * L::kPairBytes; b < (g + 1) * pairs_per_group * L::kPairBytes;
-       b += 64)
-    _mm_prefetch(levels + b, _MM_HINT_T0);
-}
-
 // A column group's group g as y takes it: y += s * sums (+ (o - kLevelBias s) * sum of x),
 // for outputs 0-15 (h = 0) and 16-31 (h = 1).
 template <typename L>
