@@ -59,12 +59,13 @@ def test_kernels_equal_the_dequantized_product(cpu_isa, monkeypatch, kind, group
 
 
 # out 40 and 70: column groups of 32 with a short last one; 1-13 rows: every row tile; 40
-# rows: two blocks of the AMX kernel, the second short; int8 groups of 256: one scale per
-# output channel
+# rows: two passes of the AMX kernel for 4 bits, the second short, and one pass on three row
+# tiles for 8 bits, the third zero-padded; 48: three full row tiles; 75: a pass of 32 rows,
+# then 43; int8 groups of 256: one scale per output channel
 @pytest.mark.parametrize("kind,group_size,out", [("int4", 16, 40), ("int4", 32, 70),
                                                  ("int4", 128, 40), ("int8", 32, 40),
                                                  ("int8", 256, 70)])
-@pytest.mark.parametrize("rows", [1, 2, 7, 13, 40])
+@pytest.mark.parametrize("rows", [1, 2, 7, 13, 40, 48, 75])
 def test_bf16_column_kernels_equal_the_dequantized_product(cpu_isa, kind, group_size, out, rows):
     """At the avx512_bf16 level a bfloat16 Int4Linear / Int8Linear keeps column_pack's layout:
     its float32 product of bfloat16 rows is the dequantized weight's (float32 sums: near

@@ -5,10 +5,13 @@
 //
 // Per 32 k (one tdpbf16ps step; a group holds group_size / 32 of them) the 16 k pairs of the
 // column group's 32 outputs are widened to bfloat16 (column_layout's widen: exact, 128 + q for
-// 4 bits) into two B tiles on the stack, and every row block of up to 32 rows (two A tiles,
-// read straight from x) multiplies them into four float32 C tiles. At a group's end the C
-// tiles are stored and scaled into the rows' float32 totals. So the levels are widened once
-// per row block instead of once per 4 rows, and the multiply-adds run on the tiles.
+// 4 bits) into two B tiles on the stack, and every pass of up to 32 rows (two A tiles of its
+// own rows, read straight from x) multiplies them into four float32 C tiles; where the levels
+// say so (8 bits, whose widening costs most) a last pass of 33-48 rows takes three 16-row
+// tiles into six C tiles instead (triple_product), widening once where two passes would
+// widen twice. At a group's end the C tiles are stored and scaled into the rows' float32
+// totals. So the levels are widened once per pass instead of once per 4 rows, and the
+// multiply-adds run on the tiles.
 //
 // Measured (30 SmolLM2 layers x 4 projections, distinct weights, 2 threads, one process
 // alternating; 2-core Xeon with AMX): 8 rows 4-bit 12.6 ms against the vdpbf16ps kernel's
@@ -26,6 +29,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "amx_tiles.h"
 #include "quantized_column_layout.h"
@@ -37,27 +41,70 @@ namespace paged_core_cpu::column_layout {
 #if defined(PAGED_CORE_AMX_BUILT)
 namespace {
 
-constexpr int64_t kBlockRows = 32;  // rows per pass: two A tiles
+constexpr int64_t kPairRows = 32;    // rows of a pass on two A tiles of their own rows
+constexpr int64_t kTripleRows = 48;  // rows of a pass on three 16-row tiles, one A register
 constexpr int64_t kTileRows = 16;
 
-// Rows [0, rows) (rows <= 32) of x (K apart; their group sums xsum, `groups` apart) times
-// column group `col`: row m's 32 outputs to y's row m (masked past N); `next` (levels null:
-// none) is fetched meanwhile, a line of its levels beside each line of col's widened, its
-// factors a group at a time. (Fetched a whole group at the group's start, the levels of an
-// 8-bit weight with one scale per channel came as bursts of up to 768 lines that the fill
-// buffers could not hold: half of this function's time sat on the widening's first load,
-// and a decode step of 8 sequences took 20.7 ms against 15.3 line by line; 16 sequences
-// 22.7 against 19.3; 4-bit, groups of 128, 14.5 against 13.4 at 8 and 18.8 against 17.1 at
-// 16. Same tokens, one process alternating both; Intel(R) Xeon(R) Processor, amx_bf16.)
-// Tiles configured by configure_row_block_tiles(rows).
+// The 16 k pairs from p0 of col's 32 outputs, widened (L::widen) into the B tiles b[0]
+// (outputs 0-15) and b[1] (16-31); `next` (levels null: none) is fetched meanwhile, a line of
+// its levels beside each line of col's widened. (Fetched a whole group at the group's start,
+// the levels of an 8-bit weight with one scale per channel came as bursts of up to 768 lines
+// that the fill buffers could not hold: half of the kernel's time sat on the widening's
+// first load, and a decode step of 8 sequences took 20.7 ms against 15.3 line by line; 16
+// sequences 22.7 against 19.3; 4-bit, groups of 128, 14.5 against 13.4 at 8 and 18.8
+// against 17.1 at 16. Same tokens, one process alternating both; Intel(R) Xeon(R)
+// Processor, amx_bf16.)
 template <typename L>
-__attribute__((target("amx-tile,amx-bf16"))) void block_product(
+inline void widen_step(const ColumnGroup& col, const ColumnGroup& next, int64_t p0,
+                       uint16_t (&b)[2][16 * 32]) {
+  for (int i = 0; i < 16; ++i) {
+    const int64_t at = (p0 + i) * L::kPairBytes;  // this pair's levels, and next's
+    if (next.levels != nullptr && at % 64 == 0)
+      _mm_prefetch(reinterpret_cast<const char*>(next.levels + at), _MM_HINT_T0);
+    __m512bh lo, hi;
+    L::widen(col.levels + at, lo, hi);
+    _mm512_store_si512(b[0] + i * 32, reinterpret_cast<__m512i>(lo));
+    _mm512_store_si512(b[1] + i * 32, reinterpret_cast<__m512i>(hi));
+  }
+}
+
+// Rows [0, rows) of a pass's float32 totals (and their group sums xsum, `groups` apart)
+// take group g of column group col: total += s * sums (+ (o - bias s) * the group's sum of x).
+template <typename L>
+inline void add_group(const ColumnGroup& col, int64_t g, int64_t rows, const float (*sums)[kColumns],
+                      const float* xsum, int64_t groups, float (*total)[kColumns]) {
+  const GroupFactors<L> factors(col, g);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int h = 0; h < 2; ++h)
+      _mm512_store_ps(&total[r][16 * h],
+                      factors.add(h, _mm512_load_ps(&sums[r][16 * h]),
+                                  L::kOffsets ? xsum[r * groups + g] : 0.f,
+                                  _mm512_load_ps(&total[r][16 * h])));
+}
+
+// The rows' 32 outputs from their totals to y (masked past N).
+inline void store_rows(const float (*total)[kColumns], int64_t rows, const RowsOut& y,
+                       __mmask16 mask_lo, __mmask16 mask_hi) {
+  for (int64_t r = 0; r < rows; ++r) {
+    y.store(r, 0, mask_lo, _mm512_load_ps(&total[r][0]));
+    y.store(r, 16, mask_hi, _mm512_load_ps(&total[r][16]));
+  }
+}
+
+constexpr int64_t kSumsBytes = kColumns * sizeof(float);  // a row of sums
+
+// Rows [0, rows) (rows <= 32) of x (K apart; their group sums xsum, `groups` apart) times
+// column group `col`: row m's 32 outputs to y's row m (masked past N), `next` fetched
+// meanwhile (widen_step). Tiles configured by configure_row_block_tiles(rows): each A tile
+// holds only the pass's rows.
+template <typename L>
+__attribute__((target("amx-tile,amx-bf16"))) void pair_product(
     const uint16_t* x, int64_t K, int64_t rows, const float* xsum, const ColumnGroup& col,
     int64_t groups, int64_t group_size, const RowsOut& y, __mmask16 mask_lo,
     __mmask16 mask_hi, const ColumnGroup& next) {
-  alignas(64) uint16_t b[2][16 * 32];          // 16 k pairs of outputs 0-15, 16-31
-  alignas(64) float sums[kBlockRows][kColumns];  // a group's, every row
-  alignas(64) float total[kBlockRows][kColumns];
+  alignas(64) uint16_t b[2][16 * 32];           // 16 k pairs of outputs 0-15, 16-31
+  alignas(64) float sums[kPairRows][kColumns];  // a group's, every row
+  alignas(64) float total[kPairRows][kColumns];
   const bool lower = rows > kTileRows;
   const int64_t x_stride = K * static_cast<int64_t>(sizeof(uint16_t));
   const uint16_t* x_lower = x + kTileRows * K;
@@ -71,15 +118,7 @@ __attribute__((target("amx-tile,amx-bf16"))) void block_product(
       _tile_zero(3);
     }
     for (int64_t p0 = g * group_size / 2; p0 < (g + 1) * group_size / 2; p0 += 16) {
-      for (int i = 0; i < 16; ++i) {
-        const int64_t at = (p0 + i) * L::kPairBytes;  // this pair's levels, and next's
-        if (next.levels != nullptr && at % 64 == 0)
-          _mm_prefetch(reinterpret_cast<const char*>(next.levels + at), _MM_HINT_T0);
-        __m512bh lo, hi;
-        L::widen(col.levels + at, lo, hi);
-        _mm512_store_si512(b[0] + i * 32, reinterpret_cast<__m512i>(lo));
-        _mm512_store_si512(b[1] + i * 32, reinterpret_cast<__m512i>(hi));
-      }
+      widen_step<L>(col, next, p0, b);
       _tile_loadd(4, x + 2 * p0, x_stride);
       _tile_loadd(6, b[0], 64);
       _tile_loadd(7, b[1], 64);
@@ -91,25 +130,74 @@ __attribute__((target("amx-tile,amx-bf16"))) void block_product(
         _tile_dpbf16ps(3, 5, 7);
       }
     }
-    constexpr int64_t kRowBytes = kColumns * sizeof(float);
-    _tile_stored(0, &sums[0][0], kRowBytes);
-    _tile_stored(1, &sums[0][16], kRowBytes);
+    _tile_stored(0, &sums[0][0], kSumsBytes);
+    _tile_stored(1, &sums[0][16], kSumsBytes);
     if (lower) {
-      _tile_stored(2, &sums[16][0], kRowBytes);
-      _tile_stored(3, &sums[16][16], kRowBytes);
+      _tile_stored(2, &sums[16][0], kSumsBytes);
+      _tile_stored(3, &sums[16][16], kSumsBytes);
     }
-    const GroupFactors<L> factors(col, g);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int h = 0; h < 2; ++h)
-        _mm512_store_ps(&total[r][16 * h],
-                        factors.add(h, _mm512_load_ps(&sums[r][16 * h]),
-                                    L::kOffsets ? xsum[r * groups + g] : 0.f,
-                                    _mm512_load_ps(&total[r][16 * h])));
+    add_group<L>(col, g, rows, sums, xsum, groups, total);
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    y.store(r, 0, mask_lo, _mm512_load_ps(&total[r][0]));
-    y.store(r, 16, mask_hi, _mm512_load_ps(&total[r][16]));
+  store_rows(total, rows, y, mask_lo, mask_hi);
+}
+
+// Rows [0, rows) (32 < rows <= 48) of x, as pair_product, in one pass over the levels: three
+// row tiles of 16 rows share each widening, where two passes would widen them twice. The
+// tiles are configured 16 rows each (configure_triple_tiles): C 0-5 (row tile t's outputs
+// 0-15, 16-31 in 2t, 2t + 1), A 6 (loaded for each row tile in turn), B 7 (each half
+// loaded as the order below needs it: four loads for six products). The third row tile
+// reads rows 32.. from x3 (K apart: x's own, or a zero-padded copy where the pass has fewer
+// than 48 rows), so no tile reads past x; its padding rows are never stored.
+template <typename L>
+__attribute__((target("amx-tile,amx-bf16"))) void triple_product(
+    const uint16_t* x, int64_t K, const uint16_t* x3, int64_t rows,
+    const float* xsum, const ColumnGroup& col, int64_t groups, int64_t group_size,
+    const RowsOut& y, __mmask16 mask_lo, __mmask16 mask_hi, const ColumnGroup& next) {
+  alignas(64) uint16_t b[2][16 * 32];
+  alignas(64) float sums[kTripleRows][kColumns];
+  alignas(64) float total[kTripleRows][kColumns];
+  const int64_t x_stride = K * static_cast<int64_t>(sizeof(uint16_t));
+  const uint16_t* x2 = x + kTileRows * K;
+  for (int64_t r = 0; r < rows; ++r) std::fill_n(total[r], kColumns, 0.f);
+  for (int64_t g = 0; g < groups; ++g) {
+    if (next.levels != nullptr) fetch_factors(next, g);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_zero(4);
+    _tile_zero(5);
+    for (int64_t p0 = g * group_size / 2; p0 < (g + 1) * group_size / 2; p0 += 16) {
+      widen_step<L>(col, next, p0, b);
+      _tile_loadd(6, x + 2 * p0, x_stride);  // rows 0-15
+      _tile_loadd(7, b[0], 64);
+      _tile_dpbf16ps(0, 6, 7);
+      _tile_loadd(7, b[1], 64);
+      _tile_dpbf16ps(1, 6, 7);
+      _tile_loadd(6, x2 + 2 * p0, x_stride);  // rows 16-31, outputs 16-31 first
+      _tile_dpbf16ps(3, 6, 7);
+      _tile_loadd(7, b[0], 64);
+      _tile_dpbf16ps(2, 6, 7);
+      _tile_loadd(6, x3 + 2 * p0, x_stride);  // rows 32..
+      _tile_dpbf16ps(4, 6, 7);
+      _tile_loadd(7, b[1], 64);
+      _tile_dpbf16ps(5, 6, 7);
+    }
+    _tile_stored(0, &sums[0][0], kSumsBytes);
+    _tile_stored(1, &sums[0][16], kSumsBytes);
+    _tile_stored(2, &sums[16][0], kSumsBytes);
+    _tile_stored(3, &sums[16][16], kSumsBytes);
+    _tile_stored(4, &sums[32][0], kSumsBytes);
+    _tile_stored(5, &sums[32][16], kSumsBytes);
+    add_group<L>(col, g, rows, sums, xsum, groups, total);
   }
+  store_rows(total, rows, y, mask_lo, mask_hi);
+}
+
+// Every tile 16 rows of 64 bytes: triple_product's configuration.
+void configure_triple_tiles() {
+  constexpr uint8_t kRows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+  configure_amx_tiles(kRows);
 }
 
 }  // namespace
@@ -119,15 +207,36 @@ void amx_column_groups(const uint16_t* x, int64_t M, int64_t K, const float* xsu
                        const ColumnGroups& w, int64_t c0, int64_t c1, int64_t N,
                        const RowsOut& y) {
   const int64_t groups = K / w.group_size;
-  for (int64_t m = 0; m < M; m += kBlockRows) {
-    const int64_t rows = std::min(kBlockRows, M - m);
-    configure_row_block_tiles(rows);
+  thread_local std::vector<uint16_t> padded;  // a short third row tile, zero-padded to 16 rows
+  for (int64_t m = 0; m < M;) {
+    // the last 33-48 rows in one pass on three row tiles where L says so; else passes of up
+    // to 32 rows on tiles of their own rows
+    const int64_t left = M - m;
+    const int64_t rows =
+        L::kTriplePass && left > kPairRows && left <= kTripleRows ? left : std::min(kPairRows, left);
+    const uint16_t* x3 = x + (m + 2 * kTileRows) * K;  // a triple pass's third row tile
+    if (rows > kPairRows) {
+      configure_triple_tiles();
+      if (rows < kTripleRows) {
+        padded.assign(kTileRows * K, 0);
+        std::copy_n(x3, (rows - 2 * kTileRows) * K, padded.data());
+        x3 = padded.data();
+      }
+    } else {
+      configure_row_block_tiles(rows);
+    }
     for (int64_t c = c0; c < c1; ++c) {
       const ColumnGroup next = m == 0 && c + 1 < c1 ? w.column<L>(c + 1, K) : ColumnGroup{};
-      block_product<L>(x + m * K, K, rows, xsum + m * groups, w.column<L>(c, K), groups,
-                       w.group_size, y.at(m, c * kColumns),
-                       lanes_below(N - c * kColumns), lanes_below(N - c * kColumns - 16), next);
+      const RowsOut out = y.at(m, c * kColumns);
+      const __mmask16 lo = lanes_below(N - c * kColumns), hi = lanes_below(N - c * kColumns - 16);
+      if (rows > kPairRows)
+        triple_product<L>(x + m * K, K, x3, rows, xsum + m * groups, w.column<L>(c, K), groups,
+                          w.group_size, out, lo, hi, next);
+      else
+        pair_product<L>(x + m * K, K, rows, xsum + m * groups, w.column<L>(c, K), groups,
+                        w.group_size, out, lo, hi, next);
     }
+    m += rows;
   }
   release_amx_tiles();
 }
