@@ -8,7 +8,7 @@
 // 4 bits) into two B tiles on the stack, and every pass of up to 32 rows (two A tiles of its
 // own rows, read straight from x) multiplies them into four float32 C tiles; where the levels
 // say so (8 bits, whose widening costs most) a last pass of 33-48 rows takes three 16-row
-// tiles into six C tiles instead (triple_product), widening once where two passes would
+// tiles into six C tiles instead (TripleTiles), widening once where two passes would
 // widen twice. At a group's end the C tiles are stored and scaled into the rows' float32
 // totals. So the levels are widened once per pass instead of once per 4 rows, and the
 // multiply-adds run on the tiles.
@@ -45,6 +45,8 @@ constexpr int64_t kPairRows = 32;    // rows of a pass on two A tiles of their o
 constexpr int64_t kTripleRows = 48;  // rows of a pass on three 16-row tiles, one A register
 constexpr int64_t kTileRows = 16;
 
+using WidenedPairs = uint16_t[2][16 * 32];  // 16 k pairs of outputs 0-15 and 16-31: B tiles
+
 // The 16 k pairs from p0 of col's 32 outputs, widened (L::widen) into the B tiles b[0]
 // (outputs 0-15) and b[1] (16-31); `next` (levels null: none) is fetched meanwhile, a line of
 // its levels beside each line of col's widened. (Fetched a whole group at the group's start,
@@ -56,7 +58,7 @@ constexpr int64_t kTileRows = 16;
 // Processor, amx_bf16.)
 template <typename L>
 inline void widen_step(const ColumnGroup& col, const ColumnGroup& next, int64_t p0,
-                       uint16_t (&b)[2][16 * 32]) {
+                       WidenedPairs& b) {
   for (int i = 0; i < 16; ++i) {
     const int64_t at = (p0 + i) * L::kPairBytes;  // this pair's levels, and next's
     if (next.levels != nullptr && at % 64 == 0)
@@ -68,133 +70,137 @@ inline void widen_step(const ColumnGroup& col, const ColumnGroup& next, int64_t 
   }
 }
 
-// Rows [0, rows) of a pass's float32 totals (and their group sums xsum, `groups` apart)
-// take group g of column group col: total += s * sums (+ (o - bias s) * the group's sum of x).
-template <typename L>
-inline void add_group(const ColumnGroup& col, int64_t g, int64_t rows, const float (*sums)[kColumns],
-                      const float* xsum, int64_t groups, float (*total)[kColumns]) {
-  const GroupFactors<L> factors(col, g);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int h = 0; h < 2; ++h)
-      _mm512_store_ps(&total[r][16 * h],
-                      factors.add(h, _mm512_load_ps(&sums[r][16 * h]),
-                                  L::kOffsets ? xsum[r * groups + g] : 0.f,
-                                  _mm512_load_ps(&total[r][16 * h])));
-}
-
-// The rows' 32 outputs from their totals to y (masked past N).
-inline void store_rows(const float (*total)[kColumns], int64_t rows, const RowsOut& y,
-                       __mmask16 mask_lo, __mmask16 mask_hi) {
-  for (int64_t r = 0; r < rows; ++r) {
-    y.store(r, 0, mask_lo, _mm512_load_ps(&total[r][0]));
-    y.store(r, 16, mask_hi, _mm512_load_ps(&total[r][16]));
-  }
-}
-
 constexpr int64_t kSumsBytes = kColumns * sizeof(float);  // a row of sums
 
-// Rows [0, rows) (rows <= 32) of x (K apart; their group sums xsum, `groups` apart) times
-// column group `col`: row m's 32 outputs to y's row m (masked past N), `next` fetched
-// meanwhile (widen_step). Tiles configured by configure_row_block_tiles(rows): each A tile
-// holds only the pass's rows.
-template <typename L>
-__attribute__((target("amx-tile,amx-bf16"))) void pair_product(
-    const uint16_t* x, int64_t K, int64_t rows, const float* xsum, const ColumnGroup& col,
-    int64_t groups, int64_t group_size, const RowsOut& y, __mmask16 mask_lo,
-    __mmask16 mask_hi, const ColumnGroup& next) {
-  alignas(64) uint16_t b[2][16 * 32];           // 16 k pairs of outputs 0-15, 16-31
-  alignas(64) float sums[kPairRows][kColumns];  // a group's, every row
-  alignas(64) float total[kPairRows][kColumns];
-  const bool lower = rows > kTileRows;
-  const int64_t x_stride = K * static_cast<int64_t>(sizeof(uint16_t));
-  const uint16_t* x_lower = x + kTileRows * K;
-  for (int64_t r = 0; r < rows; ++r) std::fill_n(total[r], kColumns, 0.f);
-  for (int64_t g = 0; g < groups; ++g) {
-    if (next.levels != nullptr) fetch_factors(next, g);
+// A pass of up to 32 rows (x's rows, K apart) on tiles of its own rows, configured by
+// configure_row_block_tiles(rows): C 0, 1 (rows 0-15 x outputs 0-15, 16-31), C 2, 3 (rows
+// 16-31), A 4, 5 (rows 0-15, 16-31: only as many rows as the pass has there), B 6, 7.
+struct PairTiles {
+  const uint16_t* x;
+  const uint16_t* x_lower;  // rows 16..
+  int64_t x_stride;         // bytes
+  bool lower;               // rows past 16
+
+  PairTiles(const uint16_t* x, int64_t K, int64_t rows)
+      : x(x), x_lower(x + kTileRows * K), x_stride(K * static_cast<int64_t>(sizeof(uint16_t))),
+        lower(rows > kTileRows) {}
+
+  __attribute__((target("amx-tile,amx-bf16"))) void zero() const {
     _tile_zero(0);
     _tile_zero(1);
     if (lower) {
       _tile_zero(2);
       _tile_zero(3);
     }
-    for (int64_t p0 = g * group_size / 2; p0 < (g + 1) * group_size / 2; p0 += 16) {
-      widen_step<L>(col, next, p0, b);
-      _tile_loadd(4, x + 2 * p0, x_stride);
-      _tile_loadd(6, b[0], 64);
-      _tile_loadd(7, b[1], 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      if (lower) {
-        _tile_loadd(5, x_lower + 2 * p0, x_stride);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
+  }
+  // The rows' k pairs [p0, p0 + 16) times b into the C tiles.
+  __attribute__((target("amx-tile,amx-bf16"))) void step(int64_t p0, const WidenedPairs& b) const {
+    _tile_loadd(4, x + 2 * p0, x_stride);
+    _tile_loadd(6, b[0], 64);
+    _tile_loadd(7, b[1], 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if (lower) {
+      _tile_loadd(5, x_lower + 2 * p0, x_stride);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
     }
+  }
+  __attribute__((target("amx-tile,amx-bf16"))) void store(float (*sums)[kColumns]) const {
     _tile_stored(0, &sums[0][0], kSumsBytes);
     _tile_stored(1, &sums[0][16], kSumsBytes);
     if (lower) {
       _tile_stored(2, &sums[16][0], kSumsBytes);
       _tile_stored(3, &sums[16][16], kSumsBytes);
     }
-    add_group<L>(col, g, rows, sums, xsum, groups, total);
   }
-  store_rows(total, rows, y, mask_lo, mask_hi);
-}
+};
 
-// Rows [0, rows) (32 < rows <= 48) of x, as pair_product, in one pass over the levels: three
-// row tiles of 16 rows share each widening, where two passes would widen them twice. The
-// tiles are configured 16 rows each (configure_triple_tiles): C 0-5 (row tile t's outputs
-// 0-15, 16-31 in 2t, 2t + 1), A 6 (loaded for each row tile in turn), B 7 (each half
-// loaded as the order below needs it: four loads for six products). The third row tile
-// reads rows 32.. from x3 (K apart: x's own, or a zero-padded copy where the pass has fewer
-// than 48 rows), so no tile reads past x; its padding rows are never stored.
-template <typename L>
-__attribute__((target("amx-tile,amx-bf16"))) void triple_product(
-    const uint16_t* x, int64_t K, const uint16_t* x3, int64_t rows,
-    const float* xsum, const ColumnGroup& col, int64_t groups, int64_t group_size,
-    const RowsOut& y, __mmask16 mask_lo, __mmask16 mask_hi, const ColumnGroup& next) {
-  alignas(64) uint16_t b[2][16 * 32];
-  alignas(64) float sums[kTripleRows][kColumns];
-  alignas(64) float total[kTripleRows][kColumns];
-  const int64_t x_stride = K * static_cast<int64_t>(sizeof(uint16_t));
-  const uint16_t* x2 = x + kTileRows * K;
-  for (int64_t r = 0; r < rows; ++r) std::fill_n(total[r], kColumns, 0.f);
-  for (int64_t g = 0; g < groups; ++g) {
-    if (next.levels != nullptr) fetch_factors(next, g);
+// A pass of 33-48 rows on three row tiles of 16 rows sharing each widening, where two passes
+// would widen it twice; configured by configure_triple_tiles: C 0-5 (row tile t's outputs
+// 0-15, 16-31 in 2t, 2t + 1), A 6 (loaded for each row tile in turn), B 7 (each half loaded
+// as the order in step needs it: four loads for six products). The third row tile reads
+// rows 32.. from x3 (K apart: x's own, or a zero-padded copy where the pass has fewer than
+// 48 rows), so no tile reads past x; its padding rows are never stored.
+struct TripleTiles {
+  const uint16_t* x;
+  const uint16_t* x2;  // rows 16-31
+  const uint16_t* x3;  // rows 32..
+  int64_t x_stride;    // bytes
+
+  TripleTiles(const uint16_t* x, const uint16_t* x3, int64_t K)
+      : x(x), x2(x + kTileRows * K), x3(x3), x_stride(K * static_cast<int64_t>(sizeof(uint16_t))) {}
+
+  __attribute__((target("amx-tile,amx-bf16"))) void zero() const {
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
     _tile_zero(4);
     _tile_zero(5);
-    for (int64_t p0 = g * group_size / 2; p0 < (g + 1) * group_size / 2; p0 += 16) {
-      widen_step<L>(col, next, p0, b);
-      _tile_loadd(6, x + 2 * p0, x_stride);  // rows 0-15
-      _tile_loadd(7, b[0], 64);
-      _tile_dpbf16ps(0, 6, 7);
-      _tile_loadd(7, b[1], 64);
-      _tile_dpbf16ps(1, 6, 7);
-      _tile_loadd(6, x2 + 2 * p0, x_stride);  // rows 16-31, outputs 16-31 first
-      _tile_dpbf16ps(3, 6, 7);
-      _tile_loadd(7, b[0], 64);
-      _tile_dpbf16ps(2, 6, 7);
-      _tile_loadd(6, x3 + 2 * p0, x_stride);  // rows 32..
-      _tile_dpbf16ps(4, 6, 7);
-      _tile_loadd(7, b[1], 64);
-      _tile_dpbf16ps(5, 6, 7);
-    }
+  }
+  __attribute__((target("amx-tile,amx-bf16"))) void step(int64_t p0, const WidenedPairs& b) const {
+    _tile_loadd(6, x + 2 * p0, x_stride);  // rows 0-15
+    _tile_loadd(7, b[0], 64);
+    _tile_dpbf16ps(0, 6, 7);
+    _tile_loadd(7, b[1], 64);
+    _tile_dpbf16ps(1, 6, 7);
+    _tile_loadd(6, x2 + 2 * p0, x_stride);  // rows 16-31: b[1] first
+    _tile_dpbf16ps(3, 6, 7);
+    _tile_loadd(7, b[0], 64);
+    _tile_dpbf16ps(2, 6, 7);
+    _tile_loadd(6, x3 + 2 * p0, x_stride);
+    _tile_dpbf16ps(4, 6, 7);
+    _tile_loadd(7, b[1], 64);
+    _tile_dpbf16ps(5, 6, 7);
+  }
+  __attribute__((target("amx-tile,amx-bf16"))) void store(float (*sums)[kColumns]) const {
     _tile_stored(0, &sums[0][0], kSumsBytes);
     _tile_stored(1, &sums[0][16], kSumsBytes);
     _tile_stored(2, &sums[16][0], kSumsBytes);
     _tile_stored(3, &sums[16][16], kSumsBytes);
     _tile_stored(4, &sums[32][0], kSumsBytes);
     _tile_stored(5, &sums[32][16], kSumsBytes);
-    add_group<L>(col, g, rows, sums, xsum, groups, total);
   }
-  store_rows(total, rows, y, mask_lo, mask_hi);
+};
+
+// Rows [0, rows) of a pass (their group sums xsum, `groups` apart) on `tiles` (PairTiles or
+// TripleTiles) times column group `col`: row m's 32 outputs to y's row m (masked past N).
+// Per group: the C tiles zeroed, every 16 k pairs widened (widen_step, `next` fetched
+// meanwhile) and multiplied, the sums stored and scaled into the rows' float32 totals,
+// total += s * sums (+ (o - bias s) * the group's sum of x).
+template <typename L, typename Tiles>
+__attribute__((target("amx-tile,amx-bf16"))) void column_pass(
+    const Tiles& tiles, int64_t rows, const float* xsum, const ColumnGroup& col, int64_t groups,
+    int64_t group_size, const RowsOut& y, __mmask16 mask_lo, __mmask16 mask_hi,
+    const ColumnGroup& next) {
+  alignas(64) WidenedPairs b;
+  alignas(64) float sums[kTripleRows][kColumns];  // a group's, every row
+  alignas(64) float total[kTripleRows][kColumns];
+  for (int64_t r = 0; r < rows; ++r) std::fill_n(total[r], kColumns, 0.f);
+  for (int64_t g = 0; g < groups; ++g) {
+    if (next.levels != nullptr) fetch_factors(next, g);
+    tiles.zero();
+    for (int64_t p0 = g * group_size / 2; p0 < (g + 1) * group_size / 2; p0 += 16) {
+      widen_step<L>(col, next, p0, b);
+      tiles.step(p0, b);
+    }
+    tiles.store(sums);
+    const GroupFactors<L> factors(col, g);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int h = 0; h < 2; ++h)
+        _mm512_store_ps(&total[r][16 * h],
+                        factors.add(h, _mm512_load_ps(&sums[r][16 * h]),
+                                    L::kOffsets ? xsum[r * groups + g] : 0.f,
+                                    _mm512_load_ps(&total[r][16 * h])));
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    y.store(r, 0, mask_lo, _mm512_load_ps(&total[r][0]));
+    y.store(r, 16, mask_hi, _mm512_load_ps(&total[r][16]));
+  }
 }
 
-// Every tile 16 rows of 64 bytes: triple_product's configuration.
+// Every tile 16 rows of 64 bytes: TripleTiles' configuration.
 void configure_triple_tiles() {
   constexpr uint8_t kRows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
   configure_amx_tiles(kRows);
@@ -230,11 +236,11 @@ void amx_column_groups(const uint16_t* x, int64_t M, int64_t K, const float* xsu
       const RowsOut out = y.at(m, c * kColumns);
       const __mmask16 lo = lanes_below(N - c * kColumns), hi = lanes_below(N - c * kColumns - 16);
       if (rows > kPairRows)
-        triple_product<L>(x + m * K, K, x3, rows, xsum + m * groups, w.column<L>(c, K), groups,
-                          w.group_size, out, lo, hi, next);
+        column_pass<L>(TripleTiles(x + m * K, x3, K), rows, xsum + m * groups, w.column<L>(c, K),
+                       groups, w.group_size, out, lo, hi, next);
       else
-        pair_product<L>(x + m * K, K, rows, xsum + m * groups, w.column<L>(c, K), groups,
-                        w.group_size, out, lo, hi, next);
+        column_pass<L>(PairTiles(x + m * K, K, rows), rows, xsum + m * groups, w.column<L>(c, K),
+                       groups, w.group_size, out, lo, hi, next);
     }
     m += rows;
   }

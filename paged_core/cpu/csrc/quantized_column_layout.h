@@ -27,7 +27,7 @@ struct Int4Levels {
   static constexpr int64_t kPairBytes = 32;
   static constexpr bool kOffsets = true;  // W = s * q + o: y also takes o * sum(x)
   // The AMX kernel's last 33-48 rows in two passes, each widening the levels again: cheap
-  // for 4 bits, where one pass on three row tiles (triple_product) took 1.02-1.06x as long
+  // for 4 bits, where one pass on three row tiles (TripleTiles) took 1.02-1.06x as long
   // at 33-46 rows (30 SmolLM2 layers x 4 projections, groups of 64, one process
   // alternating both; Intel(R) Xeon(R) Processor, amx_bf16).
   static constexpr bool kTriplePass = false;
@@ -92,7 +92,7 @@ struct Int8Levels {
   static constexpr int64_t kPairBytes = 64;
   static constexpr bool kOffsets = false;
   // The AMX kernel's last 33-48 rows in one pass on three row tiles sharing each widening
-  // (triple_product): 30 SmolLM2 layers x 4 projections, one scale per channel, 33-48 rows
+  // (TripleTiles): 30 SmolLM2 layers x 4 projections, one scale per channel, 33-48 rows
   // 12.4-14.3 ms against 14.4-16.7 in two passes (one process alternating both; Intel(R)
   // Xeon(R) Processor, amx_bf16).
   static constexpr bool kTriplePass = true;
