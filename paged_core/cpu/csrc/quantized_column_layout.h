@@ -27,9 +27,9 @@ struct Int4Levels {
   static constexpr int64_t kPairBytes = 32;
   static constexpr bool kOffsets = true;  // W = s * q + o: y also takes o * sum(x)
   // The AMX kernel's last 33-48 rows in two passes, each widening the levels again: cheap
-  // for 4 bits, where one pass on three row tiles (TripleTiles) took 1.02-1.06x as long
-  // at 33-46 rows (30 SmolLM2 layers x 4 projections, groups of 64, one process
-  // alternating both; Intel(R) Xeon(R) Processor, amx_bf16).
+  // for 4 bits, where one pass on three row tiles (TripleTiles) took 1.02-1.07x as long
+  // at 33-46 rows, 0.88x at 48 (30 SmolLM2 layers x 4 projections, groups of 64, one
+  // process alternating both; Intel(R) Xeon(R) Processor, amx_bf16).
   static constexpr bool kTriplePass = false;
   // widen gives 128 + q: bfloat16 bits 0x4300 | q, exact (128..143 are whole bfloat16
   // numbers), with no table lookup (vpermw runs on one port; this took 11-16% off a row's
