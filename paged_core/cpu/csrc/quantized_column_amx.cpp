@@ -220,9 +220,10 @@ void amx_column_groups(const uint16_t* x, int64_t M, int64_t K, const float* xsu
     const int64_t left = M - m;
     const int64_t rows =
         L::kTriplePass && left > kPairRows && left <= kTripleRows ? left : std::min(kPairRows, left);
-    const uint16_t* x3 = x + (m + 2 * kTileRows) * K;  // a triple pass's third row tile
+    const uint16_t* x3 = nullptr;  // a triple pass's third row tile
     if (rows > kPairRows) {
       configure_triple_tiles();
+      x3 = x + (m + 2 * kTileRows) * K;
       if (rows < kTripleRows) {
         padded.assign(kTileRows * K, 0);
         std::copy_n(x3, (rows - 2 * kTileRows) * K, padded.data());
