@@ -17,6 +17,9 @@ namespace paged_core_cpu {
 // This thread's tile configuration (palette 1): tile t has rows[t] rows of 64 bytes (0: the
 // tile is unused).
 void configure_amx_tiles(const uint8_t (&rows)[8]);
+// Every tile 16 rows of 64 bytes (attention_tiles_amx.h's tiles, quantized_column_amx.cpp's
+// TripleTiles).
+constexpr uint8_t kAllTiles16Rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
 // Hands the tile state back (tiles zeroed, the configuration cleared).
 void release_amx_tiles();
 // configure_amx_tiles for a block of rows (<= 32) of a GEMM: tiles 0, 1 C of rows 0-15

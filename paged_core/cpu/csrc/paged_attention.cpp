@@ -450,11 +450,6 @@ double single_thread_us(const std::vector<Task>& tasks, int64_t num_kv_heads, in
 // tens of microseconds when they sleep between parallel regions (OMP_WAIT_POLICY=PASSIVE).
 constexpr double kWakeWorthUs = 20;
 
-#if PAGED_CORE_AMX_ATTENTION
-// Every tile of attention_tiles_amx.h is 16 rows of 64 bytes.
-constexpr uint8_t kAllTiles16Rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
-#endif
-
 // attention_kernel's tasks for bfloat16 with tiles (attention_tiles_bf16.h); needs
 // head_dim % 32 == 0. Every unit's rows take vdpbf16ps, or with amx AMX tiles
 // (attention_tiles_amx.h): one path for the whole call, so a query's bits never depend on
@@ -485,7 +480,7 @@ void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
   {
     paged_core_cpu::Bf16TileBuffers buffers(max_rows, pb.D);
 #if PAGED_CORE_AMX_ATTENTION
-    if (amx) paged_core_cpu::configure_amx_tiles(kAllTiles16Rows);
+    if (amx) paged_core_cpu::configure_amx_tiles(paged_core_cpu::kAllTiles16Rows);
 #endif
     int64_t j = __atomic_fetch_add(&next_job.value, 1, __ATOMIC_RELAXED);
     while (j < num_jobs) {

@@ -117,8 +117,8 @@ struct PairTiles {
 };
 
 // A pass of 33-48 rows on three row tiles of 16 rows sharing each widening, where two passes
-// would widen it twice; configured by configure_triple_tiles: C 0-5 (row tile t's outputs
-// 0-15, 16-31 in 2t, 2t + 1), A 6 (loaded for each row tile in turn), B 7 (each half loaded
+// would widen it twice; every tile configured 16 rows (kAllTiles16Rows): C 0-5 (row tile
+// t's outputs 0-15, 16-31 in 2t, 2t + 1), A 6 (loaded for each row tile in turn), B 7 (each half loaded
 // as the order in step needs it: four loads for six products). The third row tile reads
 // rows 32.. from x3 (K apart: x's own, or a zero-padded copy where the pass has fewer than
 // 48 rows), so no tile reads past x; its padding rows are never stored.
@@ -200,12 +200,6 @@ __attribute__((target("amx-tile,amx-bf16"))) void column_pass(
   }
 }
 
-// Every tile 16 rows of 64 bytes: TripleTiles' configuration.
-void configure_triple_tiles() {
-  constexpr uint8_t kRows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
-  configure_amx_tiles(kRows);
-}
-
 }  // namespace
 
 template <typename L>
@@ -222,7 +216,7 @@ void amx_column_groups(const uint16_t* x, int64_t M, int64_t K, const float* xsu
         L::kTriplePass && left > kPairRows && left <= kTripleRows ? left : std::min(kPairRows, left);
     const uint16_t* x3 = nullptr;  // a triple pass's third row tile
     if (rows > kPairRows) {
-      configure_triple_tiles();
+      configure_amx_tiles(kAllTiles16Rows);
       x3 = x + (m + 2 * kTileRows) * K;
       if (rows < kTripleRows) {
         padded.assign(kTileRows * K, 0);
