@@ -10,7 +10,8 @@
 // products with every row reduced to 16 scores in registers (decode_scores); the values' key
 // pairs are interleaved in registers and multiplied straight into outputs held in registers
 // for the whole unit; every cache line two chunks ahead (into the thread's next unit, at the
-// end of this one) is prefetched into L1 beside the load of the matching line here. Decode
+// end of this one) is prefetched into L1 beside the load of the matching line here, and every
+// line kDecodeL2Chunks ahead into L2 at the start of each chunk. Decode
 // of SmolLM2's shape (64 sequences x 2048 keys, bfloat16) read 22-24 GB/s through the tiles
 // and 26-28 GB/s here, interleaved in one process on the 2-core AMD EPYC Zen 5; a bare loop
 // of the same reads and arithmetic over random blocks, 33-38 GB/s.
@@ -35,6 +36,15 @@ namespace paged_core_cpu {
 // Chunks between a line's prefetch and its load (1 and 2 measured alike; 2 leaves more room
 // where memory answers slowly).
 constexpr int kDecodePrefetchChunks = 2;
+
+// Chunks between a chunk's prefetch into L2 and its load. With head_dim 64 a chunk's K and V
+// rows are two 2 KiB runs at random places, too short for the hardware's stream prefetch, so
+// the L1 prefetches alone keep too few lines in flight: SmolLM2's shape (4-64 sequences of
+// 512-2048 keys, bfloat16, cold KV) read 1.06-1.17x the GB/s with these over two runs (3, 4
+// and 6 chunks ahead measured alike, an L2 or last-level hint alike); head_dim 128
+// (Llama-8B-like, 4-16 sequences) 0.97-1.04x. Both interleaved in one process, Intel(R)
+// Xeon(R) Processor (family 6 model 207), best ISA amx_bf16.
+constexpr int kDecodeL2Chunks = 4;
 
 // How far (log2 units) a chunk's largest score may pass a row's running maximum before the
 // maximum moves and the row's outputs and denominators are rescaled.
@@ -105,6 +115,18 @@ struct ChunkRows {
   const uint16_t* k;
   const uint16_t* v;
 };
+
+// Every cache line of a chunk's K and V rows fetched into L2 (rows past every unit: zeros,
+// already cached).
+template <int D>
+inline void prefetch_chunk_to_l2(const ChunkRows& rows) {
+  constexpr int kLines = kChunk * D * static_cast<int>(sizeof(uint16_t)) / 64;
+  #pragma GCC unroll 4
+  for (int l = 0; l < kLines; ++l) {
+    _mm_prefetch(reinterpret_cast<const char*>(rows.k) + 64 * l, _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(rows.v) + 64 * l, _MM_HINT_T1);
+  }
+}
 
 // A thread's decode units as one stream of chunks: unit u's, then next's (nullptr: none).
 class ChunkStream {
@@ -182,6 +204,9 @@ bool decode_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* n
     ChunkRows& ahead = ring[(c + kAhead) % (kAhead + 1)];
     if (!stream.rows(c + kAhead, kZeroRows, ahead)) return false;
     const ChunkRows now = ring[c % (kAhead + 1)];
+    ChunkRows far;
+    if (!stream.rows(c + kDecodeL2Chunks, kZeroRows, far)) return false;
+    prefetch_chunk_to_l2<D>(far);
     const int64_t c0 = start + c * kChunk;
     const int vis_lo = static_cast<int>(std::max<int64_t>(first - c0, 0));
     const int vis_hi = static_cast<int>(std::min<int64_t>(u.key_hi - c0, kChunk));
