@@ -10,8 +10,8 @@
 // products with every row reduced to 16 scores in registers (decode_scores); the values' key
 // pairs are interleaved in registers and multiplied straight into outputs held in registers
 // for the whole unit; every cache line two chunks ahead (into the thread's next unit, at the
-// end of this one) is prefetched into L1 beside the load of the matching line here, and every
-// line kDecodeL2Chunks ahead into L2 at the start of each chunk. Decode
+// end of this one) is prefetched into L1 beside the load of the matching line here, and the
+// first K and V lines kDecodeL2Chunks ahead into L2 at the start of each chunk. Decode
 // of SmolLM2's shape (64 sequences x 2048 keys, bfloat16) read 22-24 GB/s through the tiles
 // and 26-28 GB/s here, interleaved in one process on the 2-core AMD EPYC Zen 5; a bare loop
 // of the same reads and arithmetic over random blocks, 33-38 GB/s.
@@ -37,12 +37,13 @@ namespace paged_core_cpu {
 // where memory answers slowly).
 constexpr int kDecodePrefetchChunks = 2;
 
-// Chunks between a chunk's prefetch into L2 and its load. With head_dim 64 a chunk's K and V
-// rows are two 2 KiB runs at random places, too short for the hardware's stream prefetch, so
-// the L1 prefetches alone keep too few lines in flight: SmolLM2's shape (4-64 sequences of
-// 512-2048 keys, bfloat16, cold KV) read 1.06-1.17x the GB/s with these over two runs (3, 4
-// and 6 chunks ahead measured alike, an L2 or last-level hint alike); head_dim 128
-// (Llama-8B-like, 4-16 sequences) 0.97-1.04x. Both interleaved in one process, Intel(R)
+// Chunks between a chunk's first K and V lines' prefetch into L2 and its loads. A chunk's K
+// and V rows are two runs (2 KiB at head_dim 64, 4 KiB at 128) at random places; the L1
+// prefetches alone keep too few lines in flight, and one line of each run fetched into L2 this
+// early sets the L2's own stream prefetch on the rest of the run. Cold KV: SmolLM2's shape
+// (16-64 sequences of 512-2048 keys) read 1.19-1.22x the GB/s, Llama-8B-like (16 sequences)
+// 1.16-1.22x; KV in cache (4-46 sequences of 128-512 keys) 1.00-1.05x. Prefetching every line
+// of the runs instead read 0.85-0.93x in cache. Both interleaved in one process, Intel(R)
 // Xeon(R) Processor (family 6 model 207), best ISA amx_bf16.
 constexpr int kDecodeL2Chunks = 4;
 
@@ -116,16 +117,10 @@ struct ChunkRows {
   const uint16_t* v;
 };
 
-// Every cache line of a chunk's K and V rows fetched into L2 (rows past every unit: zeros,
-// already cached).
-template <int D>
-inline void prefetch_chunk_to_l2(const ChunkRows& rows) {
-  constexpr int kLines = kChunk * D * static_cast<int>(sizeof(uint16_t)) / 64;
-  #pragma GCC unroll 4
-  for (int l = 0; l < kLines; ++l) {
-    _mm_prefetch(reinterpret_cast<const char*>(rows.k) + 64 * l, _MM_HINT_T1);
-    _mm_prefetch(reinterpret_cast<const char*>(rows.v) + 64 * l, _MM_HINT_T1);
-  }
+// The first line of a chunk's K rows and of its V rows fetched into L2 (kDecodeL2Chunks).
+inline void start_chunk_in_l2(const ChunkRows& rows) {
+  _mm_prefetch(reinterpret_cast<const char*>(rows.k), _MM_HINT_T1);
+  _mm_prefetch(reinterpret_cast<const char*>(rows.v), _MM_HINT_T1);
 }
 
 // A thread's decode units as one stream of chunks: unit u's, then next's (nullptr: none).
@@ -206,7 +201,7 @@ bool decode_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* n
     const ChunkRows now = ring[c % (kAhead + 1)];
     ChunkRows far;
     if (!stream.rows(c + kDecodeL2Chunks, kZeroRows, far)) return false;
-    prefetch_chunk_to_l2<D>(far);
+    start_chunk_in_l2(far);
     const int64_t c0 = start + c * kChunk;
     const int vis_lo = static_cast<int>(std::max<int64_t>(first - c0, 0));
     const int vis_hi = static_cast<int>(std::min<int64_t>(u.key_hi - c0, kChunk));
