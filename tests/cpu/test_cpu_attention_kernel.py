@@ -194,9 +194,10 @@ def test_decode_loop_matches_the_tiles_and_can_be_left_out(head_dim, group, wind
 
 def test_with_amx_tiles_decodes_keep_the_decode_loop_unless_it_is_left_out():
     """On AMX tiles, one-query units still take the decode loop (a decode's few query rows
-    would fill a sliver of a tile): the same bits as without the tiles, while prompt tiles
-    run on AMX; with ``decode_loop=False`` every query is on the tiles, and a prompt's last
-    token gets the same bits alone as inside its chunk."""
+    would fill a sliver of a tile; its scores come from tiles, attention_decode_amx.h): as
+    close as without the tiles, while prompt tiles run on AMX; with ``decode_loop=False``
+    every query is on the tiles, and a prompt's last token gets the same bits alone as inside
+    its chunk."""
     from paged_core.attention.cpu_kernels import bf16_attention_amx
 
     try:
@@ -218,7 +219,8 @@ def test_with_amx_tiles_decodes_keep_the_decode_loop_unless_it_is_left_out():
     tiles, plain = attend(True, True), attend(False, True)
     torch.testing.assert_close(tiles.double(), expected, atol=2e-2, rtol=2e-2)
     decodes = [int(starts[1]), int(starts[2])]
-    assert torch.equal(tiles[decodes], plain[decodes])
+    torch.testing.assert_close(tiles[decodes].float(), plain[decodes].float(), atol=2e-2,
+                               rtol=2e-2)
     # the prompt's tiles ran on AMX: tdpbf16ps rounds a few of its 76800 outputs differently
     assert not torch.equal(tiles[:200], plain[:200])
     invariant = attend(True, False)
@@ -227,6 +229,37 @@ def test_with_amx_tiles_decodes_keep_the_decode_loop_unless_it_is_left_out():
     alone = attend(True, False, slice(last, last + 1), slice(0, 1),
                    torch.tensor([0, 1], dtype=torch.int32))
     assert torch.equal(alone[0], invariant[last])
+
+
+@pytest.mark.parametrize("head_dim,group", [(64, 1), (64, 3), (64, 4), (128, 2), (128, 4),
+                                            (128, 8)])
+def test_decodes_on_amx_tiles_match_the_reference_and_keep_their_bits_alone(head_dim, group):
+    """With AMX tiles, decodes of up to 4 query heads per KV head take their scores from
+    tiles (attention_decode_amx.h; 8 stay on vdpbf16ps): they match the reference to bfloat16
+    rounding, beside a prompt, with a window, over shuffled blocks, and a decode alone gets
+    the same bits as inside the step."""
+    from paged_core.attention.cpu_kernels import bf16_attention_amx
+
+    try:
+        amx = bf16_attention_amx("avx512_bf16")
+    except (ValueError, RuntimeError) as refused:
+        pytest.skip(f"no AMX attention here: {refused}")
+    if not amx:
+        pytest.skip("no AMX attention here: this CPU lacks amx_bf16 or AVX512-BF16")
+    seq_lens, query_lens = [70, 300, 17, 1000], [30, 1, 1, 1]
+    query, k_cache, v_cache, tables, lens, starts = _step(seq_lens, query_lens, 2, group,
+                                                          head_dim, 16, torch.bfloat16, seed=9)
+    for window in (None, 40):
+        expected = _reference(query, k_cache, v_cache, tables, lens, starts, 0.125, window)
+        out = cpu_paged_attention(query, k_cache, v_cache, tables, lens, starts, 0.125, window,
+                                  cpu_isa="avx512_bf16", amx_tiles=True)
+        torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=2e-2)
+        for s in (1, 3):
+            row = int(starts[s])
+            alone = cpu_paged_attention(query[row:row + 1], k_cache, v_cache, tables[s:s + 1],
+                                        lens[s:s + 1], torch.tensor([0, 1], dtype=torch.int32),
+                                        0.125, window, cpu_isa="avx512_bf16", amx_tiles=True)
+            assert torch.equal(alone[0], out[row])
 
 
 def test_out_argument_padding_rows_threads_and_strided_query(cpu_isa):

@@ -16,6 +16,9 @@
 // and 26-28 GB/s here, interleaved in one process on the 2-core AMD EPYC Zen 5; a bare loop
 // of the same reads and arithmetic over random blocks, 33-38 GB/s.
 //
+// With amx_tiles, units of up to 4 rows (head_dim 64 or 128) take their raw scores from AMX
+// tiles instead of decode_scores (attention_decode_amx.h); the rest of the loop is the same.
+//
 // Scores (log2 units, ScoreMap) and the rounding of probabilities to bfloat16, whose rounded
 // values the denominators sum, are the tiles'. The online softmax is lazier: a row's running
 // maximum m moves only when a chunk's scores pass it by more than kRescaleSlack (2^8 in
@@ -27,6 +30,7 @@
 // lanes), so a decode query's result does not depend on the rest of the step.
 #pragma once
 
+#include "attention_decode_amx.h"
 #include "attention_tiles_bf16.h"
 
 #if PAGED_CORE_BF16_TILES
@@ -110,6 +114,28 @@ inline __m512 decode_scores(const uint16_t* q, const uint16_t* keys, const uint1
   return _mm512_add_ps(_mm512_shuffle_f32x4(u01, u23, 0x88), _mm512_shuffle_f32x4(u01, u23, 0xDD));
 }
 
+// Every row's raw scores against the 16 key rows at keys: vdpbf16ps dot products, or (kAmx)
+// AMX tiles (attention_decode_amx.h; the unit's queries already loaded). Either way each line
+// of the rows at ahead is prefetched into L1.
+template <int R, int D, bool kAmx>
+inline void chunk_scores(const uint16_t* const (&q)[R], const uint16_t* keys,
+                         const uint16_t* ahead, __m512 (&raw)[R]) {
+#if PAGED_CORE_AMX_DECODE
+  if constexpr (kAmx) {
+    alignas(64) float scores[kChunk * kAmxDecodeRows];
+    #pragma GCC unroll 4
+    for (int l = 0; l < kChunk * D * 2 / 64; ++l)
+      _mm_prefetch(reinterpret_cast<const char*>(ahead) + 64 * l, _MM_HINT_T0);
+    amx_decode_chunk<D>(keys, scores);
+    #pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) raw[r] = amx_decode_row(scores, r);
+    return;
+  }
+#endif
+  #pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) raw[r] = decode_scores<D>(q[r], keys, ahead, r == 0);
+}
+
 // Where the K and V rows of one 16-key chunk start (a chunk lies in one block: block_size %
 // 16 == 0); zeros past every unit.
 struct ChunkRows {
@@ -164,7 +190,7 @@ class ChunkStream {
 // denominators, as bf16_unit_run leaves them; next (or nullptr): the unit this thread runs
 // after u, whose first chunks are prefetched during u's last. False on a block table entry
 // outside [0, num_blocks).
-template <int R, int D>
+template <int R, int D, bool kAmx>
 bool decode_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* next,
                      Bf16TileBuffers& w) {
   alignas(64) static const uint16_t kZeroRows[kChunk * 256] = {};  // rows past the range
@@ -188,6 +214,10 @@ bool decode_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* n
     sum[r] = _mm512_setzero_ps();
     max[r] = -std::numeric_limits<float>::infinity();
   }
+#if PAGED_CORE_AMX_DECODE
+  alignas(64) uint32_t query_pairs[kAmx ? D / 2 * kAmxDecodeRows : 1];
+  if constexpr (kAmx) amx_decode_load_queries<R, D>(q, query_pairs);
+#endif
   // The query at u.pos0 sees keys [first, u.key_hi) of the unit.
   const int64_t first = std::max(u.key_lo, pb.window > 0 ? u.pos0 - pb.window + 1 : int64_t{0});
   const int64_t start = first_segment_start(u);
@@ -208,13 +238,14 @@ bool decode_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* n
     if (vis_hi <= vis_lo) continue;  // the window starts past this chunk
     const __mmask16 visible = static_cast<__mmask16>(((1u << vis_hi) - 1) & ~((1u << vis_lo) - 1));
 
+    __m512 raw[R];
+    chunk_scores<R, D, kAmx>(q, now.k, ahead.k, raw);
     __m512i probs[R];  // each row's 16 probabilities as 8 bf16 pairs (low half)
     #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       // Keys past vis_hi may hold anything (NaN in unowned slots): masked here, and their
       // values read as zeros below.
-      __m512 s = _mm512_mask_mov_ps(neg_inf, visible,
-                                    map_scores(decode_scores<D>(q[r], now.k, ahead.k, r == 0), map));
+      __m512 s = _mm512_mask_mov_ps(neg_inf, visible, map_scores(raw[r], map));
       const float smax = _mm512_reduce_max_ps(s);
       if (smax > max[r] + kRescaleSlack) {  // true at the first visible key (max[r] = -inf)
         const bool first = max[r] == -std::numeric_limits<float>::infinity();
@@ -262,18 +293,35 @@ bool decode_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* n
   return true;
 }
 
-// decode_unit_run for G = pb.G rows and head_dim pb.D (decode_rows_fit(G, D, block_size)).
+// decode_unit_run for G = pb.G rows and head_dim pb.D (decode_rows_fit(G, D, block_size)),
+// its scores on AMX tiles where amx and they fit (amx_decode_fits; the caller has loaded
+// kDecodeTileRows' configuration).
 inline bool decode_unit_dispatch(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* next,
-                                 Bf16TileBuffers& w) {
+                                 Bf16TileBuffers& w, bool amx) {
+#if PAGED_CORE_AMX_DECODE
+  if (amx && amx_decode_fits(pb.G, pb.D)) {
+    switch (pb.D * 8 + pb.G) {
+#define PAGED_CORE_DECODE_CASE(G, D) \
+  case D * 8 + G: return decode_unit_run<G, D, true>(pb, u, next, w);
+      PAGED_CORE_DECODE_CASE(1, 64) PAGED_CORE_DECODE_CASE(2, 64) PAGED_CORE_DECODE_CASE(3, 64)
+      PAGED_CORE_DECODE_CASE(1, 128) PAGED_CORE_DECODE_CASE(2, 128) PAGED_CORE_DECODE_CASE(3, 128)
+#undef PAGED_CORE_DECODE_CASE
+      default: return pb.D == 64 ? decode_unit_run<4, 64, true>(pb, u, next, w)
+                                 : decode_unit_run<4, 128, true>(pb, u, next, w);
+    }
+  }
+#else
+  (void)amx;
+#endif
   switch (pb.D * 8 + pb.G) {
 #define PAGED_CORE_DECODE_CASE(G, D) \
-  case D * 8 + G: return decode_unit_run<G, D>(pb, u, next, w);
+  case D * 8 + G: return decode_unit_run<G, D, false>(pb, u, next, w);
     PAGED_CORE_DECODE_CASE(1, 64) PAGED_CORE_DECODE_CASE(2, 64) PAGED_CORE_DECODE_CASE(3, 64)
     PAGED_CORE_DECODE_CASE(4, 64) PAGED_CORE_DECODE_CASE(1, 128) PAGED_CORE_DECODE_CASE(2, 128)
     PAGED_CORE_DECODE_CASE(3, 128) PAGED_CORE_DECODE_CASE(4, 128) PAGED_CORE_DECODE_CASE(5, 128)
     PAGED_CORE_DECODE_CASE(6, 128) PAGED_CORE_DECODE_CASE(7, 128)
 #undef PAGED_CORE_DECODE_CASE
-    default: return decode_unit_run<kDecodeMaxRows128, 128>(pb, u, next, w);
+    default: return decode_unit_run<kDecodeMaxRows128, 128, false>(pb, u, next, w);
   }
 }
 

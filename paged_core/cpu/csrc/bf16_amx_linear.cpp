@@ -148,14 +148,20 @@ bool request_tile_state() {
 
 // The configuration lives in thread storage, not on the stack: GCC's ldtilecfg asm names
 // only the first 8 bytes as its input, so the stores of a local configuration could be dropped.
-__attribute__((target("amx-tile"))) void configure_amx_tiles(const uint8_t (&rows)[8]) {
+__attribute__((target("amx-tile"))) void configure_amx_tiles(const uint8_t (&rows)[8],
+                                                             const uint8_t (&bytes)[8]) {
   thread_local TileConfig config;
   for (int t = 0; t < 8; ++t) {
     config.rows[t] = rows[t];
-    config.colsb[t] = rows[t] > 0 ? 64 : 0;
+    config.colsb[t] = rows[t] > 0 ? bytes[t] : 0;
   }
   asm volatile("" : : "r"(&config) : "memory");  // the stores happen before ldtilecfg
   _tile_loadconfig(&config);
+}
+
+void configure_amx_tiles(const uint8_t (&rows)[8]) {
+  static constexpr uint8_t kFullWidth[8] = {64, 64, 64, 64, 64, 64, 64, 64};
+  configure_amx_tiles(rows, kFullWidth);
 }
 
 __attribute__((target("amx-tile"))) void release_amx_tiles() { _tile_release(); }
@@ -261,6 +267,10 @@ void bf16_amx_silu_and_mul(const uint16_t* x, int64_t ldx, int64_t rows, const u
 bool bf16_amx_ready() { return false; }
 
 void configure_amx_tiles(const uint8_t (&)[8]) { TORCH_CHECK(false, "this build has no AMX tiles"); }
+
+void configure_amx_tiles(const uint8_t (&)[8], const uint8_t (&)[8]) {
+  TORCH_CHECK(false, "this build has no AMX tiles");
+}
 
 void release_amx_tiles() {}
 

@@ -21,6 +21,7 @@
 // bfloat16 caches (head_dim % 32 == 0) take attention_tiles_bf16.h's tiles (of up to
 // kBf16TileQueries queries), and their one-query units (decodes) attention_decode_bf16.h's
 // loop where it beats them (decode_rows_fit), with or without amx_tiles; with amx_tiles the
+// decode loop takes its scores from AMX tiles where they fit (attention_decode_amx.h) and the
 // other units' products run on AMX tiles (attention_tiles_amx.h). That needs the avx512_bf16
 // build on a CPU and OS granting AMX tiles (else an error); float32 and quantized-cache calls
 // compute as they do without it.
@@ -450,6 +451,33 @@ double single_thread_us(const std::vector<Task>& tasks, int64_t num_kv_heads, in
 // tens of microseconds when they sleep between parallel regions (OMP_WAIT_POLICY=PASSIVE).
 constexpr double kWakeWorthUs = 20;
 
+#if PAGED_CORE_AMX_ATTENTION
+// A thread's AMX tile configuration in bf16_tile_kernel (none without amx): prompt units'
+// (16 rows of 64 bytes each) or decode scores' (attention_decode_amx.h), loaded when a unit
+// needs the one not loaded; the tiles are handed back when the thread's jobs end.
+class AmxTileUse {
+ public:
+  enum Kind { kNone, kPrompt, kDecode };
+  explicit AmxTileUse(bool amx) : amx_(amx) {}
+  ~AmxTileUse() {
+    if (loaded_ != kNone) paged_core_cpu::release_amx_tiles();
+  }
+  void load(Kind kind) {
+    if (!amx_ || kind == loaded_) return;
+    if (kind == kPrompt)
+      paged_core_cpu::configure_amx_tiles(paged_core_cpu::kAllTiles16Rows);
+    else
+      paged_core_cpu::configure_amx_tiles(paged_core_cpu::kDecodeTileRows,
+                                          paged_core_cpu::kDecodeTileBytes);
+    loaded_ = kind;
+  }
+
+ private:
+  bool amx_;
+  Kind loaded_ = kNone;
+};
+#endif
+
 // attention_kernel's tasks for bfloat16 with tiles (attention_tiles_bf16.h); needs
 // head_dim % 32 == 0. Every unit's rows take vdpbf16ps, or with amx AMX tiles
 // (attention_tiles_amx.h): one path for the whole call, so a query's bits never depend on
@@ -467,7 +495,10 @@ void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
   const int max_rows = static_cast<int>(kBf16TileQueries) * pb.G;
   // One-query units take the decode loop (attention_decode_bf16.h), with amx too (a decode's
   // G query rows would fill G of a tile's 16 rows: 30 SmolLM2 layers, 11 decodes of 250
-  // tokens, 5.1 against 6.4 ms on the tiles, 2-core Xeon with AMX), and prompt tiles cut
+  // tokens, 5.1 against 6.4 ms on the tiles, 2-core Xeon with AMX; with amx its scores come
+  // from AMX tiles: 30 SmolLM2 layers of 11 / 46 decodes of 250 tokens and 46 of 500, 6.03 /
+  // 20.76 / 43.42 against 6.28 / 21.60 / 45.91 ms from vdpbf16ps, interleaved in one process,
+  // Intel(R) Xeon(R) Processor, best ISA amx_bf16), and prompt tiles cut
   // their keys by their query count (part_keys), unless the caller wants every query on the
   // tiles cut alike (batch-invariant mode: a prompt's last token comes alone in one schedule
   // and inside a chunk in another, and must give the same bits).
@@ -480,7 +511,7 @@ void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
   {
     paged_core_cpu::Bf16TileBuffers buffers(max_rows, pb.D);
 #if PAGED_CORE_AMX_ATTENTION
-    if (amx) paged_core_cpu::configure_amx_tiles(paged_core_cpu::kAllTiles16Rows);
+    AmxTileUse tiles(amx);
 #endif
     int64_t j = __atomic_fetch_add(&next_job.value, 1, __ATOMIC_RELAXED);
     while (j < num_jobs) {
@@ -488,12 +519,18 @@ void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
       const Bf16Job& job = jobs[j];
       const Bf16Unit* next = after < num_jobs ? &jobs[after].unit : nullptr;
       bool ok;
-      if (job.unit.nq == 1 && decode)
-        ok = paged_core_cpu::decode_unit_dispatch(pb, job.unit, next, buffers);
+      if (job.unit.nq == 1 && decode) {
 #if PAGED_CORE_AMX_ATTENTION
-      else if (amx)
+        tiles.load(AmxTileUse::kDecode);
+#endif
+        ok = paged_core_cpu::decode_unit_dispatch(pb, job.unit, next, buffers, amx);
+      }
+#if PAGED_CORE_AMX_ATTENTION
+      else if (amx) {
+        tiles.load(AmxTileUse::kPrompt);
         ok = paged_core_cpu::bf16_unit_run(pb, job.unit, next, buffers,
                                            paged_core_cpu::amx_segment_rows);
+      }
 #endif
       else
         ok = paged_core_cpu::bf16_unit_run(pb, job.unit, next, buffers,
@@ -512,9 +549,6 @@ void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
       }
       j = after;
     }
-#if PAGED_CORE_AMX_ATTENTION
-    if (amx) paged_core_cpu::release_amx_tiles();
-#endif
   }
 }
 #endif  // PAGED_CORE_BF16_TILES
