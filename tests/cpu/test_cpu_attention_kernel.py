@@ -192,12 +192,7 @@ def test_decode_loop_matches_the_tiles_and_can_be_left_out(head_dim, group, wind
     assert torch.equal(alone[0], outs[False][last])
 
 
-def test_with_amx_tiles_decodes_keep_the_decode_loop_unless_it_is_left_out():
-    """On AMX tiles, one-query units still take the decode loop (a decode's few query rows
-    would fill a sliver of a tile; its scores come from tiles, attention_decode_amx.h): as
-    close as without the tiles, while prompt tiles run on AMX; with ``decode_loop=False``
-    every query is on the tiles, and a prompt's last token gets the same bits alone as inside
-    its chunk."""
+def _skip_without_amx_attention() -> None:
     from paged_core.attention.cpu_kernels import bf16_attention_amx
 
     try:
@@ -206,6 +201,15 @@ def test_with_amx_tiles_decodes_keep_the_decode_loop_unless_it_is_left_out():
         pytest.skip(f"no AMX attention here: {refused}")
     if not amx:
         pytest.skip("no AMX attention here: this CPU lacks amx_bf16 or AVX512-BF16")
+
+
+def test_with_amx_tiles_decodes_keep_the_decode_loop_unless_it_is_left_out():
+    """On AMX tiles, one-query units still take the decode loop (a decode's few query rows
+    would fill a sliver of a tile; its scores come from tiles, attention_decode_amx.h): as
+    close as without the tiles, while prompt tiles run on AMX; with ``decode_loop=False``
+    every query is on the tiles, and a prompt's last token gets the same bits alone as inside
+    its chunk."""
+    _skip_without_amx_attention()
     seq_lens, query_lens = [600, 300, 90], [200, 1, 1]
     query, k_cache, v_cache, tables, lens, starts = _step(seq_lens, query_lens, 2, 3, 64, 16,
                                                           torch.bfloat16, seed=6)
@@ -238,14 +242,7 @@ def test_decodes_on_amx_tiles_match_the_reference_and_keep_their_bits_alone(head
     tiles (attention_decode_amx.h; 8 stay on vdpbf16ps): they match the reference to bfloat16
     rounding, beside a prompt, with a window, over shuffled blocks, and a decode alone gets
     the same bits as inside the step."""
-    from paged_core.attention.cpu_kernels import bf16_attention_amx
-
-    try:
-        amx = bf16_attention_amx("avx512_bf16")
-    except (ValueError, RuntimeError) as refused:
-        pytest.skip(f"no AMX attention here: {refused}")
-    if not amx:
-        pytest.skip("no AMX attention here: this CPU lacks amx_bf16 or AVX512-BF16")
+    _skip_without_amx_attention()
     seq_lens, query_lens = [70, 300, 17, 1000], [30, 1, 1, 1]
     query, k_cache, v_cache, tables, lens, starts = _step(seq_lens, query_lens, 2, group,
                                                           head_dim, 16, torch.bfloat16, seed=9)
