@@ -293,35 +293,31 @@ bool decode_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* n
   return true;
 }
 
-// decode_unit_run for G = pb.G rows and head_dim pb.D (decode_rows_fit(G, D, block_size)),
-// its scores on AMX tiles where amx and they fit (amx_decode_fits; the caller has loaded
-// kDecodeTileRows' configuration).
+// decode_unit_run for G rows and head_dim D, its scores on AMX tiles where amx and they fit
+// (amx_decode_fits; the caller has loaded kDecodeTileRows' configuration).
+template <int G, int D>
+bool decode_unit_on(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* next,
+                    Bf16TileBuffers& w, bool amx) {
+#if PAGED_CORE_AMX_DECODE
+  if constexpr (amx_decode_fits(G, D))
+    if (amx) return decode_unit_run<G, D, true>(pb, u, next, w);
+#endif
+  (void)amx;
+  return decode_unit_run<G, D, false>(pb, u, next, w);
+}
+
+// decode_unit_on for G = pb.G rows and head_dim pb.D (decode_rows_fit(G, D, block_size)).
 inline bool decode_unit_dispatch(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* next,
                                  Bf16TileBuffers& w, bool amx) {
-#if PAGED_CORE_AMX_DECODE
-  if (amx && amx_decode_fits(pb.G, pb.D)) {
-    switch (pb.D * 8 + pb.G) {
-#define PAGED_CORE_DECODE_CASE(G, D) \
-  case D * 8 + G: return decode_unit_run<G, D, true>(pb, u, next, w);
-      PAGED_CORE_DECODE_CASE(1, 64) PAGED_CORE_DECODE_CASE(2, 64) PAGED_CORE_DECODE_CASE(3, 64)
-      PAGED_CORE_DECODE_CASE(1, 128) PAGED_CORE_DECODE_CASE(2, 128) PAGED_CORE_DECODE_CASE(3, 128)
-#undef PAGED_CORE_DECODE_CASE
-      default: return pb.D == 64 ? decode_unit_run<4, 64, true>(pb, u, next, w)
-                                 : decode_unit_run<4, 128, true>(pb, u, next, w);
-    }
-  }
-#else
-  (void)amx;
-#endif
   switch (pb.D * 8 + pb.G) {
 #define PAGED_CORE_DECODE_CASE(G, D) \
-  case D * 8 + G: return decode_unit_run<G, D, false>(pb, u, next, w);
+  case D * 8 + G: return decode_unit_on<G, D>(pb, u, next, w, amx);
     PAGED_CORE_DECODE_CASE(1, 64) PAGED_CORE_DECODE_CASE(2, 64) PAGED_CORE_DECODE_CASE(3, 64)
     PAGED_CORE_DECODE_CASE(4, 64) PAGED_CORE_DECODE_CASE(1, 128) PAGED_CORE_DECODE_CASE(2, 128)
     PAGED_CORE_DECODE_CASE(3, 128) PAGED_CORE_DECODE_CASE(4, 128) PAGED_CORE_DECODE_CASE(5, 128)
     PAGED_CORE_DECODE_CASE(6, 128) PAGED_CORE_DECODE_CASE(7, 128)
 #undef PAGED_CORE_DECODE_CASE
-    default: return decode_unit_run<kDecodeMaxRows128, 128, false>(pb, u, next, w);
+    default: return decode_unit_on<kDecodeMaxRows128, 128>(pb, u, next, w, amx);
   }
 }
 
