@@ -34,8 +34,9 @@ from .workload import QUICK, BenchRequest, WorkloadSpec, embedded_tokenizer, sha
 
 NAME = "serve"
 METRICS = ("ttft", "itl", "tpot", "e2e")
-# wait_until_quiet's settings before each scenario: up to a minute for a busy window of
-# under 10% of the cores; --quick (the CI smoke test, beside other tests) only records one.
+# wait_until_quiet's settings before each scenario: up to --settle-timeout (a minute) for a
+# busy window of under 10% of the cores; --quick (the CI smoke test, beside other tests) only
+# records one.
 SETTLE = {"max_busy": 0.1, "window_s": 1.0, "timeout_s": 60.0}
 QUICK_SETTLE = {"max_busy": 0.1, "window_s": 0.2, "timeout_s": 0.0}
 
@@ -58,6 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--request-timeout", type=float, default=600.0,
                         help="seconds a client waits for the next chunk (a first token "
                              "included) before it gives up on a request (counted as failed)")
+    parser.add_argument("--settle-timeout", type=float, default=SETTLE["timeout_s"],
+                        help="seconds to wait, before each scenario, for the machine to be "
+                             "quiet (under 10%% of the cores busy for 1 s); each result records "
+                             "the load it started under either way")
 
 
 def workload(args: argparse.Namespace) -> tuple[list[float], int, list[int], WorkloadSpec]:
@@ -81,7 +86,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             url = stack.enter_context(running_vllm_server(args.vllm_python, args.dtype, args.threads))
             targets.append(("vllm serve", lambda: HTTPClient(url, args.request_timeout,
                                                              model="SmolLM2-135M-Instruct")))
-        settle = QUICK_SETTLE if args.quick else SETTLE
+        settle = QUICK_SETTLE if args.quick else {**SETTLE, "timeout_s": args.settle_timeout}
         scenarios = asyncio.run(_run_scenarios([make for _, make in targets], requests, rates,
                                                per_rate, bursts, args.seed, settle))
     result = {"target": targets[0][0], "dtype": args.dtype, "workload": summarize(requests),

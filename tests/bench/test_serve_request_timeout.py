@@ -25,7 +25,8 @@ def test_requests_that_get_no_answer_fail_after_the_timeout(tmp_path):
     thread.start()
     try:
         assert main(["serve", "--url", f"http://127.0.0.1:{port}/v1", "--rates", "",
-                     "--burst", "3", "--request-timeout", "0.5", "--out", str(tmp_path)]) == 0
+                     "--burst", "3", "--request-timeout", "0.5", "--settle-timeout", "0",
+                     "--out", str(tmp_path)]) == 0
     finally:
         stop.set()
         thread.join()
@@ -35,4 +36,5 @@ def test_requests_that_get_no_answer_fail_after_the_timeout(tmp_path):
     burst = json.loads((tmp_path / "results" / "serve.json").read_text())["scenarios"][0]
     assert burst["num_requests"] == 3 and burst["completed"] == 0 and burst["failed"] == 3
     assert burst["errors"] == ["ReadTimeout: "]
+    assert burst["machine_before"]["waited_s"] < 5  # --settle-timeout 0: one window, busy or not
     assert len(accepted) >= 5  # two warm-up requests and the burst of three reached the server

