@@ -5,7 +5,9 @@ packed step over the paged cache), ``fused_ops.cpp`` (RMSNorm, add + RMSNorm,
 rotary embedding, SiLU-and-multiply), ``bf16_dot_linear.cpp`` (the bfloat16
 linear of the ``avx512_bf16`` level only), ``decoder_stack.cpp`` (every decoder
 layer of a model in one call: ``torch.classes.paged_core_cpu_<level>.DecoderStack``) and
-``quantized_linear.cpp`` (weight-only int4 / int8 products, ``quantization``),
+``quantized_linear.cpp`` (weight-only int4 / int8 products, ``quantization``; the
+``avx512_bf16`` level's column layout in ``quantized_column_*.cpp`` and, for 8 bits on
+AMX-INT8 tiles, ``quantized_int8_tiles.cpp``),
 ``lora_products.cpp`` (the LoRA products of a step's adapters, ``lora.products``) and
 ``greedy_tokens.cpp`` (each row's argmax, for the sampler). Each level of
 ``paged_core.cpu.isa`` (``generic``, ``avx2``, ``avx512``, ``avx512_bf16``) is its
@@ -47,7 +49,7 @@ logger = logging.getLogger(__name__)
 _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("paged_attention.cpp", "fused_ops.cpp", "bf16_dot_linear.cpp", "bf16_amx_linear.cpp",
             "decoder_stack.cpp", "quantized_linear.cpp", "quantized_column_linear.cpp",
-            "quantized_column_amx.cpp", "lora_products.cpp",
+            "quantized_column_amx.cpp", "quantized_int8_tiles.cpp", "lora_products.cpp",
             "greedy_tokens.cpp")
 
 # Compiler flags each level adds to the one below it (see ``paged_core.cpu.isa``).

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .int4_linear import kernel_takes
-from .quantized_linear import QuantizedLinear
+from .quantized_linear import INT8_TILE_ROWS, QuantizedLinear, int8_tile_kernel
 
 
 @dataclass
@@ -70,6 +70,9 @@ class Int8Linear(QuantizedLinear):
         # W8A8's inputs are float32 levels: those keep the row layout's float32 kernels
         packed = None if weight.activations_int8 else self._column_layout(q, [scales])
         self.levels, self.scales = packed if packed is not None else (q, scales)
+        if packed is not None and int8_tile_kernel(self.kernels, self.group_size,
+                                                   amx_selected=self.amx_min_rows > 0):
+            self.int8_tile_rows = INT8_TILE_ROWS
 
     def quantized_product(self, rows: torch.Tensor) -> torch.Tensor:
         return self.kernels.int8_gemm(rows, self.levels, self.scales, self.group_size)

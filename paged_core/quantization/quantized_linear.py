@@ -13,7 +13,8 @@ A bfloat16 linear at the ``avx512_bf16`` level keeps its levels in column groups
 outputs instead (``column_pack``; ``cpu/csrc/quantized_column_linear.cpp``): its decode
 kernel multiplies the bfloat16 rows as they are with ``vdpbf16ps``, or, on a CPU with AMX
 tiles, from ``COLUMN_AMX_MIN_ROWS`` rows, on the tiles (``quantized_column_amx.cpp``; the
-same float32 sums); its many-rows path widens the weight straight into ``Bf16DotLinear``'s
+same float32 sums); 8-bit levels on a CPU with AMX-INT8 go to the tiles unwidened, the rows
+cut into 8-bit digits instead (``int8_tile_kernel``); its many-rows path widens the weight straight into ``Bf16DotLinear``'s
 layout for that GEMM (AMX where the CPU has it). ``column_outputs`` says which layout a
 linear keeps.
 
@@ -56,6 +57,44 @@ COLUMN_AMX_MIN_ROWS = {4: 1, 8: 2}
 # 13.7; 8-bit, one scale per channel, 8 rows 4.3 against 4.8, 12 rows 5.8 against 5.7, 16
 # rows 7.4 against 7.1).
 COLUMN_DENSE_ROWS = {4: 40, 8: 12}
+# 8-bit calls of up to INT8_TILE_ROWS rows on AMX-INT8 tiles instead, the levels unwidened
+# (quantized_int8_tiles.cpp): PAGED_CORE_CPU_INT8_LINEAR, see int8_tile_kernel. Up to 5 rows
+# (one pass: their three digit rows stacked in 15 tile rows) the levels stream faster than
+# the AMX-BF16 column kernel widens them; from 8 rows, in passes, they lost (30 SmolLM2 layers
+# x 4 projections, one scale per channel, 2 threads, one process alternating; Intel(R)
+# Xeon(R) Processor, amx_bf16: 1 row 5.9 against 7.5 ms, 4 rows 6.2 against 8.0, 8 rows 8.9
+# against 8.0, 16 rows 11.3 against 8.6).
+INT8_TILE_ROWS = 5
+INT8_LINEAR_SETTING = "PAGED_CORE_CPU_INT8_LINEAR"
+INT8_LINEAR_KERNELS = ("amx_int8", "bf16")
+
+
+def int8_tile_kernel(kernels, group_size: int, amx_selected: bool) -> bool:
+    """Whether an 8-bit column-layout linear with ``group_size`` takes ``int8_tile_gemm`` (the
+    levels as int8 B tiles, the rows cut into three 8-bit digits each) rather than widening its
+    levels to bfloat16 (``column_gemm``): ``PAGED_CORE_CPU_INT8_LINEAR`` ``amx_int8`` always,
+    ``bf16`` never, ``auto`` (the default) where the bfloat16 linears take AMX tiles
+    (``amx_selected``), the OS granted AMX-INT8 (``amx_int8_ready``) and the groups fit whole
+    tile steps (a multiple of 64 features, at most 65536 or a multiple of it). Raises
+    ``ValueError`` naming the setting for a value it does not know, or ``amx_int8`` where the
+    tiles cannot run or the groups do not fit."""
+    raw = os.environ.get(INT8_LINEAR_SETTING, "").strip().lower() or "auto"
+    if raw not in ("auto", *INT8_LINEAR_KERNELS):
+        raise ValueError(f"{INT8_LINEAR_SETTING}={raw!r} is not an 8-bit linear kernel; choose "
+                         f"auto or one of {', '.join(INT8_LINEAR_KERNELS)}")
+    if raw == "bf16":
+        return False
+    fits = group_size % 64 == 0 and (group_size <= 65536 or group_size % 65536 == 0)
+    ready = bool(kernels.amx_int8_ready())
+    if raw == "auto":
+        return amx_selected and ready and fits
+    if not ready:
+        raise ValueError(f"{INT8_LINEAR_SETTING}=amx_int8: this CPU or OS gives no AMX-INT8 "
+                         f"tiles; choose auto or bf16")
+    if not fits:
+        raise ValueError(f"{INT8_LINEAR_SETTING}=amx_int8: groups of {group_size} features do "
+                         f"not fit whole tile steps of 64; choose auto or bf16")
+    return True
 
 
 class QuantizedLinear(nn.Module):
@@ -76,6 +115,7 @@ class QuantizedLinear(nn.Module):
         self.level = level if self.kernels is not None else None  # whose kernels
         self.column_outputs = 0  # > 0: the levels are column_pack's, of this many outputs
         self.amx_min_rows = 0  # the column layout's kernels: AMX tiles from these rows (0: none)
+        self.int8_tile_rows = 0  # 8-bit column layout: calls of up to this many rows on AMX-INT8
         self.offsets = self.zeros = None  # 4-bit weights' (zero - 8 scale, zero) per group
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype),
                                  requires_grad=False) if has_bias else None
@@ -123,6 +163,9 @@ class QuantizedLinear(nn.Module):
             rows = rows.to(torch.bfloat16).contiguous()
             if rows.shape[0] < self.dense_rows:  # float32 sums
                 out = out_dtype if out_dtype == torch.bfloat16 else None
+                if rows.shape[0] <= self.int8_tile_rows:
+                    return self.kernels.int8_tile_gemm(rows, self.levels, self.scales,
+                                                       self.group_size, self.column_outputs, out)
                 return self.kernels.column_gemm(rows, self.levels, self.scales, self.offsets,
                                                 self.group_size, self.column_outputs,
                                                 self.amx_min_rows, out)

@@ -101,9 +101,13 @@ def test_bf16_column_kernels_equal_the_dequantized_product(cpu_isa, kind, group_
         rounded = layer.kernels.column_gemm(*args, torch.bfloat16)
         assert rounded.dtype is torch.bfloat16 and torch.equal(rounded, both.bfloat16())
     assert torch.equal(layer(x), product.bfloat16())  # forward asks the kernel for bfloat16
-    # a row's sums depend on it alone: the last row in any call taking the same kernel
-    # (AMX tiles from layer.amx_min_rows rows) gives the same bits
-    fewest = layer.amx_min_rows if 0 < layer.amx_min_rows <= rows else 1
+    # a row's sums depend on it alone: the last row in any call taking the same kernel (8-bit
+    # calls of up to layer.int8_tile_rows rows on AMX-INT8 tiles, test_int8_tiles.py; past
+    # them, AMX-BF16 tiles from layer.amx_min_rows rows) gives the same bits
+    if rows <= layer.int8_tile_rows:
+        fewest = 1
+    else:
+        fewest = max(layer.amx_min_rows, layer.int8_tile_rows + 1) if layer.amx_min_rows else 1
     assert torch.equal(layer.product(x[-fewest:])[-1:], product[-1:])
     layer.dense_rows = 1  # every call: W widened into Bf16DotLinear's layout, then its GEMM
     dense = layer.product(x)

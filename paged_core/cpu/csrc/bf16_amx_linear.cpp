@@ -140,6 +140,13 @@ bool cpu_has_amx_bf16() {
   return (edx >> 22 & 1u) && (edx >> 24 & 1u);
 }
 
+// CPUID leaf 7: EDX bit 25 AMX-INT8.
+bool cpu_has_amx_int8() {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  return edx >> 25 & 1u;
+}
+
 bool request_tile_state() {
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 }
@@ -175,6 +182,11 @@ void configure_row_block_tiles(int64_t rows) {
 
 bool bf16_amx_ready() {
   static const bool ready = cpu_has_amx_bf16() && request_tile_state();
+  return ready;
+}
+
+bool amx_int8_ready() {
+  static const bool ready = cpu_has_amx_int8() && bf16_amx_ready();
   return ready;
 }
 
@@ -265,6 +277,7 @@ void bf16_amx_silu_and_mul(const uint16_t* x, int64_t ldx, int64_t rows, const u
 }
 #else
 bool bf16_amx_ready() { return false; }
+bool amx_int8_ready() { return false; }
 
 void configure_amx_tiles(const uint8_t (&)[8]) { TORCH_CHECK(false, "this build has no AMX tiles"); }
 

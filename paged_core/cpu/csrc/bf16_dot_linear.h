@@ -28,6 +28,8 @@ at::Tensor bf16_dot_silu_and_mul(const at::Tensor& x, const at::Tensor& packed,
 // True if this CPU has AMX-BF16, this build has the AMX code and the OS granted the tile
 // state (asked once per process; bf16_amx_linear.cpp).
 bool bf16_amx_ready();
+// True if bf16_amx_ready() and this CPU has AMX-INT8 too (quantized_int8_tiles.cpp).
+bool amx_int8_ready();
 // The weights bf16_dot_rows and bf16_amx_groups multiply, in the packed layout: the whole
 // packed weight, or (packed null) `widen(g0, g1, out)`, which writes column groups [g0, g1)
 // into out (K2 * 64 values a group; e.g. quantized levels, dequantized a chunk at a time;

@@ -72,6 +72,7 @@ struct QuantizedWeight {
   at::ScalarType dense_dtype;  // what that GEMM multiplies in
   int64_t column_outputs;      // > 0: levels in column_pack's layout, of this many outputs
   int64_t amx_min_rows;        // the column layout: AMX tiles from this many rows
+  int64_t int8_tile_rows;      // 8-bit column layout: calls of up to this many rows on AMX-INT8
 
   // rows [M, in] -> rows W^T: float32 (the kernels; the column kernel rounds to bfloat16 as
   // it stores where out is bfloat16), or dense_dtype / bfloat16 (many rows).
@@ -94,10 +95,13 @@ struct QuantizedWeight {
     const auto given = [](const at::Tensor& t) {
       return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
     };
+    const std::optional<at::ScalarType> rounded =
+        out == at::kBFloat16 ? std::optional<at::ScalarType>(out) : std::nullopt;
+    if (x.size(0) <= int8_tile_rows && x.size(0) < dense_rows)
+      return paged_core_cpu::int8_tile_gemm(x, levels, scales, group_size, column_outputs, rounded);
     if (x.size(0) < dense_rows)
       return paged_core_cpu::column_gemm(
-          x, levels, scales, given(offsets), group_size, column_outputs, amx_min_rows,
-          out == at::kBFloat16 ? std::optional<at::ScalarType>(out) : std::nullopt);
+          x, levels, scales, given(offsets), group_size, column_outputs, amx_min_rows, rounded);
     return paged_core_cpu::column_dense(x, levels, scales, given(zeros), group_size, column_outputs,
                                         amx_min_rows);
 #else
@@ -289,11 +293,13 @@ class DecoderStack : public torch::CustomClassHolder {
   // Make projection `projection` (0 qkv, 1 o, 2 gate_up, 3 down) of layer `layer` multiply
   // by weight-only levels of `bits` (QuantizedWeight; offsets and zeros for 4 bits only;
   // column_outputs > 0: column_pack's layout, its many-rows GEMM on AMX from
-  // amx_min_rows rows) instead of the weight add_layer gave it; its bias stays.
+  // amx_min_rows rows; calls of up to int8_tile_rows rows on AMX-INT8 tiles) instead of the weight
+  // add_layer gave it; its bias stays.
   void set_quantized(int64_t layer, int64_t projection, int64_t bits, at::Tensor levels,
                      at::Tensor scales, std::optional<at::Tensor> offsets,
                      std::optional<at::Tensor> zeros, int64_t group_size, int64_t dense_rows,
-                     at::ScalarType dense_dtype, int64_t column_outputs, int64_t amx_min_rows) {
+                     at::ScalarType dense_dtype, int64_t column_outputs, int64_t amx_min_rows,
+                     int64_t int8_tile_rows) {
     TORCH_CHECK(bits == 8 || (bits == 4 && offsets && zeros),
                 "quantized projections are 8-bit, or 4-bit with offsets and zeros");
     TORCH_CHECK(levels.is_contiguous() && scales.is_contiguous() &&
@@ -302,7 +308,7 @@ class DecoderStack : public torch::CustomClassHolder {
     projection_at(layer, projection).quantized = QuantizedWeight{
         bits, std::move(levels), std::move(scales), offsets.value_or(at::Tensor()),
         zeros.value_or(at::Tensor()), group_size, dense_rows, dense_dtype, column_outputs,
-        amx_min_rows};
+        amx_min_rows, int8_tile_rows};
   }
 
   // Give projection `projection` (0 qkv, 1 o, 2 gate_up, 3 down) of layer `layer` the LoRA

@@ -32,6 +32,12 @@ at::Tensor column_gemm(const at::Tensor& x, const at::Tensor& levels, const at::
                        const std::optional<at::Tensor>& offsets, int64_t group_size,
                        int64_t out_features, int64_t amx_min_rows,
                        std::optional<at::ScalarType> out_dtype = std::nullopt);
+// quantized_int8_tiles.cpp: 8-bit column-layout levels times bfloat16 rows x [M, K] on
+// AMX-INT8 tiles (each row cut into three 8-bit digits), in out_dtype as column_gemm; only
+// where amx_int8_ready(), group_size a multiple of 64 (at most 65536 or a multiple of it).
+at::Tensor int8_tile_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
+                          int64_t group_size, int64_t out_features,
+                          std::optional<at::ScalarType> out_dtype = std::nullopt);
 // x [M, K] -> x W^T bfloat16 for many rows: W widened into bf16_dot_linear's layout, then
 // its GEMM (on AMX tiles from amx_min_rows rows, widened a chunk of column groups at a time).
 at::Tensor column_dense(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
