@@ -14,9 +14,10 @@ outputs instead (``column_pack``; ``cpu/csrc/quantized_column_linear.cpp``): its
 kernel multiplies the bfloat16 rows as they are with ``vdpbf16ps``, or, on a CPU with AMX
 tiles, from ``COLUMN_AMX_MIN_ROWS`` rows, on the tiles (``quantized_column_amx.cpp``; the
 same float32 sums); 8-bit levels on a CPU with AMX-INT8 go to the tiles unwidened, the rows
-cut into 8-bit digits instead (``int8_tile_kernel``); its many-rows path widens the weight straight into ``Bf16DotLinear``'s
-layout for that GEMM (AMX where the CPU has it). ``column_outputs`` says which layout a
-linear keeps.
+cut into 8-bit digits instead, for calls of up to ``INT8_TILE_ROWS`` rows
+(``int8_tile_kernel``); its many-rows path widens the weight straight into
+``Bf16DotLinear``'s layout for that GEMM (AMX where the CPU has it). ``column_outputs`` says
+which layout a linear keeps.
 
 Invariants: the output has the input's dtype (the ``dtype`` the linear was built for);
 ``bias`` is a parameter of that dtype under the dense layer's name, loaded with the
@@ -59,11 +60,11 @@ COLUMN_AMX_MIN_ROWS = {4: 1, 8: 2}
 COLUMN_DENSE_ROWS = {4: 40, 8: 12}
 # 8-bit calls of up to INT8_TILE_ROWS rows on AMX-INT8 tiles instead, the levels unwidened
 # (quantized_int8_tiles.cpp): PAGED_CORE_CPU_INT8_LINEAR, see int8_tile_kernel. Up to 5 rows
-# (one pass: their three digit rows stacked in 15 tile rows) the levels stream faster than
-# the AMX-BF16 column kernel widens them; from 8 rows, in passes, they lost (30 SmolLM2 layers
-# x 4 projections, one scale per channel, 2 threads, one process alternating; Intel(R)
-# Xeon(R) Processor, amx_bf16: 1 row 5.9 against 7.5 ms, 4 rows 6.2 against 8.0, 8 rows 8.9
-# against 8.0, 16 rows 11.3 against 8.6).
+# (one pass: their three digit rows stacked in 15 tile rows) the tiles beat the widening
+# kernels; from 8 rows, in passes, they lost (30 SmolLM2 layers x 4 projections, one scale per
+# channel, 2 threads, one process alternating; Intel(R) Xeon(R) Processor, amx_bf16: 1 row
+# 5.9 against 7.5 ms on vdpbf16ps (8.6 against 8.5 in a slower hour), 4 rows 6.2 against 8.0
+# on AMX-BF16 tiles (8.8 against 10.3), 8 rows 8.9 against 8.0, 16 rows 11.3 against 8.6).
 INT8_TILE_ROWS = 5
 INT8_LINEAR_SETTING = "PAGED_CORE_CPU_INT8_LINEAR"
 INT8_LINEAR_KERNELS = ("amx_int8", "bf16")

@@ -292,8 +292,8 @@ class DecoderStack : public torch::CustomClassHolder {
 
   // Make projection `projection` (0 qkv, 1 o, 2 gate_up, 3 down) of layer `layer` multiply
   // by weight-only levels of `bits` (QuantizedWeight; offsets and zeros for 4 bits only;
-  // column_outputs > 0: column_pack's layout, its many-rows GEMM on AMX from
-  // amx_min_rows rows; calls of up to int8_tile_rows rows on AMX-INT8 tiles) instead of the weight
+  // column_outputs > 0: column_pack's layout, its many-rows GEMM on AMX from amx_min_rows
+  // rows, its calls of up to int8_tile_rows rows on AMX-INT8 tiles) instead of the weight
   // add_layer gave it; its bias stays.
   void set_quantized(int64_t layer, int64_t projection, int64_t bits, at::Tensor levels,
                      at::Tensor scales, std::optional<at::Tensor> offsets,
