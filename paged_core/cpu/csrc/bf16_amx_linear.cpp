@@ -133,19 +133,15 @@ int64_t groups_in_l2(int64_t K2) {
   return std::max<int64_t>(1, kChunkBytes / (K2 * 128));
 }
 
-// CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE.
-bool cpu_has_amx_bf16() {
+// CPUID leaf 7's EDX (0 where the leaf is missing): bit 22 AMX-BF16, 24 AMX-TILE, 25 AMX-INT8.
+unsigned leaf7_edx() {
   unsigned eax, ebx, ecx, edx;
-  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-  return (edx >> 22 & 1u) && (edx >> 24 & 1u);
+  return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) ? edx : 0u;
 }
 
-// CPUID leaf 7: EDX bit 25 AMX-INT8.
-bool cpu_has_amx_int8() {
-  unsigned eax, ebx, ecx, edx;
-  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-  return edx >> 25 & 1u;
-}
+bool cpu_has_amx_bf16() { return (leaf7_edx() >> 22 & 1u) && (leaf7_edx() >> 24 & 1u); }
+
+bool cpu_has_amx_int8() { return leaf7_edx() >> 25 & 1u; }
 
 bool request_tile_state() {
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;

@@ -132,8 +132,7 @@ void configure_digit_tiles(int64_t rows) {
 }
 
 // The stacked digits of this pass (3 x stack rows, K apart; its first `rows` rows real) times
-// one column group: for each span of k (a
-// group, or kMaxSpan of one), step by step, the step's levels staged into B tiles and
+// one column group: for each span of k (a group, or kMaxSpan of one), step by step, the step's levels staged into B tiles and
 // multiplied into both halves' C tiles; at the span's end each row's three sums joined
 // (d2 * 65536 + d1 * 256 + d0, in float32) and scaled into total[rows][32] in span order.
 __attribute__((target("amx-tile,amx-int8"))) void column_pass(
@@ -178,28 +177,21 @@ __attribute__((target("amx-tile,amx-int8"))) void column_pass(
   }
 }
 
-// Rows [0, M) times the column groups this thread claims (claimed_ranges.h): the rows in
-// passes of `stack` <= kPassRows rows each (the last padded with zero digits), every pass cut
-// once; each column group runs every pass while its levels are in L1/L2, so the levels are
-// read from memory once per call.
-void int8_tile_groups(const uint16_t* x, int64_t M, int64_t K, const ColumnGroups& w, int64_t N,
-                      const RowsOut& y, paged_core_cpu::ClaimedRanges& claims, int t) {
-  const int64_t passes = (M + kPassRows - 1) / kPassRows, stack = (M + passes - 1) / passes;
-  const int64_t pass_bytes = kDigits * stack * K;
-  thread_local std::vector<int8_t> digits;
-  thread_local std::vector<float> unit;
-  digits.assign(passes * pass_bytes, 0);
-  unit.resize(passes * stack);
-  for (int64_t p = 0; p < passes; ++p)
-    cut_rows(x + p * stack * K, std::min(stack, M - p * stack), stack, K,
-             digits.data() + p * pass_bytes, unit.data() + p * stack);
+// Rows [0, M), cut into passes of `stack` rows (int8_tile_gemm: digits pass after pass, units
+// row by row), times the column groups this thread claims (claimed_ranges.h); each column
+// group runs every pass while its levels are in L1/L2, so the levels are read from memory once
+// per call.
+void int8_tile_groups(const int8_t* digits, const float* unit, int64_t M, int64_t stack, int64_t K,
+                      const ColumnGroups& w, int64_t N, const RowsOut& y,
+                      paged_core_cpu::ClaimedRanges& claims, int t) {
+  const int64_t passes = (M + stack - 1) / stack, pass_bytes = kDigits * stack * K;
   alignas(64) float total[kPassRows][kColumns];
   configure_digit_tiles(stack);
   for (int64_t c = claims.take(t); c >= 0; c = claims.take(t)) {
     const __mmask16 lo = lanes_below(N - c * kColumns), hi = lanes_below(N - c * kColumns - 16);
     for (int64_t p = 0; p < passes; ++p) {
       const int64_t m = p * stack, rows = std::min(stack, M - m);
-      column_pass(digits.data() + p * pass_bytes, K, stack, rows, w.column<Int8Levels>(c, K),
+      column_pass(digits + p * pass_bytes, K, stack, rows, w.column<Int8Levels>(c, K),
                   w.group_size, total);
       for (int64_t r = 0; r < rows; ++r) {
         const __m512 row_unit = _mm512_set1_ps(unit[m + r]);
@@ -211,8 +203,8 @@ void int8_tile_groups(const uint16_t* x, int64_t M, int64_t K, const ColumnGroup
   paged_core_cpu::release_amx_tiles();
 }
 #else
-void int8_tile_groups(const uint16_t*, int64_t, int64_t, const ColumnGroups&, int64_t,
-                      const RowsOut&, paged_core_cpu::ClaimedRanges&, int) {
+void int8_tile_groups(const int8_t*, const float*, int64_t, int64_t, int64_t, const ColumnGroups&,
+                      int64_t, const RowsOut&, paged_core_cpu::ClaimedRanges&, int) {
   TORCH_CHECK(false, "this build has no AMX tiles");
 }
 #endif
@@ -250,8 +242,16 @@ at::Tensor int8_tile_gemm(const at::Tensor& x, const at::Tensor& levels, const a
   const bool rounded = dtype == at::kBFloat16;
   const RowsOut out{rounded ? nullptr : y.data_ptr<float>(),
                     rounded ? static_cast<uint16_t*>(y.data_ptr()) : nullptr, out_features};
+  // The rows in passes of up to kPassRows rows, all of one size (the last padded with zero
+  // digits), cut once for every thread.
+  const int64_t passes = (M + kPassRows - 1) / kPassRows, stack = (M + passes - 1) / passes;
+  std::vector<int8_t> digits(passes * kDigits * stack * K, 0);
+  std::vector<float> unit(passes * stack);
+  for (int64_t p = 0; p < passes; ++p)
+    cut_rows(xp + p * stack * K, std::min(stack, M - p * stack), stack, K,
+             digits.data() + p * kDigits * stack * K, unit.data() + p * stack);
   paged_core_cpu::run_claiming(levels.size(0), [&](paged_core_cpu::ClaimedRanges& claims, int t) {
-    int8_tile_groups(xp, M, K, w, out_features, out, claims, t);
+    int8_tile_groups(digits.data(), unit.data(), M, stack, K, w, out_features, out, claims, t);
   });
   return y;
 }
