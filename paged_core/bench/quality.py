@@ -101,7 +101,7 @@ def text_logprobs(llm, ids: list[int], chunk: int) -> torch.Tensor:
     for start in range(0, len(ids) - 1, chunk):
         n = min(chunk, len(ids) - 1 - start)
         step = StepInput(ids, start, n, blocks, needs_logits=True, num_spec_tokens=n - 1)
-        logits = runner.execute(pack_batch([step], runner.block_size), []).cpu()
+        logits = runner.execute(pack_batch([step], runner.block_size), []).cpu().float()
         targets = torch.tensor(ids[start + 1:start + n + 1])
         out.append(torch.log_softmax(logits, -1)[torch.arange(n), targets])
     return torch.cat(out)

@@ -80,8 +80,9 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, packed: PackedBatch,
                 block_copies: list[tuple[int, int]]) -> torch.Tensor | None:
-        """Run one step; returns float32 logits ``[rows needing logits, vocab]`` in batch order
-        on rank 0 (``None`` on the other ranks of a tensor-parallel group)."""
+        """Run one step; returns the logits ``[rows needing logits, vocab]`` in batch order, in
+        the LM head's dtype (the sampler widens them where it needs float32), on rank 0
+        (``None`` on the other ranks of a tensor-parallel group)."""
         if block_copies:
             src, dst = zip(*block_copies)
             self.backend.copy_blocks([k for k, _ in self.kv_caches], [v for _, v in self.kv_caches],
@@ -96,7 +97,7 @@ class ModelRunner:
                 packed.ahead.write_into(input_ids)
             hidden = self.model(input_ids, rope_rows, self.kv_caches, meta, self.backend)
         logits = self.model.compute_logits(hidden[self._to_device(packed.logits_indices)])
-        return None if logits is None else logits.float()
+        return logits
 
     def _to_device(self, array) -> torch.Tensor:
         return torch.from_numpy(array).to(self.device, non_blocking=self.non_blocking_inputs)

@@ -49,9 +49,9 @@ class TokenLogprobs:
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """Each row's argmax, as ``logits.argmax(dim=-1)`` (the first maximal value; the first NaN
-    if any): float32 CPU logits through the C++ kernel (``csrc/greedy_tokens.cpp``, ~9x
-    torch's CPU argmax over a 49k vocabulary) where it is built, else torch."""
-    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+    if any): float32 or bfloat16 CPU logits through the C++ kernel (``csrc/greedy_tokens.cpp``,
+    ~9x torch's CPU argmax over a 49k vocabulary) where it is built, else torch."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16):
         kernel = _cpu_greedy_kernel()
         if kernel is not None:
             return kernel(logits)
@@ -82,7 +82,14 @@ class Sampler:
     def launch(self, logits: torch.Tensor, rows: list[SamplingRow]
                ) -> tuple[list[int] | PendingTokens, list[TokenLogprobs | None]]:
         """As ``__call__``, but the token ids may still be on their way from the device
-        (``PendingTokens``): only log-probabilities need them on the host at once."""
+        (``PendingTokens``): only log-probabilities need them on the host at once.
+
+        ``logits`` come in the LM head's dtype. A step of plain greedy rows (no penalties,
+        blocked tokens, grammar or log-probabilities) takes their argmax as they are, which is
+        their float32 copy's argmax; any other step samples them as float32 (penalties and masks
+        written in place)."""
+        if all(_plain_greedy(row) for row in rows):
+            return PendingTokens(greedy_tokens(logits)), [None] * len(rows)
         logits = logits.float()
         self.grammar_bitmask(logits, [row.grammar for row in rows])
         for r, row in enumerate(rows):
@@ -122,6 +129,14 @@ class Sampler:
         for i, r in enumerate(wanted):
             out[r] = lps[i]
         return out
+
+
+def _plain_greedy(row: SamplingRow) -> bool:
+    """True if ``row`` takes its logits' argmax as they are: greedy, with nothing that changes
+    the logits first (penalties, blocked tokens, a grammar) and no log-probabilities."""
+    p = row.params
+    return (p.greedy and not p.has_penalties and not row.blocked_token_ids and row.grammar is None
+            and p.logprobs is None)
 
 
 def _apply_penalties(logits: torch.Tensor, row: SamplingRow) -> None:

@@ -66,11 +66,11 @@ class SamplingPlan:
         self.kept_rows.append(logit_row)
 
     def run(self, sampler: Sampler, logits: torch.Tensor) -> SamplerOutput:
-        """Sample every planned row of ``logits`` (the runner's float32 rows) in one call;
+        """Sample every planned row of ``logits`` (the runner's rows) in one call;
         the token ids may still be on the device (``SamplerOutput.wait``)."""
         tokens, logprobs = sampler.launch(_rows(logits, self.logit_rows), self.rows) \
             if self.rows else ([], [])
-        kept = _rows(logits, self.kept_rows) if self.kept else None
+        kept = _rows(logits, self.kept_rows).float() if self.kept else None
         return SamplerOutput(tokens, logprobs, kept)
 
 
