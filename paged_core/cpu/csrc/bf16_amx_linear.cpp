@@ -139,7 +139,10 @@ unsigned leaf7_edx() {
   return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) ? edx : 0u;
 }
 
-bool cpu_has_amx_bf16() { return (leaf7_edx() >> 22 & 1u) && (leaf7_edx() >> 24 & 1u); }
+bool cpu_has_amx_bf16() {
+  const unsigned edx = leaf7_edx();
+  return (edx >> 22 & 1u) && (edx >> 24 & 1u);
+}
 
 bool cpu_has_amx_int8() { return leaf7_edx() >> 25 & 1u; }
 

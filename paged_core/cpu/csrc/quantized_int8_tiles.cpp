@@ -37,6 +37,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -64,7 +65,10 @@ constexpr int kUnitBits = 21;        // unit = 2^(E - 21): |n| <= 255 * 2^14 < 2
 // of digits ([3 stack][K]) is digit d of row m, balanced (each in -128..127, n = d2 * 65536 +
 // d1 * 256 + d0); unit[m] the row's unit (see the file comment; 0 for a row of zeros, NaN for
 // a row holding a NaN or an infinity, which then comes out NaN, as a float product would).
+// The tile rows past M (a short last pass) get zero digits.
 void cut_rows(const uint16_t* x, int64_t M, int64_t stack, int64_t K, int8_t* digits, float* unit) {
+  for (int d = 0; d < kDigits; ++d)
+    std::fill_n(digits + (d * stack + M) * K, (stack - M) * K, int8_t{0});
   for (int64_t m = 0; m < M; ++m) {
     const uint16_t* row = x + m * K;
     __m512i top = _mm512_setzero_si512();
@@ -245,13 +249,14 @@ at::Tensor int8_tile_gemm(const at::Tensor& x, const at::Tensor& levels, const a
   // The rows in passes of up to kPassRows rows, all of one size (the last padded with zero
   // digits), cut once for every thread.
   const int64_t passes = (M + kPassRows - 1) / kPassRows, stack = (M + passes - 1) / passes;
-  std::vector<int8_t> digits(passes * kDigits * stack * K, 0);
+  // Every byte is written by cut_rows: no zeroing of the whole buffer on the decode path.
+  const std::unique_ptr<int8_t[]> digits(new int8_t[passes * kDigits * stack * K]);
   std::vector<float> unit(passes * stack);
   for (int64_t p = 0; p < passes; ++p)
     cut_rows(xp + p * stack * K, std::min(stack, M - p * stack), stack, K,
-             digits.data() + p * kDigits * stack * K, unit.data() + p * stack);
+             digits.get() + p * kDigits * stack * K, unit.data() + p * stack);
   paged_core_cpu::run_claiming(levels.size(0), [&](paged_core_cpu::ClaimedRanges& claims, int t) {
-    int8_tile_groups(digits.data(), unit.data(), M, stack, K, w, out_features, out, claims, t);
+    int8_tile_groups(digits.get(), unit.data(), M, stack, K, w, out_features, out, claims, t);
   });
   return y;
 }
