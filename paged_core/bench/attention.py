@@ -8,8 +8,10 @@ AMX-BF16), in bfloat16 and float32 (the kernel's dtypes; the common ``--dtype`` 
 used):
 
 - decode: one new token per sequence, over a grid of batch sizes and context lengths, for
-  SmolLM2-135M's shape (3 KV heads x 3 query heads, head_dim 64, block size 16) and a
-  Llama-8B-like one (8 KV heads x 4, head_dim 128). The KV pool is far larger than the
+  SmolLM2-135M's shape (3 KV heads x 3 query heads, head_dim 64) and a Llama-8B-like one
+  (8 KV heads x 4, head_dim 128), in blocks of ``--block-size`` tokens (default the
+  engine's, 16: each block is one run of K and one of V per KV head, so larger blocks read
+  longer runs; vLLM-CPU takes 128 by default). The KV pool is far larger than the
   last-level cache and each call reads blocks no recent call read (``attention_cases``),
   so achieved GB/s (bytes of K and V read / median time) is set against the memory
   bandwidth measured in the same run, before and after (best ``torch.sum`` over a large
@@ -38,6 +40,7 @@ from typing import Any
 
 import torch
 
+from ..config.cache_config import BLOCK_SIZES, CacheConfig
 from ..cpu.extension import cpu_extension_available, cpu_extension_error, cpu_ops
 from ..cpu.isa import has_amx_bf16, supported_cpu_isas
 from .attention_cases import (LLAMA_8B, SMOLLM2, KvPool, ModelShape, blocks_for, kv_pool,
@@ -66,10 +69,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reps", type=int, default=9, help="timed rounds per case (median)")
     parser.add_argument("--full", action="store_true",
                         help="also the generic level (plain C++, no vector ISA flags: slow)")
+    parser.add_argument("--block-size", type=int, choices=BLOCK_SIZES,
+                        default=CacheConfig.block_size,
+                        help="tokens per KV block (default: the engine's default)")
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    return {"reps": args.reps, **(QUICK_GRID if args.quick else GRID)}
+    grid = QUICK_GRID if args.quick else GRID
+    sized = {key: [dataclasses.replace(shape, block_size=args.block_size) for shape in grid[key]]
+             for key in ("decode_shapes", "prefill_shapes")}
+    return {"reps": args.reps, "block_size": args.block_size, **grid, **sized}
 
 
 def _levels(full: bool) -> tuple[list[str], dict[str, str]]:
@@ -118,7 +127,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = {k: [v.name for v in s[k]] if k.endswith("shapes") else v for k, v in s.items()}
     return {"dtypes": list(DTYPES), "levels": levels, "unavailable_levels": unavailable,
             "paths": list(_paths(levels, "bfloat16")),
-            "shapes": {shape.name: dataclasses.asdict(shape) for shape in (SMOLLM2, LLAMA_8B)},
+            "shapes": {shape.name: dataclasses.asdict(shape)
+                       for shape in s["decode_shapes"] + s["prefill_shapes"]},
             "settings": settings, "machine_summary": f"{cpu_model()}, {os.cpu_count()} cores",
             "run_command": command_line(getattr(args, "argv", [NAME])),
             "bandwidth": {**bandwidth, "before": before, "after": after},
@@ -216,7 +226,8 @@ def print_summary(results: dict[str, Any]) -> None:
           f"{results['load_average_after']:.1f}")
     columns = results.get("paths", results["levels"])  # older results: levels only
     blank = f"{'-':>26}"
-    print("decode: median us, GB/s of K+V read, fraction of measured bandwidth")
+    print(f"decode, blocks of {results['settings'].get('block_size', 16)} tokens: median us, "
+          f"GB/s of K+V read, fraction of measured bandwidth")
     print(f"{'shape':<15}{'dtype':<10}{'batch':>6}{'ctx':>6}"
           + "".join(f"{path:>26}" for path in columns))
     for (shape, dtype, batch, ctx), paths in _by(results["decode"], "shape", "dtype", "batch",
@@ -248,7 +259,8 @@ def readme_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     decode = _by(result["decode"], "shape", "dtype", "batch", "context")
     for (shape, dtype, batch, ctx), paths in decode.items():
         if batch == max(s["batches"]) and ctx == max(s["contexts"]):
-            rows.append((f"decode {dtype}, {shape}, {batch} seqs x {ctx} tokens", ", ".join(
+            rows.append((f"decode {dtype}, {shape}, {batch} seqs x {ctx} tokens in blocks of "
+                         f"{s.get('block_size', 16)}", ", ".join(
                 f"{lv} {r['gbs']:.1f} GB/s ({r['fraction_of_bandwidth']:.0%})"
                 for lv, r in paths.items())))
     prefill = _by(result["prefill"], "shape", "dtype", "batch", "prompt")

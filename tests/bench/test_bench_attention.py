@@ -1,5 +1,6 @@
 """``paged-core bench attention``: its inputs are what it claims, and ``--quick`` writes sane
 results (structure and arithmetic, never speed) only inside ``--out``."""
+import dataclasses
 import json
 import math
 import statistics
@@ -41,6 +42,26 @@ def test_step_attends_over_its_next_table_copy(query_len):
             step.tables[copy % step.instances], step.seq_lens, step.query_start_loc,
             SMOLLM2.head_dim ** -0.5)
         torch.testing.assert_close(attend(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not cpu_extension_available(), reason="the C++ CPU kernels could not be built here")
+def test_block_size_sets_the_blocks_every_case_reads(tmp_path):
+    """``--block-size 64``: the shapes, settings and every step's tables are in 64-token
+    blocks (a 40-token context is one block), and a call still attends over them exactly."""
+    assert main(["attention", "--quick", "--block-size", "64", "--out", str(tmp_path)]) == 0
+    run = json.loads((tmp_path / "results" / "attention.json").read_text())
+    assert run["settings"]["block_size"] == 64
+    assert run["shapes"] == {SMOLLM2.name: {**dataclasses.asdict(SMOLLM2), "block_size": 64}}
+    assert "in blocks of 64" in (tmp_path / "README.md").read_text()
+    shape = dataclasses.replace(SMOLLM2, block_size=64)
+    generator = torch.Generator().manual_seed(2)
+    pool = kv_pool(shape, torch.float32, num_blocks=6, generator=generator)
+    step = paged_step(pool, batch=2, seq_len=40, query_len=1, generator=generator)
+    assert pool.k.shape == (3, 6, 64, 64) and step.tables.shape == (3, 2, 1)
+    expected = reference.paged_attention(
+        step.query, pool.k.permute(1, 2, 0, 3), pool.v.permute(1, 2, 0, 3), step.tables[0],
+        step.seq_lens, step.query_start_loc, SMOLLM2.head_dim ** -0.5)
+    torch.testing.assert_close(step.call(selected_cpu_isa())(), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_linear_kind_follows_the_engine():
