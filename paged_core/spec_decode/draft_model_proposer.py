@@ -31,6 +31,7 @@ from ..executor.rank_worker import RankSpec, Worker
 from ..models.model_loader import load_hf_config, resolve_model_folder
 from ..models.registry import model_spec
 from ..executor.packed_batch import StepInput, pack_batch
+from ..sample.sampler import greedy_tokens
 from .config import SpeculativeConfig
 from .proposer import TargetModel, draft_limit
 
@@ -108,7 +109,7 @@ class DraftModelProposer:
         logits = self.runner.execute(packed, [])
         for s in shadows:
             s.num_computed_tokens = s.num_tokens
-        return logits.argmax(dim=-1).tolist()
+        return greedy_tokens(logits).tolist()
 
     def _free_stopped(self, running: set[int]) -> None:
         for seq_id in [i for i in self.shadows if i not in running]:

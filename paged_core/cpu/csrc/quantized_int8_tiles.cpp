@@ -37,8 +37,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <memory>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
