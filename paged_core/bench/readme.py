@@ -35,7 +35,8 @@ def _machine(result: dict) -> str:
     isa = f" ({m['cpu_isa']})" if m.get("cpu_isa") else ""
     if m.get("paged_core_cpu_isa"):  # the class of CPU: avx2 vs avx512_bf16 tells more than torch's
         isa = f" ({m.get('cpu_isa', '?')}; paged-core path {m['paged_core_cpu_isa']})"
-    return (f"{m['cpu']}{isa}, {m['cores']} cores, {m['threads']} threads, torch {m['torch']}, "
+    generation = f" [{m['cpu_generation']}]" if m.get("cpu_generation") else ""
+    return (f"{m['cpu']}{generation}{isa}, {m['cores']} cores, {m['threads']} threads, torch {m['torch']}, "
             f"transformers {m['transformers']}")
 
 

@@ -32,15 +32,36 @@ def setup_threads(threads: int | None) -> int:
     return threads
 
 
-def cpu_model() -> str:
+def _first_cpu_fields() -> dict[str, str]:
+    """The first processor's ``key: value`` lines of ``/proc/cpuinfo`` ({} without /proc)."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:  # no /proc (not Linux): ask the platform module
+                if not line.strip():
+                    break  # the end of the first processor's stanza
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:  # no /proc (not Linux)
         pass
-    return platform.processor() or platform.machine()
+    return fields
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``, else the platform module's)."""
+    return _first_cpu_fields().get("model name") or platform.processor() or platform.machine()
+
+
+def cpu_generation() -> str | None:
+    """``family F, model M`` from ``/proc/cpuinfo`` (x86), or None where it has no such fields.
+
+    Virtual machines often name the CPU only by its brand ("AMD EPYC", "Intel(R) Xeon(R)
+    Processor"): family and model then tell the generations apart (AMD family 25 is Zen 3 and
+    Zen 4, 26 Zen 5; Intel family 6 model 143 Sapphire Rapids, 207 Emerald Rapids)."""
+    fields = _first_cpu_fields()
+    if "cpu family" not in fields or "model" not in fields:
+        return None
+    return f"family {fields['cpu family']}, model {fields['model']}"
 
 
 def cpu_flags() -> list[str]:
@@ -60,6 +81,7 @@ def machine_info(threads: int) -> dict[str, Any]:
 
     info = {
         "cpu": cpu_model(),
+        "cpu_generation": cpu_generation(),
         # the widest vector ISA torch uses here (e.g. AVX2, AVX512): CPU engines differ most by it
         "cpu_isa": torch.backends.cpu.get_cpu_capability(),
         # paged-core's own CPU path (PAGED_CORE_CPU_ISA or detected) and the flags it rests on
