@@ -10,8 +10,8 @@
 // products with every row reduced to 16 scores in registers (decode_scores); the values' key
 // pairs are interleaved in registers and multiplied straight into outputs held in registers
 // for the whole unit; every cache line two chunks ahead (into the thread's next unit, at the
-// end of this one) is prefetched into L1 beside the load of the matching line here, and the
-// first K and V lines kDecodeL2Chunks ahead into L2 at the start of each chunk. Decode
+// end of this one) is prefetched into L1 beside the load of the matching line here, and every
+// K and V line kDecodeL2Chunks ahead into L2 at the start of each chunk. Decode
 // of SmolLM2's shape (64 sequences x 2048 keys, bfloat16) read 22-24 GB/s through the tiles
 // and 26-28 GB/s here, interleaved in one process on the 2-core AMD EPYC Zen 5; a bare loop
 // of the same reads and arithmetic over random blocks, 33-38 GB/s.
@@ -41,14 +41,18 @@ namespace paged_core_cpu {
 // where memory answers slowly).
 constexpr int kDecodePrefetchChunks = 2;
 
-// Chunks between a chunk's first K and V lines' prefetch into L2 and its loads. A chunk's K
-// and V rows are two runs (2 KiB at head_dim 64, 4 KiB at 128) at random places; the L1
-// prefetches alone keep too few lines in flight, and one line of each run fetched into L2 this
-// early sets the L2's own stream prefetch on the rest of the run. Cold KV: SmolLM2's shape
-// (16-64 sequences of 512-2048 keys) read 1.19-1.22x the GB/s, Llama-8B-like (16 sequences)
-// 1.16-1.22x; KV in cache (4-46 sequences of 128-512 keys) 1.00-1.05x. Prefetching every line
-// of the runs instead read 0.85-0.93x in cache. Both interleaved in one process, Intel(R)
-// Xeon(R) Processor (family 6 model 207), best ISA amx_bf16.
+// Chunks between the prefetch of a chunk's K and V lines into L2 and their loads. A chunk's
+// K and V rows are two runs (2 KiB at head_dim 64, 4 KiB at 128) at random places, and the L1
+// prefetches alone keep too few lines in flight; so every line of both runs is fetched into
+// L2 this early. Fetching only each run's first line (which sets Intel's L2 stream prefetch
+// on the rest: 1.19-1.22x the GB/s of no L2 prefetch, cold KV, Intel(R) Xeon(R) Processor,
+// amx_bf16) left the AMD EPYC Zen 4 (family 25 model 17, avx512_bf16) waiting on the rest:
+// there every line read 1.41-1.65x the GB/s of the first line only for SmolLM2's shape (1-64
+// sequences of 512-2048 keys, cold KV) and 1.10-1.16x for Llama-8B-like, 0.91-0.97x with the
+// KV already in cache (0.4-8.6 MiB), interleaved in one process (2 and 6 chunks ahead read
+// 0.78-0.87x and 0.97-1.02x of 4, cold). Serving reads a layer's KV cold: the other layers' weights pass
+// through the cache between two of its steps. (On Intel, every line read 0.85-0.93x in
+// cache; cold there, not yet measured.)
 constexpr int kDecodeL2Chunks = 4;
 
 // How far (log2 units) a chunk's largest score may pass a row's running maximum before the
@@ -143,10 +147,16 @@ struct ChunkRows {
   const uint16_t* v;
 };
 
-// The first line of a chunk's K rows and of its V rows fetched into L2 (kDecodeL2Chunks).
+// Every line of a chunk's K rows and of its V rows (head_dim D) fetched into L2
+// (kDecodeL2Chunks).
+template <int D>
 inline void start_chunk_in_l2(const ChunkRows& rows) {
-  _mm_prefetch(reinterpret_cast<const char*>(rows.k), _MM_HINT_T1);
-  _mm_prefetch(reinterpret_cast<const char*>(rows.v), _MM_HINT_T1);
+  constexpr int kLines = kChunk * D * 2 / 64;  // 64-byte lines of one run
+  #pragma GCC unroll 64
+  for (int l = 0; l < kLines; ++l) {
+    _mm_prefetch(reinterpret_cast<const char*>(rows.k) + 64 * l, _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(rows.v) + 64 * l, _MM_HINT_T1);
+  }
 }
 
 // A thread's decode units as one stream of chunks: unit u's, then next's (nullptr: none).
@@ -231,7 +241,7 @@ bool decode_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* n
     const ChunkRows now = ring[c % (kAhead + 1)];
     ChunkRows far;
     if (!stream.rows(c + kDecodeL2Chunks, kZeroRows, far)) return false;
-    start_chunk_in_l2(far);
+    start_chunk_in_l2<D>(far);
     const int64_t c0 = start + c * kChunk;
     const int vis_lo = static_cast<int>(std::max<int64_t>(first - c0, 0));
     const int vis_hi = static_cast<int>(std::min<int64_t>(u.key_hi - c0, kChunk));
