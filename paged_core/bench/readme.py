@@ -36,8 +36,8 @@ def _machine(result: dict) -> str:
     if m.get("paged_core_cpu_isa"):  # the class of CPU: avx2 vs avx512_bf16 tells more than torch's
         isa = f" ({m.get('cpu_isa', '?')}; paged-core path {m['paged_core_cpu_isa']})"
     generation = f" [{m['cpu_generation']}]" if m.get("cpu_generation") else ""
-    return (f"{m['cpu']}{generation}{isa}, {m['cores']} cores, {m['threads']} threads, torch {m['torch']}, "
-            f"transformers {m['transformers']}")
+    return (f"{m['cpu']}{generation}{isa}, {m['cores']} cores, {m['threads']} threads, "
+            f"torch {m['torch']}, transformers {m['transformers']}")
 
 
 def _result_names(out_dir: Path, modules: list[ModuleType]) -> list[tuple[ModuleType, str]]:

@@ -47,12 +47,12 @@ constexpr int kDecodePrefetchChunks = 2;
 // L2 this early. Fetching only each run's first line (which sets Intel's L2 stream prefetch
 // on the rest: 1.19-1.22x the GB/s of no L2 prefetch, cold KV, Intel(R) Xeon(R) Processor,
 // amx_bf16) left the AMD EPYC Zen 4 (family 25 model 17, avx512_bf16) waiting on the rest:
-// there every line read 1.41-1.65x the GB/s of the first line only for SmolLM2's shape (1-64
-// sequences of 512-2048 keys, cold KV) and 1.10-1.16x for Llama-8B-like, 0.91-0.97x with the
+// there every line read 1.39-1.65x the GB/s of the first line only for SmolLM2's shape (1-64
+// sequences of 512-2048 keys, cold KV) and 1.12-1.16x for Llama-8B-like, 0.91-0.98x with the
 // KV already in cache (0.4-8.6 MiB), interleaved in one process (2 and 6 chunks ahead read
-// 0.78-0.87x and 0.97-1.02x of 4, cold). Serving reads a layer's KV cold: the other layers' weights pass
-// through the cache between two of its steps. (On Intel, every line read 0.85-0.93x in
-// cache; cold there, not yet measured.)
+// 0.78-0.86x and 0.97-1.03x of 4 for SmolLM2's shape, cold). Serving reads a layer's KV cold: the other layers'
+// weights pass through the cache between two of its steps. (On Intel, every line read
+// 0.85-0.93x in cache; cold there, not yet measured.)
 constexpr int kDecodeL2Chunks = 4;
 
 // How far (log2 units) a chunk's largest score may pass a row's running maximum before the
