@@ -50,9 +50,9 @@ constexpr int kDecodePrefetchChunks = 2;
 // there every line read 1.39-1.65x the GB/s of the first line only for SmolLM2's shape (1-64
 // sequences of 512-2048 keys, cold KV) and 1.12-1.16x for Llama-8B-like, 0.91-0.98x with the
 // KV already in cache (0.4-8.6 MiB), interleaved in one process (2 and 6 chunks ahead read
-// 0.78-0.86x and 0.97-1.03x of 4 for SmolLM2's shape, cold). Serving reads a layer's KV cold: the other layers'
-// weights pass through the cache between two of its steps. (On Intel, every line read
-// 0.85-0.93x in cache; cold there, not yet measured.)
+// 0.78-0.86x and 0.97-1.03x of 4 for SmolLM2's shape, cold). Serving reads a layer's KV
+// cold: the other layers' weights pass through the cache between two of its steps. (On
+// Intel, every line read 0.85-0.93x in cache; cold there, not yet measured.)
 constexpr int kDecodeL2Chunks = 4;
 
 // How far (log2 units) a chunk's largest score may pass a row's running maximum before the
@@ -147,16 +147,12 @@ struct ChunkRows {
   const uint16_t* v;
 };
 
-// Every line of a chunk's K rows and of its V rows (head_dim D) fetched into L2
-// (kDecodeL2Chunks).
+// Every line of a chunk's K rows and of its V rows (each kChunk rows of head_dim D, one run)
+// fetched into L2 (kDecodeL2Chunks), with the tiles' prefetch_row.
 template <int D>
 inline void start_chunk_in_l2(const ChunkRows& rows) {
-  constexpr int kLines = kChunk * D * 2 / 64;  // 64-byte lines of one run
-  #pragma GCC unroll 64
-  for (int l = 0; l < kLines; ++l) {
-    _mm_prefetch(reinterpret_cast<const char*>(rows.k) + 64 * l, _MM_HINT_T1);
-    _mm_prefetch(reinterpret_cast<const char*>(rows.v) + 64 * l, _MM_HINT_T1);
-  }
+  prefetch_row(rows.k, kChunk * D);
+  prefetch_row(rows.v, kChunk * D);
 }
 
 // A thread's decode units as one stream of chunks: unit u's, then next's (nullptr: none).
