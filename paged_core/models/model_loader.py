@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from ..cpu.huge_pages import move_weights_to_huge_pages
 from ..cpu.isa import packed_linear_dtype
 from ..quantization.checkpoint_format import folder_format
 from .embedded_model import converted_folder_for, embedded_model_folder
@@ -81,6 +82,8 @@ def load_model(folder: str, hf_config, max_positions: int, dtype: torch.dtype,
         model.pack_for_cpu(compute_dtype)
     if batch_invariant:
         make_batch_invariant(model)
+    if device.type == "cpu":  # before use_ops: the C++ decoder stack keeps the weights it gets
+        move_weights_to_huge_pages(model)
     model.use_ops(select_ops(device, dtype))
     return model
 

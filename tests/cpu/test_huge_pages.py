@@ -1,11 +1,15 @@
-"""The CPU KV cache is zeros on 2 MiB pages wherever the kernel grants them."""
+"""The CPU KV cache and a loaded model's weights live on 2 MiB pages wherever the kernel
+grants them."""
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from paged_core.cpu.huge_pages import HUGE_PAGE, zeros_on_huge_pages
+from torch import nn
+
+from paged_core.cpu.huge_pages import (HUGE_PAGE, MIN_WEIGHT_BYTES, move_weights_to_huge_pages,
+                                    zeros_on_huge_pages)
 
 
 def _thp_mode() -> str | None:
@@ -38,8 +42,12 @@ def test_zeros_with_the_asked_shape_and_dtype(dtype):
         assert (t == 1).all()
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or _thp_mode() in (None, "never"),
-                    reason="needs Linux with transparent huge pages in madvise or always mode")
+needs_thp = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or _thp_mode() in (None, "never"),
+    reason="needs Linux with transparent huge pages in madvise or always mode")
+
+
+@needs_thp
 def test_the_memory_is_advised_onto_huge_pages():
     """Whether the kernel then grants 2 MiB pages depends on its free memory and
     fragmentation at that moment, so what is asserted is the advice ("hg" flag)."""
@@ -54,3 +62,68 @@ def test_engines_keep_their_kv_cache_on_huge_pages_on_cpu():
     runner = LLM(dtype="bfloat16", kv_cache_memory="256MiB").engine.core.executor.runner
     k_cache = runner.kv_caches[0][0]
     assert k_cache.data_ptr() % HUGE_PAGE == 0 and not k_cache.any()
+
+
+class _Holder(nn.Module):
+    """Weights held every way a model holds them: a parameter, a buffer, plain tensor
+    attributes (packed weights) of which two share one storage, and one below the size
+    that moves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        big = HUGE_PAGE // 4 + 3  # float32 elements: over a huge page each
+        self.weight = nn.Parameter(torch.randn(big), requires_grad=False)
+        self.register_buffer("table", torch.arange(2 * big, dtype=torch.int32).view(2, big))
+        self.packed = torch.randn(3, big, dtype=torch.float64).to(torch.bfloat16)
+        self.packed_rows = self.packed[1:]  # a view of packed's storage
+        self.small = torch.randn(16)
+
+
+@needs_thp
+def test_moved_weights_keep_their_values_layout_and_sharing():
+    holder = nn.Sequential(_Holder(), _Holder())
+    before = {name: t.clone() for name, t in _tensors(holder).items()}
+    to_move = sum(t.untyped_storage().nbytes() for name, t in _tensors(holder).items()
+                  if not name.endswith(("small", "packed_rows")))
+    params = [p for p in holder.parameters()]
+    small_ptrs = [m.small.data_ptr() for m in holder]
+
+    moved = move_weights_to_huge_pages(holder)
+
+    after = _tensors(holder)
+    assert to_move <= moved < to_move + 64 * 6  # each storage once, on a 64-byte boundary
+    for name, t in after.items():
+        assert torch.equal(t, before[name]) and t.dtype == before[name].dtype, name
+        assert t.stride() == before[name].stride(), name
+    assert [p for p in holder.parameters()] == params  # the same Parameter objects
+    for m in holder:
+        assert m.packed_rows.untyped_storage().data_ptr() == m.packed.untyped_storage().data_ptr()
+        assert m.packed_rows.data_ptr() == m.packed.data_ptr() + m.packed.stride(0) * 2
+        assert "hg" in _vm_flags(m.packed.data_ptr()) and "hg" in _vm_flags(m.weight.data_ptr())
+        assert "table" in dict(m.named_buffers())
+    assert [m.small.data_ptr() for m in holder] == small_ptrs  # small tensors stay
+
+
+def test_weights_under_one_huge_page_stay_where_they_are():
+    tiny = nn.Linear(64, MIN_WEIGHT_BYTES // 256)  # one weight of MIN_WEIGHT_BYTES
+    address = tiny.weight.data_ptr()
+    assert move_weights_to_huge_pages(tiny) == 0 and tiny.weight.data_ptr() == address
+
+
+def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {f"{i}.{name}": getattr(m, name) for i, m in enumerate(module)
+            for name in ("weight", "table", "packed", "packed_rows", "small")}
+
+
+@needs_thp
+def test_a_loaded_model_streams_its_weights_from_huge_pages():
+    from paged_core import LLM
+
+    model = LLM(dtype="bfloat16", kv_cache_memory="64MiB").engine.core.executor.runner.model
+    weights = [model.embed_tokens.weight]
+    for layer in model.layers:  # packed on CPUs with AVX512-BF16; oneDNN's opaque ones stay
+        for projection in (layer.self_attn.qkv_proj, layer.mlp.down_proj):
+            weight = getattr(projection, "packed_weight", getattr(projection, "weight", None))
+            if weight is not None and weight.layout == torch.strided:
+                weights.append(weight)
+    assert all("hg" in _vm_flags(w.data_ptr()) for w in weights)
