@@ -50,7 +50,8 @@ def load_model(folder: str, hf_config, max_positions: int, dtype: torch.dtype,
     """Build the model without random init, then copy the checkpoint's weights in.
 
     ``batch_invariant`` tiles every projection so that a token's output does not depend on
-    the rest of the batch (``models.batch_invariant``). Quantized projections stay quantized
+    the rest of the batch (``models.batch_invariant``). On the CPU the loaded weights are
+    copied onto 2 MiB pages (``cpu.huge_pages.move_weights_to_huge_pages``). Quantized projections stay quantized
     (``quantization.projections``; CPU only): those of a folder whose config has a
     ``quantization_config``, or those of ``gguf_file`` (the GGUF file ``folder`` was converted
     from), whose dense copies in ``folder`` are then skipped.
