@@ -5,7 +5,10 @@ interpreter on CPU, and OpenMP threads sleep when idle (this machine is shared):
 two test workers and their servers sharing 2 cores, the engine's bounded spin between
 ops (``cpu/openmp_spin.py``, ``GOMP_SPINCOUNT``) burns the time slices the others need
 (measured: a 4-file parity subset took 611 s with it, 140 s without), so tests and every
-process they start do without it unless told otherwise.
+process they start do without it unless told otherwise. Likewise the copy of a loaded
+model's weights onto 2 MiB pages (``cpu/huge_pages.py``; 0.4-1.3 s for a fresh process's
+first load of the embedded model): ``tests/cpu/test_huge_pages.py`` turns it on and checks
+that it changes no token.
 """
 import os
 
@@ -13,6 +16,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("GOMP_SPINCOUNT", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("PAGED_CORE_WEIGHTS_ON_HUGE_PAGES", "0")
 
 import pytest  # noqa: E402
 

@@ -8,7 +8,8 @@ import torch
 
 from torch import nn
 
-from paged_core.cpu.huge_pages import (HUGE_PAGE, MIN_WEIGHT_BYTES, move_weights_to_huge_pages,
+from paged_core.cpu.huge_pages import (HUGE_PAGE, MIN_WEIGHT_BYTES, WEIGHTS_SETTING,
+                                    move_weights_to_huge_pages, weights_go_to_huge_pages,
                                     zeros_on_huge_pages)
 
 
@@ -116,10 +117,18 @@ def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 @needs_thp
-def test_a_loaded_model_streams_its_weights_from_huge_pages():
-    from paged_core import LLM
+def test_a_loaded_model_streams_its_weights_from_huge_pages_and_says_the_same(monkeypatch):
+    from paged_core import LLM, SamplingParams
 
-    model = LLM(dtype="bfloat16", kv_cache_memory="64MiB").engine.core.executor.runner.model
+    greedy = SamplingParams(max_tokens=12, temperature=0)
+    prompt = ["The capital of France is"]
+    monkeypatch.setenv(WEIGHTS_SETTING, "0")
+    plain = LLM(dtype="bfloat16", kv_cache_memory="64MiB")
+    expected = plain.generate(prompt, greedy, use_tqdm=False)[0].outputs[0].token_ids
+    del plain
+    monkeypatch.setenv(WEIGHTS_SETTING, "1")
+    llm = LLM(dtype="bfloat16", kv_cache_memory="64MiB")
+    model = llm.engine.core.executor.runner.model
     weights = [model.embed_tokens.weight]
     for layer in model.layers:  # packed on CPUs with AVX512-BF16; oneDNN's opaque ones stay
         for projection in (layer.self_attn.qkv_proj, layer.mlp.down_proj):
@@ -127,3 +136,10 @@ def test_a_loaded_model_streams_its_weights_from_huge_pages():
             if weight is not None and weight.layout == torch.strided:
                 weights.append(weight)
     assert all("hg" in _vm_flags(w.data_ptr()) for w in weights)
+    assert llm.generate(prompt, greedy, use_tqdm=False)[0].outputs[0].token_ids == expected
+
+
+def test_the_setting_takes_0_or_1_only(monkeypatch):
+    monkeypatch.setenv(WEIGHTS_SETTING, "yes")
+    with pytest.raises(ValueError, match=WEIGHTS_SETTING):
+        weights_go_to_huge_pages()
