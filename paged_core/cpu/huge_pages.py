@@ -15,8 +15,9 @@ projection (a few MiB each), and on 4 KiB pages each page is a TLB miss and a st
 hardware prefetchers. ``move_weights_to_huge_pages`` copies a loaded model's tensors into one
 arena advised onto huge pages: SmolLM2's 120 one-row projections and LM head took 9.3-12.1
 against 11.4-13.6 ms (1.13-1.23x) over the same values on ordinary pages, both in one
-process alternating (AMD EPYC family 25 model 17, Zen 4, avx512_bf16, 2 cores). ``PAGED_CORE_WEIGHTS_ON_HUGE_PAGES=0`` leaves them where
-they were (the copy costs a fresh process ~0.4-1.3 s of loading there).
+process alternating (AMD EPYC family 25 model 17, Zen 4, avx512_bf16, 2 cores).
+``PAGED_CORE_WEIGHTS_ON_HUGE_PAGES=0`` leaves them where they were (the copy costs a fresh
+process ~0.4-1.3 s of loading there).
 """
 from __future__ import annotations
 
