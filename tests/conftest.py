@@ -16,7 +16,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("GOMP_SPINCOUNT", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("PAGED_CORE_WEIGHTS_ON_HUGE_PAGES", "0")
+os.environ.setdefault("PAGED_CORE_WEIGHTS_ON_HUGE_PAGES", "false")
 
 import pytest  # noqa: E402
 

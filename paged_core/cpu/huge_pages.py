@@ -16,7 +16,7 @@ hardware prefetchers. ``move_weights_to_huge_pages`` copies a loaded model's ten
 arena advised onto huge pages: SmolLM2's 120 one-row projections and LM head took 9.3-12.1
 against 11.4-13.6 ms (1.13-1.23x) over the same values on ordinary pages, both in one
 process alternating (AMD EPYC family 25 model 17, Zen 4, avx512_bf16, 2 cores).
-``PAGED_CORE_WEIGHTS_ON_HUGE_PAGES=0`` leaves them where they were (the copy costs a fresh
+``PAGED_CORE_WEIGHTS_ON_HUGE_PAGES=false`` leaves them where they were (the copy costs a fresh
 process ~0.4-1.3 s of loading there).
 """
 from __future__ import annotations
@@ -26,7 +26,6 @@ import ctypes.util
 import functools
 import logging
 import math
-import os
 import sys
 
 import torch
@@ -59,18 +58,6 @@ def _advised_span(nbytes: int) -> torch.Tensor | None:
     span = nbytes // HUGE_PAGE * HUGE_PAGE  # whole huge pages inside the span
     libc.madvise(ctypes.c_void_p(raw.data_ptr() + offset), ctypes.c_size_t(span), _MADV_HUGEPAGE)
     return raw[offset:offset + nbytes]
-
-
-# "0" leaves a loaded model's weights where loading put them (default "1": moved).
-WEIGHTS_SETTING = "PAGED_CORE_WEIGHTS_ON_HUGE_PAGES"
-
-
-def weights_go_to_huge_pages() -> bool:
-    """Whether ``load_model`` moves a CPU model's weights (``WEIGHTS_SETTING``: "1" or "0")."""
-    value = os.environ.get(WEIGHTS_SETTING, "1").strip()
-    if value not in ("0", "1"):
-        raise ValueError(f"{WEIGHTS_SETTING} must be 0 or 1, got {value!r}")
-    return value == "1"
 
 
 # Tensors below this size stay where they are (norm weights, biases).

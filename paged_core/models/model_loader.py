@@ -11,7 +11,8 @@ import os
 
 import torch
 
-from ..cpu.huge_pages import move_weights_to_huge_pages, weights_go_to_huge_pages
+from ..config.setting_values import env_flag
+from ..cpu.huge_pages import move_weights_to_huge_pages
 from ..cpu.isa import packed_linear_dtype
 from ..quantization.checkpoint_format import folder_format
 from .embedded_model import converted_folder_for, embedded_model_folder
@@ -52,7 +53,7 @@ def load_model(folder: str, hf_config, max_positions: int, dtype: torch.dtype,
     ``batch_invariant`` tiles every projection so that a token's output does not depend on
     the rest of the batch (``models.batch_invariant``). On the CPU the loaded weights are
     copied onto 2 MiB pages (``cpu.huge_pages.move_weights_to_huge_pages``) unless
-    ``PAGED_CORE_WEIGHTS_ON_HUGE_PAGES=0``. Quantized projections stay quantized
+    ``PAGED_CORE_WEIGHTS_ON_HUGE_PAGES=false``. Quantized projections stay quantized
     (``quantization.projections``; CPU only): those of a folder whose config has a
     ``quantization_config``, or those of ``gguf_file`` (the GGUF file ``folder`` was converted
     from), whose dense copies in ``folder`` are then skipped.
@@ -84,8 +85,8 @@ def load_model(folder: str, hf_config, max_positions: int, dtype: torch.dtype,
         model.pack_for_cpu(compute_dtype)
     if batch_invariant:
         make_batch_invariant(model)
-    if device.type == "cpu" and weights_go_to_huge_pages():  # before use_ops: the C++ decoder
-        # stack keeps the weights it is given
+    # Before use_ops: the C++ decoder stack keeps the weights it is given.
+    if device.type == "cpu" and env_flag("weights_on_huge_pages", default=True):
         move_weights_to_huge_pages(model)
     model.use_ops(select_ops(device, dtype))
     return model

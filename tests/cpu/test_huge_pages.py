@@ -5,12 +5,12 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from torch import nn
 
-from paged_core.cpu.huge_pages import (HUGE_PAGE, MIN_WEIGHT_BYTES, WEIGHTS_SETTING,
-                                    move_weights_to_huge_pages, weights_go_to_huge_pages,
+from paged_core.cpu.huge_pages import (HUGE_PAGE, MIN_WEIGHT_BYTES, move_weights_to_huge_pages,
                                     zeros_on_huge_pages)
+
+WEIGHTS_SETTING = "PAGED_CORE_WEIGHTS_ON_HUGE_PAGES"
 
 
 def _thp_mode() -> str | None:
@@ -122,11 +122,11 @@ def test_a_loaded_model_streams_its_weights_from_huge_pages_and_says_the_same(mo
 
     greedy = SamplingParams(max_tokens=12, temperature=0)
     prompt = ["The capital of France is"]
-    monkeypatch.setenv(WEIGHTS_SETTING, "0")
+    monkeypatch.setenv(WEIGHTS_SETTING, "false")
     plain = LLM(dtype="bfloat16", kv_cache_memory="64MiB")
     expected = plain.generate(prompt, greedy, use_tqdm=False)[0].outputs[0].token_ids
     del plain
-    monkeypatch.setenv(WEIGHTS_SETTING, "1")
+    monkeypatch.setenv(WEIGHTS_SETTING, "true")
     llm = LLM(dtype="bfloat16", kv_cache_memory="64MiB")
     model = llm.engine.core.executor.runner.model
     weights = [model.embed_tokens.weight]
@@ -139,7 +139,9 @@ def test_a_loaded_model_streams_its_weights_from_huge_pages_and_says_the_same(mo
     assert llm.generate(prompt, greedy, use_tqdm=False)[0].outputs[0].token_ids == expected
 
 
-def test_the_setting_takes_0_or_1_only(monkeypatch):
-    monkeypatch.setenv(WEIGHTS_SETTING, "yes")
+def test_a_setting_that_is_not_a_boolean_is_refused_by_name(monkeypatch):
+    from paged_core import LLM
+
+    monkeypatch.setenv(WEIGHTS_SETTING, "sometimes")
     with pytest.raises(ValueError, match=WEIGHTS_SETTING):
-        weights_go_to_huge_pages()
+        LLM(dtype="bfloat16", kv_cache_memory="64MiB")
