@@ -16,9 +16,10 @@ so a build cache shared between machines stays safe) and registered as its own o
 namespace, ``torch.ops.paged_core_cpu_<level>``: one process can load several
 (tests run every path the host supports) and each caller picks one with
 ``cpu_ops(level)``. They are compiled with ``torch.utils.cpp_extension.load`` (a
-C++ compiler and ``ninja``, which the ``ninja`` wheel brings; about two minutes on
-2 cores, once per machine, level and installed copy of the sources, then cached under
-``~/.cache/torch_extensions`` or ``$TORCH_EXTENSIONS_DIR``).
+C++ compiler and ``ninja``, which the ``ninja`` wheel brings; one to two minutes on
+2 cores per level, then cached under ``~/.cache/torch_extensions`` or
+``$TORCH_EXTENSIONS_DIR``, see ``build_directory``). The sources that hold code only for
+the ``avx512_bf16`` level (``_BF16_LEVEL_SOURCES``) are compiled at that level alone.
 ``cpu_extension_available()`` says whether that worked; on failure it logs one warning
 with the reason, and every caller keeps its plain-torch path.
 
@@ -31,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
-import hashlib
 import logging
 import os
 import platform
@@ -47,10 +47,20 @@ from .isa import (others_than_amx, requested_bf16_kernel, selected_bf16_kernel, 
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = ("paged_attention.cpp", "fused_ops.cpp", "bf16_dot_linear.cpp", "bf16_amx_linear.cpp",
-            "decoder_stack.cpp", "quantized_linear.cpp", "quantized_column_linear.cpp",
-            "quantized_column_amx.cpp", "quantized_int8_tiles.cpp", "lora_products.cpp",
-            "greedy_tokens.cpp")
+# Sources compiled at every level, then those holding code for the avx512_bf16 level alone
+# (their bodies sit under ``#if defined(__AVX512BF16__)``; compiling them elsewhere would parse
+# torch's headers for an empty object, ~15 s each on 2 cores).
+_SOURCES = ("paged_attention.cpp", "fused_ops.cpp", "decoder_stack.cpp", "quantized_linear.cpp",
+            "lora_products.cpp", "greedy_tokens.cpp")
+_BF16_LEVEL_SOURCES = ("bf16_dot_linear.cpp", "bf16_amx_linear.cpp",
+                       "quantized_column_linear.cpp", "quantized_column_amx.cpp",
+                       "quantized_int8_tiles.cpp")
+
+
+def _sources(level: str) -> tuple[str, ...]:
+    """The source files ``level``'s build compiles."""
+    return _SOURCES + (_BF16_LEVEL_SOURCES if level == "avx512_bf16" else ())
+
 
 # Compiler flags each level adds to the one below it (see ``paged_core.cpu.isa``).
 _LEVEL_CFLAGS = {
@@ -74,15 +84,42 @@ def ops_namespace(level: str) -> str:
 
 def build_directory(level: str | None = None) -> Path:
     """The folder torch builds ``level``'s kernels in (default: the selected level; created if
-    missing): ``paged_core_cpu_<level>-<digest of the sources' folder>`` in torch's extensions
-    folder. One per installed copy of the sources: torch's build file names the sources by
-    their path, so two checkouts or venvs sharing one folder would each rebuild it (minutes)
-    every time the other had loaded it last."""
+    missing): ``paged_core_cpu_<level>-torch<version>`` in torch's extensions folder, with the
+    sources compiled from a copy in its ``csrc`` subfolder (``_sync_sources``).
+
+    Compiling a copy at a fixed path lets every checkout, venv and installed copy of the same
+    sources share one build: torch's build file names each source by its path, so building
+    from the package's own folder would rebuild everything (minutes on 2 cores) for each new
+    clone, and at every switch between two installs sharing a folder. With the copy, ninja
+    recompiles only what changed (headers included, through its dependency files) and a
+    fresh clone of already-built sources compiles nothing. torch's version is in the name
+    because its headers are not tracked (system includes)."""
     from torch.utils.cpp_extension import _get_build_directory
 
-    where = hashlib.sha256(str(_CSRC.resolve()).encode()).hexdigest()[:12]
-    name = f"{ops_namespace(level or selected_cpu_isa())}-{where}"
+    torch_version = torch.__version__.replace("+", "_")
+    name = f"{ops_namespace(level or selected_cpu_isa())}-torch{torch_version}"
     return Path(_get_build_directory(name, verbose=False))
+
+
+def _sync_sources(folder: Path) -> Path:
+    """Make ``folder/csrc`` hold exactly the package's C++ sources and return it.
+
+    Only files whose bytes differ are written (their modification time becomes now, so ninja
+    recompiles what depends on them); unchanged files keep theirs, and files the package no
+    longer has are removed. Called with the build folder's lock held."""
+    copy = folder / "csrc"
+    copy.mkdir(exist_ok=True)
+    wanted = {source.name: source for source in _CSRC.iterdir()
+              if source.suffix in (".cpp", ".h") and source.is_file()}
+    for stale in copy.iterdir():
+        if stale.name not in wanted:
+            stale.unlink()
+    for name, source in wanted.items():
+        target = copy / name
+        data = source.read_bytes()
+        if not target.is_file() or target.read_bytes() != data:
+            target.write_bytes(data)
+    return copy
 
 
 @contextlib.contextmanager
@@ -146,10 +183,11 @@ def _load(level: str) -> str | None:
 
         folder = build_directory(level)
         with _build_folder_lock(folder), _wheel_ninja_first_on_path():
+            sources = _sync_sources(folder)
             load(
                 name=ops_namespace(level),
-                sources=[str(_CSRC / source) for source in _SOURCES],
-                extra_include_paths=[str(_CSRC)],
+                sources=[str(sources / source) for source in _sources(level)],
+                extra_include_paths=[str(sources)],
                 # No implicit FMA contraction: the fused ops round where torch rounds.
                 extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off",
                               f"-DPAGED_CORE_OPS={ops_namespace(level)}", *_isa_cflags(level)],
