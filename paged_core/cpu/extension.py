@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import hashlib
 import logging
 import os
 import platform
@@ -84,20 +85,23 @@ def ops_namespace(level: str) -> str:
 
 def build_directory(level: str | None = None) -> Path:
     """The folder torch builds ``level``'s kernels in (default: the selected level; created if
-    missing): ``paged_core_cpu_<level>-torch<version>`` in torch's extensions folder, with the
-    sources compiled from a copy in its ``csrc`` subfolder (``_sync_sources``).
+    missing): ``paged_core_cpu_<level>-torch<version>-<digest of torch's folder>`` in torch's
+    extensions folder, with the sources compiled from a copy in its ``csrc`` subfolder
+    (``_sync_sources``).
 
-    Compiling a copy at a fixed path lets every checkout, venv and installed copy of the same
-    sources share one build: torch's build file names each source by its path, so building
-    from the package's own folder would rebuild everything (minutes on 2 cores) for each new
-    clone, and at every switch between two installs sharing a folder. With the copy, ninja
-    recompiles only what changed (headers included, through its dependency files) and a
-    fresh clone of already-built sources compiles nothing. torch's version is in the name
-    because its headers are not tracked (system includes)."""
+    torch's build file names each source and each of torch's include folders by its path,
+    and ninja rebuilds everything (minutes on 2 cores) when a command changes. Compiling a
+    copy at a fixed path lets every checkout and installed copy of the same sources that
+    runs on one torch install share one build, where ninja recompiles only what changed
+    (headers included, through its dependency files); a second torch install (another venv)
+    gets its own folder instead of taking turns rebuilding one. torch's version is in the
+    name too, since its headers are system includes that ninja does not track."""
     from torch.utils.cpp_extension import _get_build_directory
 
+    torch_folder = Path(torch.__file__).resolve().parent
+    where = hashlib.sha256(str(torch_folder).encode()).hexdigest()[:12]
     torch_version = torch.__version__.replace("+", "_")
-    name = f"{ops_namespace(level or selected_cpu_isa())}-torch{torch_version}"
+    name = f"{ops_namespace(level or selected_cpu_isa())}-torch{torch_version}-{where}"
     return Path(_get_build_directory(name, verbose=False))
 
 

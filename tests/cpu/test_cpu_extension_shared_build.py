@@ -1,4 +1,5 @@
-"""Every copy of the same C++ sources shares one build: a fresh clone compiles nothing.
+"""Every copy of the same C++ sources on one torch install shares one build: another clone
+run by the same venv compiles nothing.
 
 The kernels compile from a copy of the sources inside the build folder
 (``paged_core.cpu.extension._sync_sources``), so the build does not depend on where the
@@ -62,10 +63,15 @@ def test_only_changed_sources_are_rewritten_and_removed_ones_go(tmp_path, packag
     assert (copy / "b.cpp").read_text() == "int b() { return 3; }\n"
 
 
-def test_the_build_folder_does_not_depend_on_where_the_package_is(package_sources):
+def test_the_build_folder_depends_on_the_torch_install_not_on_where_the_package_is(
+        package_sources, monkeypatch):
+    import torch
+
     folder = extension.build_directory("generic")
-    assert folder.name.startswith("paged_core_cpu_generic-torch")
+    assert folder.name.startswith(f"paged_core_cpu_generic-torch{torch.__version__.replace('+', '_')}-")
     assert str(package_sources) not in str(folder)
+    monkeypatch.setattr(torch, "__file__", "/another/venv/site-packages/torch/__init__.py")
+    assert extension.build_directory("generic") != folder, "two torch installs share a folder"
 
 
 def test_only_the_bf16_level_compiles_its_own_sources():
@@ -79,7 +85,8 @@ def test_only_the_bf16_level_compiles_its_own_sources():
 
 @pytest.mark.skipif(not extension.cpu_extension_available(), reason="the C++ kernels do not build here")
 def test_a_copy_of_the_package_elsewhere_loads_the_built_kernels_without_compiling(tmp_path):
-    """A fresh clone (here: the package copied to another folder) finds the build done."""
+    """Another clone run by this venv (here: the package copied to another folder) finds the
+    build done."""
     clone = tmp_path / "clone"
     shutil.copytree(Path(paged_core.__file__).parent, clone / "paged_core",
                     ignore=shutil.ignore_patterns("__pycache__"))
