@@ -64,11 +64,13 @@ def test_only_changed_sources_are_rewritten_and_removed_ones_go(tmp_path, packag
 
 
 def test_the_build_folder_depends_on_the_torch_install_not_on_where_the_package_is(
-        package_sources, monkeypatch):
+        package_sources, tmp_path, monkeypatch):
     import torch
 
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))  # folders made here
     folder = extension.build_directory("generic")
-    assert folder.name.startswith(f"paged_core_cpu_generic-torch{torch.__version__.replace('+', '_')}-")
+    version = torch.__version__.replace("+", "_")
+    assert folder.name.startswith(f"paged_core_cpu_generic-torch{version}-")
     assert str(package_sources) not in str(folder)
     monkeypatch.setattr(torch, "__file__", "/another/venv/site-packages/torch/__init__.py")
     assert extension.build_directory("generic") != folder, "two torch installs share a folder"
@@ -83,7 +85,8 @@ def test_only_the_bf16_level_compiles_its_own_sources():
         assert "#if defined(__AVX512BF16__)" in (csrc / source).read_text(), source
 
 
-@pytest.mark.skipif(not extension.cpu_extension_available(), reason="the C++ kernels do not build here")
+@pytest.mark.skipif(not extension.cpu_extension_available(),
+                    reason="the C++ kernels do not build here")
 def test_a_copy_of_the_package_elsewhere_loads_the_built_kernels_without_compiling(tmp_path):
     """Another clone run by this venv (here: the package copied to another folder) finds the
     build done."""
