@@ -44,6 +44,7 @@ class StepRecord:
     num_decodes: int = 0  # sequences that computed exactly one new token
     num_tokens: int = 0  # new tokens scheduled (prompt chunks + decodes)
     num_rows: int = 0  # rows the model computed (padding of bucketed batches included)
+    num_context_tokens: int = 0  # tokens of context the step's attention reads, all sequences
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     @property
@@ -57,7 +58,8 @@ class StepRecord:
 
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "num_seqs": self.num_seqs, "num_tokens": self.num_tokens,
-                "num_rows": self.num_rows, "seconds": self.seconds}
+                "num_rows": self.num_rows, "num_context_tokens": self.num_context_tokens,
+                "seconds": self.seconds}
 
 
 class PhaseTimer:
@@ -126,6 +128,8 @@ class PhaseTimer:
             record.num_seqs = len(sched.scheduled)
             record.num_decodes = sum(item.num_new_tokens == 1 for item in sched.scheduled)
             record.num_tokens = sched.num_tokens
+            record.num_context_tokens = sum(item.seq.num_computed_tokens + item.num_new_tokens
+                                            for item in sched.scheduled)
             return sched
         return timed
 

@@ -9,19 +9,33 @@ sees one) and once timed, every step split into phases by ``PhaseTimer``
 how many sequences they carry (1, 2, 3-4, 5-8, ...); each group reports its mean
 milliseconds per phase. The totals say which phase to make cheaper, the groups at
 which batch sizes.
+
+On the CPU each group is also set against memory: its steps' mean bytes to read (the
+weights a decode step reads whole, ``model_bytes.step_weight_bytes``, plus the KV bytes
+of every token of context its sequences hold) over the memory bandwidth measured in the
+same run (the best ``torch.sum`` rate of ``machine_rates.memory_bandwidth`` before and
+after the timed pass) is ``bound_ms``, the least time such a step can take;
+``over_bound`` = ``mean_ms / bound_ms`` (decode steps of a few sequences are bound by
+memory, so it says how far from the machine's limit they run; steps with prompt chunks
+are bound by arithmetic, so theirs is only a lower bound).
 """
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
+from ..executor.model_runner import kv_cache_bytes_per_block
 from .engine_driver import make_engine, run_until_done, submit
+from .machine_rates import memory_bandwidth
+from .model_bytes import step_weight_bytes
 from .report import new_figure, save_plot
 from .step_phases import PHASES, PhaseTimer, StepRecord
 from .throughput import KV_CACHE_MEMORY, add_workload_arguments, workload_spec
 from .workload import embedded_tokenizer, sharegpt_like, summarize
 
 NAME = "steps"
+BANDWIDTH_BYTES = 1 << 30  # the bandwidth probe's tensor: far larger than any CPU cache
+BANDWIDTH_PASSES = 5
 COLORS = dict(zip(PHASES, ("tab:purple", "tab:orange", "tab:olive", "tab:blue", "tab:cyan",
                            "tab:green", "tab:red", "tab:gray"), strict=True))
 
@@ -42,20 +56,39 @@ def size_group(num_seqs: int) -> str:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     requests = sharegpt_like(workload_spec(args), embedded_tokenizer())
     engine = make_engine(args.dtype, kv_cache_memory=KV_CACHE_MEMORY)
+    runner = engine.core.executor.runner
     layers = ("one C++ call (attention counted in forward)"
-              if engine.core.executor.runner.model.decoder_stack is not None else "Python")
+              if runner.model.decoder_stack is not None else "Python")
+    on_cpu = runner.device.type == "cpu"
+    memory = step_memory(runner) if on_cpu else None
     try:
         _submit_all(engine, requests, "warmup")
         run_until_done(engine)
         _submit_all(engine, requests, "timed")
+        if on_cpu:
+            memory["bandwidth_before"] = memory_bandwidth(BANDWIDTH_BYTES, BANDWIDTH_PASSES)
         with PhaseTimer(engine) as timer:
             finished = run_until_done(engine)
+        if on_cpu:
+            memory["bandwidth_after"] = memory_bandwidth(BANDWIDTH_BYTES, BANDWIDTH_PASSES)
+            memory["read_gbs"] = max(memory["bandwidth_before"]["read_gbs"],
+                                     memory["bandwidth_after"]["read_gbs"])
     finally:
         engine.shutdown()
     generated = sum(len(out.outputs[0].token_ids) for out in finished.values())
     return {"workload": summarize(requests), "workload_name": args.workload, "dtype": args.dtype,
             "attention_backend": engine.attention_backend, "layers": layers,
-            "output_tokens": generated, **summarize_steps(timer.steps)}
+            "output_tokens": generated, "memory": memory,
+            **summarize_steps(timer.steps, memory)}
+
+
+def step_memory(runner) -> dict[str, Any]:
+    """What a step of ``runner``'s model must read: the weights read whole, and the KV bytes
+    per token of context (K and V of every layer, with a quantized cache's scales)."""
+    kv_dtype = runner.kv_caches[0][0].dtype
+    per_block = kv_cache_bytes_per_block(runner.model, runner.block_size, kv_dtype)
+    return {"weight_bytes": step_weight_bytes(runner.model),
+            "kv_bytes_per_token": per_block / runner.block_size}
 
 
 def _submit_all(engine, requests: list, tag: str) -> None:
@@ -65,8 +98,11 @@ def _submit_all(engine, requests: list, tag: str) -> None:
         submit(engine, f"{tag}-{i}", request)
 
 
-def summarize_steps(steps: list[StepRecord]) -> dict[str, Any]:
-    """Totals per phase over the run, and mean milliseconds per phase for each step group."""
+def summarize_steps(steps: list[StepRecord],
+                    memory: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Totals per phase over the run, and mean milliseconds per phase for each step group;
+    with ``memory`` (``step_memory`` and the measured ``read_gbs``) each group's mean bytes
+    to read, the least time that takes (``bound_ms``) and ``over_bound``."""
     total = {p: sum(s.seconds[p] for s in steps) for p in PHASES}
     seconds = sum(total.values())
     groups: dict[tuple[str, str], list[StepRecord]] = {}
@@ -75,17 +111,29 @@ def summarize_steps(steps: list[StepRecord]) -> dict[str, Any]:
     rows = []
     for (kind, group), members in groups.items():
         n = len(members)
-        rows.append({
+        row = {
             "kind": kind, "seqs": group, "steps": n,
             "mean_seqs": sum(s.num_seqs for s in members) / n,
             "mean_tokens": sum(s.num_tokens for s in members) / n,
             "mean_rows": sum(s.num_rows for s in members) / n,
+            "mean_context_tokens": sum(s.num_context_tokens for s in members) / n,
             "mean_ms": sum(s.total_s for s in members) / n * 1e3,
             "phase_ms": {p: sum(s.seconds[p] for s in members) / n * 1e3 for p in PHASES},
-        })
+        }
+        if memory is not None:
+            row.update(memory_bound(row, memory))
+        rows.append(row)
     return {"num_steps": len(steps), "seconds": seconds, "phase_seconds": total,
             "phase_share": {p: total[p] / seconds for p in PHASES}, "groups": rows,
             "steps": [s.as_dict() for s in steps]}
+
+
+def memory_bound(group: dict[str, Any], memory: dict[str, Any]) -> dict[str, float]:
+    """A step group's mean bytes to read, the milliseconds that takes at ``read_gbs``
+    (1e9 bytes/s), and its mean step time over that."""
+    read = memory["weight_bytes"] + memory["kv_bytes_per_token"] * group["mean_context_tokens"]
+    bound_ms = read / (memory["read_gbs"] * 1e9) * 1e3
+    return {"mean_bytes": read, "bound_ms": bound_ms, "over_bound": group["mean_ms"] / bound_ms}
 
 
 def _shares(result: dict[str, Any]) -> str:
@@ -97,12 +145,20 @@ def print_summary(results: dict[str, Any]) -> None:
     print(f"{w['num_requests']} requests, {results['output_tokens']} output tokens, "
           f"{results['num_steps']} steps, {results['seconds']:.1f} s, dtype {results['dtype']}")
     print(f"share of the run: {_shares(results)}")
+    memory = results.get("memory")
+    if memory is not None:
+        print(f"memory: {memory['weight_bytes'] / 1e6:.1f} MB of weights and "
+              f"{memory['kv_bytes_per_token'] / 1e3:.1f} kB of KV per token of context to read, "
+              f"at {memory['read_gbs']:.1f} GB/s (best torch.sum before and after)")
     print(f"{'kind':<8}{'seqs':>8}{'steps':>7}{'tokens':>8}{'rows':>7}{'ms':>8}"
-          + "".join(f"{p:>10}" for p in PHASES))
+          + "".join(f"{p:>10}" for p in PHASES)
+          + (f"{'MB':>8}{'bound':>8}{'x':>6}" if memory is not None else ""))
     for g in results["groups"]:
+        bound = (f"{g['mean_bytes'] / 1e6:>8.1f}{g['bound_ms']:>8.2f}{g['over_bound']:>6.2f}"
+                 if memory is not None else "")
         print(f"{g['kind']:<8}{g['seqs']:>8}{g['steps']:>7}{g['mean_tokens']:>8.1f}"
               f"{g['mean_rows']:>7.1f}{g['mean_ms']:>8.1f}"
-              + "".join(f"{g['phase_ms'][p]:>10.2f}" for p in PHASES))
+              + "".join(f"{g['phase_ms'][p]:>10.2f}" for p in PHASES) + bound)
 
 
 def plot(results: dict[str, Any], out_dir, name: str) -> None:
@@ -132,9 +188,16 @@ def readme_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
             ("run", f"{result['num_steps']} steps, {result['seconds']:.1f} s, "
                     f"{result['output_tokens'] / result['seconds']:.1f} output tok/s"),
             ("share of the run", _shares(result))]
+    memory = result.get("memory")
+    if memory is not None:
+        rows.append(("memory", f"{memory['weight_bytes'] / 1e6:.1f} MB of weights + "
+                               f"{memory['kv_bytes_per_token'] / 1e3:.1f} kB of KV per token of "
+                               f"context a step reads, at {memory['read_gbs']:.1f} GB/s measured"))
     for g in result["groups"]:
         phases = ", ".join(f"{p} {g['phase_ms'][p]:.1f}" for p in PHASES)
+        bound = (f"; {g['over_bound']:.2f}x the {g['bound_ms']:.2f} ms of reading "
+                 f"{g['mean_bytes'] / 1e6:.1f} MB" if "bound_ms" in g else "")
         rows.append((f"{g['kind']} steps of {g['seqs']} sequences ({g['steps']} steps, "
                      f"{g['mean_tokens']:.0f} tokens, {g['mean_rows']:.0f} rows)",
-                     f"{g['mean_ms']:.1f} ms: {phases}"))
+                     f"{g['mean_ms']:.1f} ms: {phases}{bound}"))
     return rows

@@ -43,7 +43,8 @@ from ..models.sharding import allowed_tensor_parallel_sizes
 from ..executor.rank_worker import threads_per_rank
 from .engine_driver import submit
 from .report import command_line, cpu_model, new_figure, save_plot
-from .tp_probe import CollectiveTimer, kv_cache_bytes, model_bytes, rank_memory
+from .model_bytes import kv_cache_bytes, model_bytes
+from .tp_probe import CollectiveTimer, rank_memory
 from .workload import BenchRequest, corpus_token_ids, embedded_tokenizer, text_window
 
 NAME = "tp"

@@ -1,7 +1,7 @@
 """Instruments for ``bench tp``: bytes a rank holds, and time spent inside collectives.
 
-- ``model_bytes`` counts every weight tensor a model holds (parameters and the
-  prepacked oneDNN copies of ``cpu_linear``), each storage once.
+- ``model_bytes`` (``model_bytes.py``) counts every weight tensor a model holds
+  (parameters and the prepacked oneDNN copies of ``cpu_linear``), each storage once.
 - ``rank_memory`` builds every rank's shard in this process (``load_model``
   with ``TensorParallelGroup(rank, size)``: loading runs no collective) and
   counts its weights and KV cache, so ranks 1..N-1, which live in other
@@ -23,43 +23,16 @@ import time
 from typing import Any, Callable, Iterator
 
 import torch
-from torch import nn
 
 from ..executor import executor as executor_module
 from ..executor.group import TensorParallelGroup
 from ..models.model_loader import load_hf_config, load_model
 from ..executor.model_runner import kv_cache_bytes_per_block
+from .model_bytes import model_bytes
 
 # (owner, attribute) of every collective the driver calls during a step.
 _COLLECTIVES = ((TensorParallelGroup, "all_reduce"), (TensorParallelGroup, "gather_to_driver"),
                 (executor_module, "broadcast_step"))
-
-
-def _tensor_bytes(tensors: Iterator[torch.Tensor]) -> int:
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    for t in tensors:
-        if t.is_mkldnn:  # a prepacked float32 weight: oneDNN's opaque storage, owned alone
-            key = (id(t), t.numel() * t.element_size())
-        else:
-            key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
-        if key not in seen:
-            seen.add(key)
-            total += key[1]
-    return total
-
-
-def model_bytes(model: nn.Module) -> int:
-    """Bytes of every weight ``model`` holds (shared or tied storages counted once)."""
-    def tensors() -> Iterator[torch.Tensor]:
-        yield from model.parameters()
-        for module in model.modules():  # prepacked linears keep plain tensor attributes
-            yield from (v for v in vars(module).values() if isinstance(v, torch.Tensor))
-    return _tensor_bytes(tensors())
-
-
-def kv_cache_bytes(kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
-    return _tensor_bytes(t for pair in kv_caches for t in pair)
 
 
 def rank_memory(folder: str, dtype: torch.dtype, size: int, block_size: int,

@@ -63,9 +63,15 @@ def test_steps(results_dir):
     untimed = {"other"} | ({"attention"} if result["layers"].startswith("one C++ call") else set())
     assert all(result["phase_seconds"][p] > 0 for p in PHASES if p not in untimed)
     assert {g["kind"] for g in result["groups"]} == {"decode", "mixed"}
+    memory = result["memory"]  # a CPU run sets its steps against memory
+    assert memory["read_gbs"] == max(memory["bandwidth_before"]["read_gbs"],
+                                     memory["bandwidth_after"]["read_gbs"]) > 0
     for g in result["groups"]:
         assert abs(sum(g["phase_ms"].values()) - g["mean_ms"]) < 1e-6
         assert g["mean_rows"] >= g["mean_tokens"] >= g["mean_seqs"] >= 1
+        assert g["mean_context_tokens"] >= g["mean_tokens"]
+        assert g["mean_bytes"] > memory["weight_bytes"] > 0
+        assert g["over_bound"] == pytest.approx(g["mean_ms"] / g["bound_ms"])
 
 
 def _check_serve(result):

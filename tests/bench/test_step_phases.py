@@ -43,6 +43,9 @@ def test_phases_add_up_to_each_step_and_the_engine_is_restored(llm_fp32):
     prompt_tokens = sum(len(engine.tokenizer.encode(p)) for p in PROMPTS)
     assert first.kind == "mixed" and first.num_tokens == prompt_tokens
     assert all(r.kind == "decode" and r.num_tokens == 2 for r in rest)
+    # The context each step's attention reads: the prompts, then one more token a sequence.
+    assert first.num_context_tokens == prompt_tokens
+    assert [r.num_context_tokens for r in rest] == [prompt_tokens + 2 * i for i in range(1, 6)]
     assert worker.sampler is sampler and isinstance(worker.sampler, Sampler)
     core, backend = engine.core, engine.core.executor.runner.backend
     for owner, name in ((engine, "step"), (core, "pack"), (core, "plan_sampling"),
