@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..cpu.isa import packed_linear_dtype, selected_bf16_linear
-from ..models.cpu_linear import bf16_dot_applies, packed_linear
+from ..models.cpu_linear import bf16_dot_level, packed_linear
 from .attention_cases import ModelShape
 
 
@@ -42,8 +42,9 @@ def linear_kind(dtype: torch.dtype, cpu_isa: str) -> str:
     compute = packed_linear_dtype(torch.device("cpu"), dtype, cpu_isa)
     if compute is None:
         return "F.linear"
-    if bf16_dot_applies(compute):
-        return selected_bf16_linear()
+    level = bf16_dot_level(dtype, compute, cpu_isa)
+    if level is not None:
+        return selected_bf16_linear() if level == "avx512_bf16" else "bf16_dot"
     return f"packed {str(compute).removeprefix('torch.')}"
 
 
@@ -62,7 +63,7 @@ def linear_call(shape: ModelShape, dtype: torch.dtype, cpu_isa: str, rows: int,
         weight = torch.empty(fan_out, fan_in, dtype=dtype).normal_(std=fan_in ** -0.5,
                                                                    generator=generator)
         layers.append(_plain_linear(weight) if compute is None
-                      else packed_linear(weight, None, compute))
+                      else packed_linear(weight, None, compute, cpu_isa))
         inputs.append(torch.empty(rows, fan_in, dtype=dtype).normal_(generator=generator))
 
     def run() -> None:

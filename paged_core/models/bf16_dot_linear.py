@@ -1,4 +1,4 @@
-"""The bfloat16 linear of CPUs with AVX512-BF16: ``paged_core/cpu/csrc/bf16_dot_linear.cpp``.
+"""The bfloat16 linear of CPUs with AVX-512: ``paged_core/cpu/csrc/bf16_dot_linear.cpp``.
 
 A bfloat16 model at the ``avx512_bf16`` level (``paged_core.cpu.isa``) computes its
 projections and LM head with ``vdpbf16ps`` over weights packed once at load time, in
@@ -6,6 +6,10 @@ place of oneDNN's packed linear (``cpu_linear.PackedLinear``): on the 2-core
 AVX512-BF16 EPYC it streamed the weights of decode-sized batches (1-64 rows) 1.3-1.6x
 faster and matched oneDNN at prefill sizes. Each row is summed in one fixed order
 whatever the batch, so a row's result never depends on the rows beside it.
+
+At the ``avx512`` level (AVX-512 without BF16: Skylake to Ice Lake servers) the same
+kernel takes each pair of bfloat16 products as two float32 FMAs (``level="avx512"``): the
+weights stay bfloat16, half the bytes of the float32 copy oneDNN multiplies there.
 
 On CPUs with AMX-BF16 (``PAGED_CORE_CPU_LINEAR=amx``, the default there) calls of
 ``AMX_MIN_ROWS`` rows or more (``cpu_linear``: every call) run on AMX tiles
@@ -17,6 +21,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+# The CPU levels (paged_core.cpu.isa) whose builds hold the kernel: vdpbf16ps, or float32 FMAs.
+BF16_DOT_LEVELS = ("avx512", "avx512_bf16")
+
 
 class Bf16DotLinear(nn.Module):
     """``y = x @ W.T + b`` for bfloat16 ``x`` with ``W`` packed by ``pack_bf16_dot_weight``
@@ -27,14 +34,21 @@ class Bf16DotLinear(nn.Module):
     weight where the CPU has AMX-BF16 and in_features is a multiple of 32; a row's bits then
     differ in the last places from a ``vdpbf16ps`` call's, and depend on nothing else."""
 
-    compute_dtype = torch.bfloat16
-
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
-                 amx_min_rows: int = 0) -> None:
+                 amx_min_rows: int = 0, level: str = "avx512_bf16") -> None:
         super().__init__()
         from ..cpu.extension import cpu_ops
 
-        self._ops = cpu_ops("avx512_bf16")
+        if level not in BF16_DOT_LEVELS:
+            raise ValueError(f"Bf16DotLinear runs at the {' or '.join(BF16_DOT_LEVELS)} level, "
+                             f"not {level}")
+        if amx_min_rows and level != "avx512_bf16":
+            raise ValueError("AMX tiles need the avx512_bf16 level")
+        self.level = level  # whose build multiplies (cpu.extension.cpu_ops)
+        # What the products are computed in (``isa.packed_linear_dtype``): bfloat16 pairs on
+        # vdpbf16ps, or float32 FMAs of the bfloat16 values at avx512.
+        self.compute_dtype = torch.bfloat16 if level == "avx512_bf16" else torch.float32
+        self._ops = cpu_ops(level)
         self.amx_min_rows = amx_min_rows
         self.out_features, self.in_features = weight.shape
         self.packed_weight = self._ops.pack_bf16_dot_weight(weight.detach().to(torch.bfloat16))
@@ -51,7 +65,7 @@ class Bf16DotLinear(nn.Module):
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """``silu(gate) * up`` of this projection's product ``[gate | up]`` (a gate_up
-        projection: out_features ``2 * I``), ``[..., I]``: bit for bit the avx512_bf16
+        projection: out_features ``2 * I``), ``[..., I]``: bit for bit the same level's
         ``FusedCpuOps.silu_and_mul`` of ``self(x)``, computed in the product's epilogue
         (``bf16_dot_silu_and_mul``), so the ``[..., 2 * I]`` product never reaches memory."""
         return self._ops.bf16_dot_silu_and_mul(x, self.packed_weight, self.out_features, self.bias,

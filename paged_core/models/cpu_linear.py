@@ -20,7 +20,10 @@ Which kind a model gets is ``paged_core.cpu.isa.packed_linear_dtype`` (forced by
 ``PAGED_CORE_CPU_ISA``); ``packed_linear`` builds it. A bfloat16 model on a CPU with
 AVX512-BF16 gets ``bf16_dot_linear.Bf16DotLinear`` instead of a bfloat16 ``PackedLinear``
 (see there why) unless ``PAGED_CORE_CPU_LINEAR`` (``cpu_isa.selected_bf16_linear``) says
-``onednn``, as it does by default on CPUs with AMX.
+``onednn``. At the ``avx512`` level (AVX-512 without BF16) a bfloat16 weight that would
+compute in float32 takes ``Bf16DotLinear`` too, whose float32 FMAs over the bfloat16 pairs
+are such a float32 product without the float32 copy (``PAGED_CORE_CPU_LINEAR=onednn`` keeps
+the float32-packed oneDNN linear there).
 """
 from __future__ import annotations
 
@@ -51,24 +54,38 @@ class PackedLinear(nn.Module):
         return y.to(x.dtype)
 
 
-def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None,
-                  compute_dtype: torch.dtype) -> PackedLinear | Bf16DotLinear:
-    """The fastest prepacked linear computing ``x @ weight.T + bias`` in ``compute_dtype``:
-    ``Bf16DotLinear`` where ``bf16_dot_applies`` and the weight fits, else ``PackedLinear``."""
-    if bf16_dot_applies(compute_dtype) and Bf16DotLinear.fits(weight):
-        return Bf16DotLinear(weight, bias, bf16_amx_min_rows())
+def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None, compute_dtype: torch.dtype,
+                  cpu_isa: str | None = None) -> PackedLinear | Bf16DotLinear:
+    """The fastest prepacked linear computing ``x @ weight.T + bias`` in ``compute_dtype`` at
+    CPU level ``cpu_isa`` (default: the selected one): ``Bf16DotLinear`` where
+    ``bf16_dot_level`` names a level and the weight fits, else ``PackedLinear``."""
+    level = bf16_dot_level(weight.dtype, compute_dtype, cpu_isa)
+    if level is not None and Bf16DotLinear.fits(weight):
+        amx_min_rows = bf16_amx_min_rows() if level == "avx512_bf16" else 0
+        return Bf16DotLinear(weight, bias, amx_min_rows, level)
     return PackedLinear(weight, bias, compute_dtype)
 
 
-def bf16_dot_applies(compute_dtype: torch.dtype) -> bool:
-    """True if linears computing in ``compute_dtype`` take ``Bf16DotLinear``: bfloat16, that
-    kernel selected (``bf16_dot`` or ``amx``: ``cpu_isa.selected_bf16_linear``) and the
-    ``avx512_bf16`` kernels built (a CPU with AVX512-BF16)."""
+def bf16_dot_level(weight_dtype: torch.dtype, compute_dtype: torch.dtype,
+                   cpu_isa: str | None = None) -> str | None:
+    """The level whose ``Bf16DotLinear`` multiplies ``weight_dtype`` weights computing in
+    ``compute_dtype`` at CPU level ``cpu_isa`` (default: the selected one), or ``None``:
+    ``avx512_bf16`` for bfloat16 compute (the kernels built: a CPU with AVX512-BF16);
+    ``avx512`` for bfloat16 weights computing in float32 at the ``avx512`` level (its
+    kernels built). Either way only while ``PAGED_CORE_CPU_LINEAR`` selects ``bf16_dot`` or
+    ``amx`` (``selected_bf16_linear``)."""
     from ..cpu.extension import cpu_extension_available
-    from ..cpu.isa import selected_bf16_linear
+    from ..cpu.isa import selected_bf16_linear, selected_cpu_isa
 
-    return (compute_dtype == torch.bfloat16 and selected_bf16_linear() in ("bf16_dot", "amx")
-            and cpu_extension_available("avx512_bf16"))
+    if weight_dtype != torch.bfloat16 or selected_bf16_linear() not in ("bf16_dot", "amx"):
+        return None
+    if compute_dtype == torch.bfloat16:
+        level = "avx512_bf16"
+    elif compute_dtype == torch.float32 and (cpu_isa or selected_cpu_isa()) == "avx512":
+        level = "avx512"
+    else:
+        return None
+    return level if cpu_extension_available(level) else None
 
 
 def bf16_amx_min_rows() -> int:

@@ -15,8 +15,8 @@ from .parallel_layers import RowParallelLinear
 
 class GatedMLP(nn.Module):
     """SiLU-gated MLP of this rank's ``width`` channels (``ops.silu_and_mul``; in the
-    product's epilogue where ``gate_up_proj`` is a ``Bf16DotLinear`` and the ops are the
-    avx512_bf16 level's fused C++ ops: the same bits, without the ``[T, 2 * width]`` product)."""
+    product's epilogue where ``gate_up_proj`` is a ``Bf16DotLinear`` and the ops are its
+    level's fused C++ ops: the same bits, without the ``[T, 2 * width]`` product)."""
 
     def __init__(self, hidden_size: int, width: int, bias: bool, tp: TensorParallelGroup) -> None:
         super().__init__()
@@ -26,6 +26,6 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj
-        if type(gate_up) is Bf16DotLinear and getattr(self.ops, "cpu_isa", None) == "avx512_bf16":
+        if type(gate_up) is Bf16DotLinear and getattr(self.ops, "cpu_isa", None) == gate_up.level:
             return self.down_proj(gate_up.silu_and_mul(x))
         return self.down_proj(self.ops.silu_and_mul(gate_up(x)))

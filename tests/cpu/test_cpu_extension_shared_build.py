@@ -76,12 +76,18 @@ def test_the_build_folder_depends_on_the_torch_install_not_on_where_the_package_
     assert extension.build_directory("generic") != folder, "two torch installs share a folder"
 
 
-def test_only_the_bf16_level_compiles_its_own_sources():
+def test_only_the_levels_with_code_in_a_source_compile_it():
     assert set(extension._BF16_LEVEL_SOURCES) <= set(extension._sources("avx512_bf16"))
     for level in ("generic", "avx2", "avx512"):
         assert not set(extension._BF16_LEVEL_SOURCES) & set(extension._sources(level))
     for source in extension._BF16_LEVEL_SOURCES:
         assert "#if defined(__AVX512BF16__)" in (extension._CSRC / source).read_text(), source
+    for level in ("avx512", "avx512_bf16"):
+        assert set(extension._AVX512_LEVEL_SOURCES) <= set(extension._sources(level))
+    for level in ("generic", "avx2"):
+        assert not set(extension._AVX512_LEVEL_SOURCES) & set(extension._sources(level))
+    for source in extension._AVX512_LEVEL_SOURCES:
+        assert "#if PAGED_CORE_BF16_DOT" in (extension._CSRC / source).read_text(), source
 
 
 @pytest.mark.skipif(not extension.cpu_extension_available(),

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from paged_core.cpu.isa import packed_linear_dtype, selected_bf16_linear, unsupported_reason
+from paged_core.models.bf16_dot_linear import BF16_DOT_LEVELS, Bf16DotLinear
 from paged_core.models.cpu_linear import PACKED_LINEARS, PackedLinear
 
 CPU = torch.device("cpu")
@@ -78,8 +79,13 @@ def test_bf16_engine_takes_the_selected_linears_and_fp32_engine_keeps_f_linear(c
         assert model.lm_head is None
     else:
         assert isinstance(model.layers[0].mlp.down_proj, PACKED_LINEARS)
-        assert isinstance(model.lm_head, PACKED_LINEARS)
-        assert model.lm_head.compute_dtype == compute_dtype
+        head = model.lm_head
+        assert head.compute_dtype == compute_dtype
+        if cpu_isa in BF16_DOT_LEVELS and selected_bf16_linear() != "onednn":
+            # the AVX-512 bfloat16 linear (float32 FMAs over the bfloat16 weights at avx512)
+            assert isinstance(head, Bf16DotLinear) and head.level == cpu_isa
+        else:
+            assert isinstance(head, PackedLinear)
     out = bf16.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=4),
                         use_tqdm=False)[0].outputs[0]
     assert "Paris" in out.text

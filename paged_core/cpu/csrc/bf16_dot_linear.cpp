@@ -1,5 +1,5 @@
-// y = x W^T + b for bfloat16 x and W on CPUs with AVX512-BF16 (vdpbf16ps), every row
-// summed in the same order whatever the batch.
+// y = x W^T + b for bfloat16 x and W on CPUs with AVX-512 (vdpbf16ps with AVX512-BF16), every
+// row summed in the same order whatever the batch.
 //
 // W [N, K] is packed once (pack_bf16_dot_weight) into column groups of 32 outputs:
 //   packed[g, k / 2, c, k % 2] = W[32 g + c, k]     ([ceil(N / 32), K / 2, 32, 2], zero padded)
@@ -30,7 +30,19 @@
 // sizes (~1000 GFLOP/s at 2048 rows). It also makes every row's sum order independent of
 // the other rows (a row alone or in any batch gives the same bits).
 //
-// Built into every level's extension; the ops exist only in the avx512_bf16 build.
+// Without AVX512-BF16 (the avx512 level: AVX-512F, BW and VL, e.g. Skylake to Ice Lake
+// servers) each vdpbf16ps becomes two float32 FMAs over the pair's halves (a bfloat16 is the
+// top half of a float32: a shift or a mask widens it, exactly), so the weights stay
+// bfloat16, half the bytes of the float32 copy oneDNN would multiply there, read at the same
+// streaming rate: decode steps of 1-4 SmolLM2 sequences took 10.1-13.6 ms at that level
+// against 36.5-41.4 ms on oneDNN's float32 copy, a 379-token prefill step 500 against 509 ms
+// (bench steps, AMD EPYC Zen 4 forced to the avx512 level).
+// Each output lane still sums its pairs in one fixed order (k ascending, k before k + 1), so
+// a row's bits depend on nothing else either; they differ from the avx512_bf16 level's in
+// the last places (vdpbf16ps rounds its pair sum its own way). The AMX paths need the
+// avx512_bf16 build.
+//
+// Compiled in the avx512 and avx512_bf16 builds (PAGED_CORE_BF16_DOT).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -47,7 +59,7 @@
 #include "cpu_simd.h"
 #include "fused_ops.h"
 
-#if defined(__AVX512BF16__)
+#if PAGED_CORE_BF16_DOT
 #include <immintrin.h>
 
 namespace {
@@ -117,6 +129,15 @@ struct SiluMulStore {
   }
 };
 
+#if !defined(__AVX512BF16__)
+// The float32 values of the first (k) and second (k + 1) bfloat16 of each 32-bit pair.
+inline __m512 pair_low(__m512i pairs) { return _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)); }
+inline __m512 pair_high(__m512i pairs) {
+  const __m512i high_halves = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  return _mm512_castsi512_ps(_mm512_and_si512(pairs, high_halves));
+}
+#endif
+
 // Rows [m0, m0 + MT) of x (at x, ldx apart) times G groups starting at w (group_step
 // elements apart), handed to store(sums, m0, n0), touching its share of `next` meanwhile
 // (next's groups are group_step apart too).
@@ -139,16 +160,31 @@ inline void row_tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t 
         _mm_prefetch(line + 64, _MM_HINT_T0);
       }
     }
-    __m512bh weights[NB];
+    __m512i weights[NB];
     for (int g = 0; g < G; ++g) {
       const uint16_t* pair = w + g * group_step + k * kGroup * 2;
-      weights[2 * g] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(pair));
-      weights[2 * g + 1] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(pair + 32));
+      weights[2 * g] = _mm512_loadu_si512(pair);
+      weights[2 * g + 1] = _mm512_loadu_si512(pair + 32);
     }
+#if defined(__AVX512BF16__)
     for (int m = 0; m < MT; ++m) {
       const auto xv = reinterpret_cast<__m512bh>(_mm512_set1_epi32(x_pairs[m * ldx_pairs + k]));
-      for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_dpbf16_ps(acc[m][b], xv, weights[b]);
+      for (int b = 0; b < NB; ++b)
+        acc[m][b] = _mm512_dpbf16_ps(acc[m][b], xv, reinterpret_cast<__m512bh>(weights[b]));
     }
+#else
+    __m512 low[NB], high[NB];  // each pair's k and k + 1 weights as float32
+    for (int b = 0; b < NB; ++b) {
+      low[b] = pair_low(weights[b]);
+      high[b] = pair_high(weights[b]);
+    }
+    for (int m = 0; m < MT; ++m) {
+      const __m512i xv = _mm512_set1_epi32(x_pairs[m * ldx_pairs + k]);
+      const __m512 x_low = pair_low(xv), x_high = pair_high(xv);
+      for (int b = 0; b < NB; ++b)
+        acc[m][b] = _mm512_fmadd_ps(high[b], x_high, _mm512_fmadd_ps(low[b], x_low, acc[m][b]));
+    }
+#endif
   }
   store(acc, m0, n0);
 }
@@ -296,9 +332,11 @@ struct PackedCall {
   }
   // Whether bf16_amx_groups takes the call: amx_min_rows rows or more (0: never), whole
   // 32-k tile steps, AMX granted.
+#if defined(__AVX512BF16__)
   bool takes_amx(int64_t amx_min_rows) const {
     return amx_min_rows > 0 && M >= amx_min_rows && K2 % 16 == 0 && bf16_amx_ready();
   }
+#endif
   // An uninitialised [M, columns] result and its shape (x's, last dimension columns).
   at::Tensor output(int64_t columns) {
     out_shape.back() = columns;
@@ -317,12 +355,14 @@ at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& packed, int64_
   const auto* wp = static_cast<const uint16_t*>(packed.const_data_ptr());
   const auto* bp = call.bias_data();
   auto* yp = static_cast<uint16_t*>(y.mutable_data_ptr());
+#if defined(__AVX512BF16__)
   if (call.takes_amx(amx_min_rows)) {
     at::parallel_for(0, call.groups, 1, [&](int64_t g_begin, int64_t g_end) {
       bf16_amx_groups(xp, ldx, M, GroupWeights{wp, {}}, K2, g_begin, g_end, bp, yp, N, N);
     });
     return y.view(call.out_shape);
   }
+#endif
   bf16_dot_rows(xp, ldx, M, GroupWeights{wp, {}}, K2, call.groups, bp, yp, N);
   return y.view(call.out_shape);
 }
@@ -342,6 +382,7 @@ at::Tensor bf16_dot_silu_and_mul(const at::Tensor& x, const at::Tensor& packed,
   at::Tensor y = call.output(I);
   // Unit u: gate group u and up group u + I / 32 (every group whole: I % 32 == 0).
   const int64_t group_elems = call.K2 * kGroup * 2, units = I / kGroup;
+#if defined(__AVX512BF16__)
   if (call.takes_amx(amx_min_rows)) {
     const auto* wp = static_cast<const uint16_t*>(packed.const_data_ptr());
     auto* yp = static_cast<uint16_t*>(y.mutable_data_ptr());
@@ -351,6 +392,9 @@ at::Tensor bf16_dot_silu_and_mul(const at::Tensor& x, const at::Tensor& packed,
     });
     return y.view(call.out_shape);
   }
+#else
+  (void)amx_min_rows;  // AMX needs the avx512_bf16 build
+#endif
   const UnitLayout layout{units, 2, units * group_elems, group_elems, units, kGroup,
                           call.M >= 2 * kPairTile};
   unit_rows(call.x_data(), call.ldx, call.M,
@@ -371,7 +415,9 @@ PAGED_CORE_LIBRARY_FRAGMENT(m) {
         "int amx_min_rows=0) -> Tensor");
   m.impl("bf16_dot_silu_and_mul", c10::DispatchKey::CPU,
          TORCH_FN(paged_core_cpu::bf16_dot_silu_and_mul));
+#if defined(__AVX512BF16__)
   m.def("bf16_amx_ready() -> bool", &paged_core_cpu::bf16_amx_ready);
+#endif
 }
 
-#endif  // __AVX512BF16__
+#endif  // PAGED_CORE_BF16_DOT

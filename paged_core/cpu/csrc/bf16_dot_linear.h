@@ -1,5 +1,6 @@
-// The AVX512-BF16 linear of bf16_dot_linear.cpp (see there for the packed layout and the
-// sum order), callable from the other C++ kernels of the avx512_bf16 build.
+// The bfloat16 linear of bf16_dot_linear.cpp (see there for the packed layout and the sum
+// order), callable from the other C++ kernels of the avx512 and avx512_bf16 builds
+// (PAGED_CORE_BF16_DOT: AVX-512F, BW and VL; the AMX parts need the avx512_bf16 build).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -8,9 +9,15 @@
 #include <functional>
 #include <optional>
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define PAGED_CORE_BF16_DOT 1
+#else
+#define PAGED_CORE_BF16_DOT 0
+#endif
+
 namespace paged_core_cpu {
 
-#if defined(__AVX512BF16__)
+#if PAGED_CORE_BF16_DOT
 // weight [N, K] bfloat16 (K even) -> its packed form [ceil(N / 32), K / 2, 32, 2].
 at::Tensor pack_bf16_dot_weight(const at::Tensor& weight);
 // x [..., K] bfloat16 -> x W^T + bias [..., out_features] bfloat16; calls of at least
@@ -25,11 +32,13 @@ at::Tensor bf16_dot_silu_and_mul(const at::Tensor& x, const at::Tensor& packed,
                                  int64_t out_features, const std::optional<at::Tensor>& bias,
                                  int64_t amx_min_rows);
 
+#if defined(__AVX512BF16__)
 // True if this CPU has AMX-BF16, this build has the AMX code and the OS granted the tile
 // state (asked once per process; bf16_amx_linear.cpp).
 bool bf16_amx_ready();
 // True if bf16_amx_ready() and this CPU has AMX-INT8 too (quantized_int8_tiles.cpp).
 bool amx_int8_ready();
+#endif
 // The weights bf16_dot_rows and bf16_amx_groups multiply, in the packed layout: the whole
 // packed weight, or (packed null) `widen(g0, g1, out)`, which writes column groups [g0, g1)
 // into out (K2 * 64 values a group; e.g. quantized levels, dequantized a chunk at a time;
@@ -39,12 +48,13 @@ struct GroupWeights {
   std::function<void(int64_t g0, int64_t g1, uint16_t* out)> widen;
 };
 // Rows [0, M) of x (ldx elements apart) times the `groups` column groups of w (K2 k pairs) on
-// vdpbf16ps, plus bias (or null), into y [M, N] (N columns, N apart), groups claimed by
-// threads as they go (the bits do not depend on which thread ran a group). Widened weights
-// (w.widen) are widened one group at a time into a buffer of the thread's, right before that
-// group's row tiles read it from L1/L2.
+// vdpbf16ps (two FMAs per pair without AVX512-BF16), plus bias (or null), into y [M, N] (N
+// columns, N apart), groups claimed by threads as they go (the bits do not depend on which
+// thread ran a group). Widened weights (w.widen) are widened one group at a time into a
+// buffer of the thread's, right before that group's row tiles read it from L1/L2.
 void bf16_dot_rows(const uint16_t* x, int64_t ldx, int64_t M, const GroupWeights& w, int64_t K2,
                    int64_t groups, const uint16_t* bias, uint16_t* y, int64_t N);
+#if defined(__AVX512BF16__)
 // Rows [0, rows) of x (ldx elements apart) times column groups [g_begin, g_end) of w (K2 k
 // pairs) on AMX tiles, plus bias, into y (ldy apart, N columns); K2 % 16 == 0.
 void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const GroupWeights& w, int64_t K2,
@@ -57,6 +67,7 @@ void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const GroupWe
 void bf16_amx_silu_and_mul(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* packed,
                            int64_t K2, int64_t I, int64_t u_begin, int64_t u_end,
                            const uint16_t* bias, uint16_t* y);
-#endif
+#endif  // __AVX512BF16__
+#endif  // PAGED_CORE_BF16_DOT
 
 }  // namespace paged_core_cpu

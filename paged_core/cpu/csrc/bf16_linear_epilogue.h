@@ -1,10 +1,12 @@
 // The last step of the bfloat16 linears (bf16_dot_linear.cpp, bf16_amx_linear.cpp): float32
 // sums of 16 consecutive output columns, plus the bias, rounded to bfloat16 (nearest even)
 // and stored, masked at the last column N; or, for a gate_up projection, SiLU-and-mul of its
-// gate and up sums (silu_mul_bits).
+// gate and up sums (silu_mul_bits). Builds with AVX512-BF16 round with vcvtneps2bf16; the
+// avx512 level's (AVX-512F and BW, no BF16) with torch's integer rounding (cpu_common.h's
+// float_to_bf16_bits): the same bits for every number, NaN as 0x7FC0.
 #pragma once
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 
 #include <cstdint>
@@ -25,10 +27,23 @@ inline __m512 bias_block(const uint16_t* bias, int64_t n, __mmask16 mask) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
 }
 
+// The bfloat16 bits of 16 float32 lanes, rounded to nearest even.
+inline __m256i bf16_bits16(__m512 x) {
+#if defined(__AVX512BF16__)
+  return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
+#else
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i up = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+  const __m256i bits = _mm512_cvtepi32_epi16(_mm512_srli_epi32(up, 16));
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  return _mm256_mask_mov_epi16(bits, nan, _mm256_set1_epi16(0x7FC0));
+#endif
+}
+
 // y[0 .. 16) (lanes in mask) = bfloat16(sums + bias).
 inline void store_bf16(uint16_t* y, __mmask16 mask, __m512 sums, __m512 bias) {
-  const __m256bh out = _mm512_cvtneps_pbh(_mm512_add_ps(sums, bias));
-  _mm256_mask_storeu_epi16(y, mask, reinterpret_cast<__m256i>(out));
+  _mm256_mask_storeu_epi16(y, mask, bf16_bits16(_mm512_add_ps(sums, bias)));
 }
 
 // Columns [n, n + 16) of `rows` rows: y[m * ldy + n ..] from c[m * ldc ..]; nothing if n >= N.
@@ -43,7 +58,7 @@ inline void store_bf16_rows(const float* c, int64_t ldc, int64_t rows, const uin
 
 // x rounded to bfloat16 (nearest even), as float32.
 inline __m512 round_bf16(__m512 x) {
-  const __m256i bits = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
+  const __m256i bits = bf16_bits16(x);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
 
@@ -53,11 +68,11 @@ inline __m256i silu_mul_bits(__m512 gate_sums, __m512 up_sums, __m512 gate_bias,
   const __m512 gate = round_bf16(_mm512_add_ps(gate_sums, gate_bias));
   const __m512 up = round_bf16(_mm512_add_ps(up_sums, up_bias));
   const __m512 out = _mm512_mul_ps(round_bf16(silu16(gate)), up);
-  const __m256i bits = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(out));
+  const __m256i bits = bf16_bits16(out);
   const __mmask16 nan = _mm512_cmp_ps_mask(out, out, _CMP_UNORD_Q);
   return _mm256_mask_mov_epi16(bits, nan, _mm256_set1_epi16(0x7FC0));
 }
 
 }  // namespace paged_core_cpu
 
-#endif  // __AVX512BF16__
+#endif  // AVX-512F, BW and VL

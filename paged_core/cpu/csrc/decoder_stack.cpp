@@ -24,7 +24,7 @@
 // the torch attention backend and cpu_linear's PackedLinear, Bf16DotLinear or F.linear)
 // calls, so both give bit-identical results. Projections are a oneDNN-packed weight (mkldnn layout:
 // computed in the weight's dtype, the result cast back), a bf16_dot_linear weight
-// (avx512_bf16 build), a plain one (at::linear) or weight-only 4- or 8-bit levels
+// (avx512 and avx512_bf16 builds), a plain one (at::linear) or weight-only 4- or 8-bit levels
 // (set_quantized: quantization/quantized_linear.py's QuantizedLinear, same kernels).
 // Registered as torch.classes.paged_core_cpu_<level>.DecoderStack.
 #include <ATen/ATen.h>
@@ -132,7 +132,7 @@ struct Projection {
   // silu_and_mul of this projection's product (a gate_up: [gate | up]): in the product's
   // epilogue where the weight is bf16_dot_linear's and no row has an adapter (the same bits).
   at::Tensor silu_and_mul_of(const at::Tensor& x, const at::Tensor& lora_token_slots) const {
-#if defined(__AVX512BF16__)
+#if PAGED_CORE_BF16_DOT
     if (bf16_dot_out_features > 0 && !quantized && !(lora && lora_token_slots.defined()))
       return paged_core_cpu::bf16_dot_silu_and_mul(x, weight, bf16_dot_out_features, bias, amx_min_rows);
 #endif
@@ -148,10 +148,10 @@ struct Projection {
       return bias ? y + *bias : y;
     }
     if (bf16_dot_out_features > 0) {
-#if defined(__AVX512BF16__)
+#if PAGED_CORE_BF16_DOT
       return paged_core_cpu::bf16_dot_linear(x, weight, bf16_dot_out_features, bias, amx_min_rows);
 #else
-      TORCH_CHECK(false, "bf16_dot_linear weights need the avx512_bf16 build");
+      TORCH_CHECK(false, "bf16_dot_linear weights need an avx512 or avx512_bf16 build");
 #endif
     }
     if (!weight.is_mkldnn()) return at::linear(x, weight, bias);
