@@ -77,13 +77,15 @@ def bf16_dot_level(weight_dtype: torch.dtype, compute_dtype: torch.dtype,
     from ..cpu.extension import cpu_extension_available
     from ..cpu.isa import selected_bf16_linear, selected_cpu_isa
 
-    if weight_dtype != torch.bfloat16 or selected_bf16_linear() not in ("bf16_dot", "amx"):
+    if weight_dtype != torch.bfloat16:
         return None
     if compute_dtype == torch.bfloat16:
         level = "avx512_bf16"
     elif compute_dtype == torch.float32 and (cpu_isa or selected_cpu_isa()) == "avx512":
         level = "avx512"
     else:
+        return None  # the setting is not read where it chooses nothing
+    if selected_bf16_linear() not in ("bf16_dot", "amx"):
         return None
     return level if cpu_extension_available(level) else None
 

@@ -90,9 +90,12 @@ def test_the_setting_picks_onednn_or_bf16_dot(monkeypatch, level):  # amx: test_
     assert isinstance(onednn, PackedLinear) and onednn.compute_dtype == _compute_dtype(level)
     monkeypatch.setenv("PAGED_CORE_CPU_LINEAR", "bf16_dot")
     assert isinstance(packed_linear(weight, None, _compute_dtype(level), level), Bf16DotLinear)
-    # float16 and float32 weights, and levels below AVX-512, keep oneDNN
+    # float16 and float32 weights, and levels below AVX-512, keep oneDNN (the setting unread)
     assert isinstance(packed_linear(weight.half(), None, torch.float32, level), PackedLinear)
+    monkeypatch.setenv("PAGED_CORE_CPU_LINEAR", "mkl")
     assert isinstance(packed_linear(weight, None, torch.float32, "avx2"), PackedLinear)
+    with pytest.raises(ValueError, match="PAGED_CORE_CPU_LINEAR='mkl'"):
+        packed_linear(weight, None, _compute_dtype(level), level)
 
 
 def test_amx_tiles_and_other_levels_are_refused():

@@ -330,9 +330,9 @@ struct PackedCall {
   const uint16_t* bias_data() const {
     return bias_bf16.defined() ? static_cast<const uint16_t*>(bias_bf16.const_data_ptr()) : nullptr;
   }
+#if defined(__AVX512BF16__)
   // Whether bf16_amx_groups takes the call: amx_min_rows rows or more (0: never), whole
   // 32-k tile steps, AMX granted.
-#if defined(__AVX512BF16__)
   bool takes_amx(int64_t amx_min_rows) const {
     return amx_min_rows > 0 && M >= amx_min_rows && K2 % 16 == 0 && bf16_amx_ready();
   }
@@ -362,6 +362,8 @@ at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& packed, int64_
     });
     return y.view(call.out_shape);
   }
+#else
+  (void)amx_min_rows;  // AMX needs the avx512_bf16 build
 #endif
   bf16_dot_rows(xp, ldx, M, GroupWeights{wp, {}}, K2, call.groups, bp, yp, N);
   return y.view(call.out_shape);
