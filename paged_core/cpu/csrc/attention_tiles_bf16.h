@@ -41,6 +41,8 @@
 #include <limits>
 #include <vector>
 
+#include "cpu_simd.h"
+
 namespace paged_core_cpu {
 
 constexpr int kChunk = 16;        // keys per chunk: one float32 score per lane
@@ -126,11 +128,7 @@ inline void store_row_bf16(uint16_t* dst, const float* src, float inv, int D) {
   const __m512 vinv = _mm512_set1_ps(inv);
   for (int d = 0; d < D; d += 16) {
     const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(src + d), vinv);
-    const __m512i u = _mm512_castps_si512(x);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
-    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d), _mm512_cvtepi32_epi16(r));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d), bf16_bits16_rne(x));
   }
 }
 

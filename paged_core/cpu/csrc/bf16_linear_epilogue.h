@@ -2,11 +2,12 @@
 // sums of 16 consecutive output columns, plus the bias, rounded to bfloat16 (nearest even)
 // and stored, masked at the last column N; or, for a gate_up projection, SiLU-and-mul of its
 // gate and up sums (silu_mul_bits). Builds with AVX512-BF16 round with vcvtneps2bf16; the
-// avx512 level's (AVX-512F and BW, no BF16) with torch's integer rounding (cpu_common.h's
-// float_to_bf16_bits): the same bits for every number, NaN as 0x7FC0.
+// avx512 level's (no BF16) with torch's rounding (cpu_simd.h's bf16_bits16_rne).
 #pragma once
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include "bf16_dot_linear.h"
+
+#if PAGED_CORE_BF16_DOT
 #include <immintrin.h>
 
 #include <cstdint>
@@ -32,12 +33,7 @@ inline __m256i bf16_bits16(__m512 x) {
 #if defined(__AVX512BF16__)
   return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
 #else
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i up = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
-  const __m256i bits = _mm512_cvtepi32_epi16(_mm512_srli_epi32(up, 16));
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  return _mm256_mask_mov_epi16(bits, nan, _mm256_set1_epi16(0x7FC0));
+  return bf16_bits16_rne(x);
 #endif
 }
 
@@ -75,4 +71,4 @@ inline __m256i silu_mul_bits(__m512 gate_sums, __m512 up_sums, __m512 gate_bias,
 
 }  // namespace paged_core_cpu
 
-#endif  // AVX-512F, BW and VL
+#endif  // PAGED_CORE_BF16_DOT

@@ -104,6 +104,17 @@ inline __m512 load16(const uint16_t* p) {
 }
 
 inline __m512 silu16(__m512 x) { return silu_lanes<Lanes16>(x); }
+
+// 16 float32 lanes -> their bfloat16 bits, rounded as cpu_common.h's float_to_bf16_bits
+// rounds (torch's rounding: to nearest even; NaN -> 0x7FC0).
+inline __m256i bf16_bits16_rne(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i half = _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF));  // ties to even
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, half), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  return _mm512_cvtepi32_epi16(r);
+}
 #endif
 
 }  // namespace paged_core_cpu
