@@ -19,8 +19,8 @@ namespace, ``torch.ops.paged_core_cpu_<level>``: one process can load several
 C++ compiler and ``ninja``, which the ``ninja`` wheel brings; one to two minutes on
 2 cores per level, then cached under ``~/.cache/torch_extensions`` or
 ``$TORCH_EXTENSIONS_DIR``, see ``build_directory``). The sources that hold code only for
-the AVX-512 levels (``_AVX512_LEVEL_SOURCES``) or the ``avx512_bf16`` level
-(``_BF16_LEVEL_SOURCES``) are compiled at those levels alone.
+the vector levels (``_VECTOR_LEVEL_SOURCES``: every level but ``generic``) or the
+``avx512_bf16`` level (``_BF16_LEVEL_SOURCES``) are compiled at those levels alone.
 ``cpu_extension_available()`` says whether that worked; on failure it logs one warning
 with the reason, and every caller keeps its plain-torch path.
 
@@ -49,21 +49,21 @@ from .isa import (others_than_amx, requested_bf16_kernel, selected_bf16_kernel, 
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
-# Sources compiled at every level, then those holding code for the AVX-512 levels alone (their
-# bodies sit under ``#if PAGED_CORE_BF16_DOT``: AVX-512F, BW and VL) and for the avx512_bf16
-# level alone (under ``#if defined(__AVX512BF16__)``); compiling them elsewhere would parse
-# torch's headers for an empty object, ~15 s each on 2 cores.
+# Sources compiled at every level, then those holding code for the vector levels alone (their
+# bodies sit under ``#if PAGED_CORE_BF16_DOT``: AVX2 and FMA) and for the avx512_bf16 level
+# alone (under ``#if defined(__AVX512BF16__)``); compiling them elsewhere would parse torch's
+# headers for an empty object, ~15 s each on 2 cores.
 _SOURCES = ("paged_attention.cpp", "fused_ops.cpp", "decoder_stack.cpp", "quantized_linear.cpp",
             "lora_products.cpp", "greedy_tokens.cpp")
-_AVX512_LEVEL_SOURCES = ("bf16_dot_linear.cpp",)
+_VECTOR_LEVEL_SOURCES = ("bf16_dot_linear.cpp",)
 _BF16_LEVEL_SOURCES = ("bf16_amx_linear.cpp", "quantized_column_linear.cpp",
                        "quantized_column_amx.cpp", "quantized_int8_tiles.cpp")
 
 
 def _sources(level: str) -> tuple[str, ...]:
     """The source files ``level``'s build compiles."""
-    avx512 = _AVX512_LEVEL_SOURCES if level in ("avx512", "avx512_bf16") else ()
-    return _SOURCES + avx512 + (_BF16_LEVEL_SOURCES if level == "avx512_bf16" else ())
+    vector = _VECTOR_LEVEL_SOURCES if level != "generic" else ()
+    return _SOURCES + vector + (_BF16_LEVEL_SOURCES if level == "avx512_bf16" else ())
 
 
 # Compiler flags each level adds to the one below it (see ``paged_core.cpu.isa``).

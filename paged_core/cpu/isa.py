@@ -5,15 +5,16 @@ The CPU paths form a ladder; each level is a superset of the one before:
 | level           | needs (CPU flags)   | C++ kernels built with       | half-precision linears               |
 |-----------------|---------------------|------------------------------|--------------------------------------|
 | ``generic``     | any x86-64          | no ISA flags (SSE2 baseline) | plain ``F.linear``                   |
-| ``avx2``        | avx2, fma, f16c     | ``-mavx2 -mfma -mf16c``      | float32-packed oneDNN                |
+| ``avx2``        | avx2, fma, f16c     | ``-mavx2 -mfma -mf16c``      | bfloat16 ``bf16_dot`` (float32 FMAs) |
 | ``avx512``      | + avx512 f/bw/vl/dq | + ``-mavx512f/bw/vl/dq``     | bfloat16 ``bf16_dot`` (float32 FMAs) |
 | ``avx512_bf16`` | + avx512_bf16       | + ``-mavx512bf16``           | bfloat16 ``vdpbf16ps`` (native)      |
 
 float32 models always keep ``F.linear`` (the reference dtype matches transformers token
-for token); float16 models use float32-packed linears from ``avx2`` up. At ``avx512`` a
-bfloat16 model's linears run the ``bf16_dot`` kernel with each pair of bfloat16 products as
-two float32 FMAs (``models/bf16_dot_linear.py``): bfloat16 weights, half the bytes of the
-float32-packed oneDNN copy that ``PAGED_CORE_CPU_LINEAR=onednn`` keeps there.
+for token); float16 models use float32-packed linears from ``avx2`` up. At ``avx2`` and
+``avx512`` a bfloat16 model's linears run the ``bf16_dot`` kernel with each pair of bfloat16
+products as two float32 FMAs (``models/bf16_dot_linear.py``; 8 or 16 lanes, the same bits):
+bfloat16 weights, half the bytes of the float32-packed oneDNN copy that
+``PAGED_CORE_CPU_LINEAR=onednn`` keeps there.
 
 ``PAGED_CORE_CPU_ISA`` (``auto``, the default, or a level above) caps the level: a
 machine with AVX512-BF16 can run every path, so its tests exercise the code an AVX2

@@ -1,4 +1,4 @@
-"""The bfloat16 linear of CPUs with AVX-512: ``paged_core/cpu/csrc/bf16_dot_linear.cpp``.
+"""The bfloat16 linear of CPUs with AVX2 or AVX-512: ``paged_core/cpu/csrc/bf16_dot_linear.cpp``.
 
 A bfloat16 model at the ``avx512_bf16`` level (``paged_core.cpu.isa``) computes its
 projections and LM head with ``vdpbf16ps`` over weights packed once at load time, in
@@ -8,8 +8,10 @@ faster and matched oneDNN at prefill sizes. Each row is summed in one fixed orde
 whatever the batch, so a row's result never depends on the rows beside it.
 
 At the ``avx512`` level (AVX-512 without BF16: Skylake to Ice Lake servers) the same
-kernel takes each pair of bfloat16 products as two float32 FMAs (``level="avx512"``): the
-weights stay bfloat16, half the bytes of the float32 copy oneDNN multiplies there.
+kernel takes each pair of bfloat16 products as two float32 FMAs (``level="avx512"``), and at
+the ``avx2`` level (Haswell on, Zen 1 to 3) the same FMAs on 8-lane registers (``level="avx2"``,
+the avx512 level's very bits): the weights stay bfloat16, half the bytes of the float32 copy
+oneDNN multiplies there.
 
 On CPUs with AMX-BF16 (``PAGED_CORE_CPU_LINEAR=amx``, the default there) calls of
 ``AMX_MIN_ROWS`` rows or more (``cpu_linear``: every call) run on AMX tiles
@@ -22,7 +24,7 @@ import torch
 from torch import nn
 
 # The CPU levels (paged_core.cpu.isa) whose builds hold the kernel: vdpbf16ps, or float32 FMAs.
-BF16_DOT_LEVELS = ("avx512", "avx512_bf16")
+BF16_DOT_LEVELS = ("avx2", "avx512", "avx512_bf16")
 
 
 class Bf16DotLinear(nn.Module):
@@ -46,7 +48,7 @@ class Bf16DotLinear(nn.Module):
             raise ValueError("AMX tiles need the avx512_bf16 level")
         self.level = level  # whose build multiplies (cpu.extension.cpu_ops)
         # What the products are computed in (``isa.packed_linear_dtype``): bfloat16 pairs on
-        # vdpbf16ps, or float32 FMAs of the bfloat16 values at avx512.
+        # vdpbf16ps, or float32 FMAs of the bfloat16 values at avx2 and avx512.
         self.compute_dtype = torch.bfloat16 if level == "avx512_bf16" else torch.float32
         self._ops = cpu_ops(level)
         self.amx_min_rows = amx_min_rows

@@ -8,11 +8,12 @@ faster on a 2-core AVX512-BF16 machine.
 
 CPUs without them (AVX2 only) have no fast half-precision GEMM: there torch's
 bfloat16 ``F.linear`` ran 3-6x slower than float32 at 16-256 rows. So a half
-precision model keeps a float32 packed copy of each weight (exact: every
-bfloat16/float16 value is a float32) and computes each product in float32,
-rounding the output back to the model's dtype, as a native kernel does after
-its float32 accumulation (only the summation order differs). The cost is twice
-the projection weights' memory; the KV cache and activations stay in the model's dtype.
+precision model computes each product in float32, rounding the output back to the
+model's dtype, as a native kernel does after its float32 accumulation (only the
+summation order differs): a float16 model through a float32 packed copy of each weight
+(exact: every float16 value is a float32; twice the projection weights' memory), a
+bfloat16 one through ``Bf16DotLinear`` (below). The KV cache and activations stay in the
+model's dtype.
 
 float32 models keep plain ``F.linear``: the packed kernel sums in another order,
 and float32 is the reference dtype that must match transformers token for token.
@@ -20,10 +21,10 @@ Which kind a model gets is ``paged_core.cpu.isa.packed_linear_dtype`` (forced by
 ``PAGED_CORE_CPU_ISA``); ``packed_linear`` builds it. A bfloat16 model on a CPU with
 AVX512-BF16 gets ``bf16_dot_linear.Bf16DotLinear`` instead of a bfloat16 ``PackedLinear``
 (see there why) unless ``PAGED_CORE_CPU_LINEAR`` (``cpu_isa.selected_bf16_linear``) says
-``onednn``. At the ``avx512`` level (AVX-512 without BF16) a bfloat16 weight that would
-compute in float32 takes ``Bf16DotLinear`` too, whose float32 FMAs over the bfloat16 pairs
-are such a float32 product without the float32 copy (``PAGED_CORE_CPU_LINEAR=onednn`` keeps
-the float32-packed oneDNN linear there).
+``onednn``. At the ``avx2`` and ``avx512`` levels (no AVX512-BF16) a bfloat16 weight that
+would compute in float32 takes ``Bf16DotLinear`` too, whose float32 FMAs over the bfloat16
+pairs are such a float32 product without the float32 copy (``PAGED_CORE_CPU_LINEAR=onednn``
+keeps the float32-packed oneDNN linear there).
 """
 from __future__ import annotations
 
@@ -70,8 +71,8 @@ def bf16_dot_level(weight_dtype: torch.dtype, compute_dtype: torch.dtype,
                    cpu_isa: str | None = None) -> str | None:
     """The level whose ``Bf16DotLinear`` multiplies ``weight_dtype`` weights computing in
     ``compute_dtype`` at CPU level ``cpu_isa`` (default: the selected one), or ``None``:
-    ``avx512_bf16`` for bfloat16 compute (the kernels built: a CPU with AVX512-BF16);
-    ``avx512`` for bfloat16 weights computing in float32 at the ``avx512`` level (its
+    ``avx512_bf16`` for bfloat16 compute (the kernels built: a CPU with AVX512-BF16); the
+    ``avx2`` or ``avx512`` level itself for bfloat16 weights computing in float32 there (its
     kernels built). Either way only while ``PAGED_CORE_CPU_LINEAR`` selects ``bf16_dot`` or
     ``amx`` (``selected_bf16_linear``)."""
     from ..cpu.extension import cpu_extension_available
@@ -81,8 +82,8 @@ def bf16_dot_level(weight_dtype: torch.dtype, compute_dtype: torch.dtype,
         return None
     if compute_dtype == torch.bfloat16:
         level = "avx512_bf16"
-    elif compute_dtype == torch.float32 and (cpu_isa or selected_cpu_isa()) == "avx512":
-        level = "avx512"
+    elif compute_dtype == torch.float32 and (cpu_isa or selected_cpu_isa()) in ("avx2", "avx512"):
+        level = cpu_isa or selected_cpu_isa()
     else:
         return None  # the setting is not read where it chooses nothing
     if selected_bf16_linear() not in ("bf16_dot", "amx"):

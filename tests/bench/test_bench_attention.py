@@ -68,7 +68,9 @@ def test_linear_kind_follows_the_engine():
     assert linear_kind(torch.float32, "avx512_bf16") == "F.linear"
     assert linear_kind(torch.bfloat16, "generic") == "F.linear"
     if torch.backends.mkldnn.is_available():
-        assert linear_kind(torch.bfloat16, "avx2") == "packed float32"
+        assert linear_kind(torch.float16, "avx2") == "packed float32"
+        dot = cpu_extension_available("avx2") and selected_bf16_linear() != "onednn"
+        assert linear_kind(torch.bfloat16, "avx2") == ("bf16_dot" if dot else "packed float32")
         native = ("avx512_bf16" in supported_cpu_isas()  # else oneDNN's bfloat16 linear
                   and selected_bf16_linear() != "onednn")  # (auto: amx on AMX CPUs)
         expected = selected_bf16_linear() if native else "packed bfloat16"

@@ -1,8 +1,9 @@
-"""The AVX-512 bfloat16 linear (``Bf16DotLinear``) at each level that builds it: ``vdpbf16ps``
-(``avx512_bf16``) or two float32 FMAs per pair (``avx512``). The exact product rounded once
-to bfloat16 (up to float32 summation), every row's bits independent of the batch around it,
-any leading shape and row stride, and the engine's choice of it. A level this CPU cannot run
-skips, saying why (below AVX-512 the engine keeps oneDNN's ``PackedLinear``, tested in
+"""The bfloat16 linear (``Bf16DotLinear``) at each level that builds it: ``vdpbf16ps``
+(``avx512_bf16``) or two float32 FMAs per pair (``avx512``: 16 lanes, ``avx2``: 8 lanes, the
+same bits). The exact product rounded once to bfloat16 (up to float32 summation), every
+row's bits independent of the batch around it, any leading shape and row stride, and the
+engine's choice of it. A level this CPU cannot run skips, saying why (float16 models and
+``PAGED_CORE_CPU_LINEAR=onednn`` keep oneDNN's ``PackedLinear``, tested in
 test_cpu_linear.py)."""
 import pytest
 import torch
@@ -75,7 +76,7 @@ def test_odd_in_features_keep_onednn_and_bad_inputs_say_what_is_wrong(monkeypatc
     assert isinstance(packed_linear(weight, None, compute, level), PackedLinear)
     chosen = packed_linear(_layer(32, 96, False)[0], None, compute, level)
     assert isinstance(chosen, Bf16DotLinear) and chosen.level == level
-    assert chosen.compute_dtype == compute  # float32 FMAs at avx512, vdpbf16ps at avx512_bf16
+    assert chosen.compute_dtype == compute  # float32 FMAs at avx2/avx512, vdpbf16ps at avx512_bf16
     layer = Bf16DotLinear(_layer(32, 96, False)[0], None, level=level)
     with pytest.raises(RuntimeError, match="in_features = 96"):
         layer(torch.zeros(2, 64, dtype=torch.bfloat16))
@@ -90,18 +91,18 @@ def test_the_setting_picks_onednn_or_bf16_dot(monkeypatch, level):  # amx: test_
     assert isinstance(onednn, PackedLinear) and onednn.compute_dtype == _compute_dtype(level)
     monkeypatch.setenv("PAGED_CORE_CPU_LINEAR", "bf16_dot")
     assert isinstance(packed_linear(weight, None, _compute_dtype(level), level), Bf16DotLinear)
-    # float16 and float32 weights, and levels below AVX-512, keep oneDNN (the setting unread)
+    # float16 weights and the generic level keep oneDNN or F.linear (the setting unread)
     assert isinstance(packed_linear(weight.half(), None, torch.float32, level), PackedLinear)
     monkeypatch.setenv("PAGED_CORE_CPU_LINEAR", "mkl")
-    assert isinstance(packed_linear(weight, None, torch.float32, "avx2"), PackedLinear)
+    assert isinstance(packed_linear(weight, None, torch.float32, "generic"), PackedLinear)
     with pytest.raises(ValueError, match="PAGED_CORE_CPU_LINEAR='mkl'"):
         packed_linear(weight, None, _compute_dtype(level), level)
 
 
 def test_amx_tiles_and_other_levels_are_refused():
     weight = _layer(32, 96, False)[0]
-    with pytest.raises(ValueError, match="avx512 or avx512_bf16 level, not avx2"):
-        Bf16DotLinear(weight, None, level="avx2")
+    with pytest.raises(ValueError, match="avx2 or avx512 or avx512_bf16 level, not generic"):
+        Bf16DotLinear(weight, None, level="generic")
     with pytest.raises(ValueError, match="AMX tiles need the avx512_bf16 level"):
         Bf16DotLinear(weight, None, amx_min_rows=1, level="avx512")
 
@@ -122,7 +123,7 @@ def test_a_bf16_engine_runs_the_chosen_kernel_and_buckets_only_for_onednn(kernel
     expected = PackedLinear if kernel == "onednn" else Bf16DotLinear
     assert type(model.layers[0].mlp.down_proj) is expected and type(model.lm_head) is expected
     if kernel != "onednn":
-        amx = kernel == "amx" and level == "avx512_bf16"  # the avx512 build has no AMX code
+        amx = kernel == "amx" and level == "avx512_bf16"  # only that build has AMX code
         assert model.lm_head.level == level
         assert model.lm_head.amx_min_rows == (AMX_MIN_ROWS if amx else 0)
     assert model.prefers_bucketed_batches == (kernel == "onednn")  # oneDNN: a kernel per row count
@@ -169,3 +170,21 @@ def test_the_bits_do_not_depend_on_how_many_threads_claim_the_work(threads, torc
     for rows, (product, activated) in expected.items():
         assert torch.equal(layer(x[:rows]), product)
         assert torch.equal(layer.silu_and_mul(x[:rows]), activated)
+
+
+def test_the_float32_levels_give_the_same_bits():
+    """avx2's 8-lane FMAs and avx512's 16-lane ones add the same products in the same order
+    and round alike: the same bits, tile shapes and partial column blocks included."""
+    for level in ("avx2", "avx512"):
+        if unsupported_reason(level) is not None:
+            pytest.skip(unsupported_reason(level))
+    weight, bias = _layer(2 * 100, 128, True, seed=8)  # 100: a partial 8- and 16-column block
+    x = torch.randn(37, 128, generator=torch.Generator().manual_seed(9)).bfloat16()
+    avx2, avx512 = (Bf16DotLinear(weight, bias, level=level) for level in ("avx2", "avx512"))
+    for rows in (1, 2, 3, 37):
+        assert torch.equal(avx2(x[:rows]).view(torch.int16), avx512(x[:rows]).view(torch.int16))
+    weight, bias = _layer(2 * 96, 128, True, seed=10)  # whole groups: the fused epilogue
+    avx2, avx512 = (Bf16DotLinear(weight, bias, level=level) for level in ("avx2", "avx512"))
+    for rows in (1, 5, 37):
+        assert torch.equal(avx2.silu_and_mul(x[:rows]).view(torch.int16),
+                           avx512.silu_and_mul(x[:rows]).view(torch.int16))

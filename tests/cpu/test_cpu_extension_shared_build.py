@@ -82,11 +82,10 @@ def test_only_the_levels_with_code_in_a_source_compile_it():
         assert not set(extension._BF16_LEVEL_SOURCES) & set(extension._sources(level))
     for source in extension._BF16_LEVEL_SOURCES:
         assert "#if defined(__AVX512BF16__)" in (extension._CSRC / source).read_text(), source
-    for level in ("avx512", "avx512_bf16"):
-        assert set(extension._AVX512_LEVEL_SOURCES) <= set(extension._sources(level))
-    for level in ("generic", "avx2"):
-        assert not set(extension._AVX512_LEVEL_SOURCES) & set(extension._sources(level))
-    for source in extension._AVX512_LEVEL_SOURCES:
+    for level in ("avx2", "avx512", "avx512_bf16"):
+        assert set(extension._VECTOR_LEVEL_SOURCES) <= set(extension._sources(level))
+    assert not set(extension._VECTOR_LEVEL_SOURCES) & set(extension._sources("generic"))
+    for source in extension._VECTOR_LEVEL_SOURCES:
         assert "#if PAGED_CORE_BF16_DOT" in (extension._CSRC / source).read_text(), source
 
 

@@ -82,7 +82,7 @@ def test_bf16_engine_takes_the_selected_linears_and_fp32_engine_keeps_f_linear(c
         head = model.lm_head
         assert head.compute_dtype == compute_dtype
         if cpu_isa in BF16_DOT_LEVELS and selected_bf16_linear() != "onednn":
-            # the AVX-512 bfloat16 linear (float32 FMAs over the bfloat16 weights at avx512)
+            # the bfloat16 linear (float32 FMAs over the bfloat16 weights at avx2 and avx512)
             assert isinstance(head, Bf16DotLinear) and head.level == cpu_isa
         else:
             assert isinstance(head, PackedLinear)

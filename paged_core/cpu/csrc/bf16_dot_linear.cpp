@@ -1,5 +1,5 @@
-// y = x W^T + b for bfloat16 x and W on CPUs with AVX-512 (vdpbf16ps with AVX512-BF16), every
-// row summed in the same order whatever the batch.
+// y = x W^T + b for bfloat16 x and W on CPUs with AVX2 or AVX-512 (vdpbf16ps with
+// AVX512-BF16), every row summed in the same order whatever the batch.
 //
 // W [N, K] is packed once (pack_bf16_dot_weight) into column groups of 32 outputs:
 //   packed[g, k / 2, c, k % 2] = W[32 g + c, k]     ([ceil(N / 32), K / 2, 32, 2], zero padded)
@@ -7,10 +7,10 @@
 // Each group is one contiguous stream of 32 K * 2 bytes.
 //
 // bf16_dot_linear walks the groups (claimed by threads as they go: claimed_ranges.h) and, for
-// each, every tile of up to 12 rows: per pair of k, one or two weight loads, one broadcast of
-// x per row, and a vdpbf16ps per (row, 16 outputs), accumulating in float32; then + bias,
-// rounded to bfloat16 (nearest even). A group's weights come from memory during its first row
-// tile and from L1/L2 for the others; the thread's next group is prefetched meanwhile, its
+// each, every tile of up to 12 rows (bf16_dot_lanes.h: 6 in the avx2 build): per pair of
+// k, the group's weight loads, one broadcast of x per row, and a vdpbf16ps per (row, 16
+// outputs), accumulating in float32; then + bias, rounded to bfloat16 (nearest even). A
+// group's weights come from memory during its first row tile and from L1/L2 for the others; the thread's next group is prefetched meanwhile, its
 // pair-rows dealt out evenly over the full row tiles of this group (tile t of T touches the
 // pair-rows k = t mod T) rather than all during the first tile, where they came in a burst
 // against the core's outstanding-miss limit (30 SmolLM2 layers, one process alternating, AMD
@@ -42,7 +42,14 @@
 // the last places (vdpbf16ps rounds its pair sum its own way). The AMX paths need the
 // avx512_bf16 build.
 //
-// Compiled in the avx512 and avx512_bf16 builds (PAGED_CORE_BF16_DOT).
+// The avx2 build (AVX2 and FMA: Haswell on, Zen 1 on) runs the same two FMAs per pair on
+// 8-lane registers, the bits of the avx512 level, in tiles that fit 16 registers
+// (bf16_dot_lanes.h): decode-sized calls over whole groups, larger ones over parts of
+// them, which matched oneDNN's float32 GEMM at prefill sizes; a bfloat16 model there no
+// longer multiplies oneDNN's float32 copy of its weights (decode steps of 1-4 SmolLM2
+// sequences 13.9-22.2 against 34.4-37.3 ms, bench steps, AMD EPYC Zen 4 forced to avx2).
+//
+// Compiled in the avx2, avx512 and avx512_bf16 builds (PAGED_CORE_BF16_DOT).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -52,8 +59,8 @@
 #include <memory>
 #include <vector>
 
+#include "bf16_dot_lanes.h"
 #include "bf16_dot_linear.h"
-#include "bf16_linear_epilogue.h"
 #include "claimed_ranges.h"
 #include "cpu_common.h"
 #include "cpu_simd.h"
@@ -64,9 +71,10 @@
 
 namespace {
 
-constexpr int64_t kGroup = 32;     // outputs per packed column group (two zmm of float32)
-constexpr int64_t kRowTile = 12;   // rows per tile: 12 x 2 accumulators + 2 weights + 1 broadcast
-constexpr int64_t kPairTile = 6;   // rows per tile of two groups: 6 x 4 accumulators + 4 + 1
+using paged_core_cpu::DotLanes;
+
+constexpr int64_t kGroup = 32;     // outputs per packed column group
+static_assert(DotLanes::kGroupBlocks * DotLanes::kLanes == kGroup, "a group is whole blocks");
 constexpr int64_t kRowBlock = 256; // rows whose x stays in L2 while every group passes by
 
 // The share of the thread's next unit's groups that one row tile prefetches: the pair-rows
@@ -85,27 +93,30 @@ struct UnitLayout {
   bool prefetch;
 };
 
-// A plain linear's store: block b of a tile holds columns n0 + 16 b of y [M, N] (N apart);
-// + bias, rounded to bfloat16.
+// A plain linear's store: block b of a tile of P blocks a group holds columns
+// n0 + kGroup (b / P) + kLanes (b % P) of y [M, N] (N apart); + bias, rounded to bfloat16.
 struct LinearStore {
   const uint16_t* bias;  // [N] or null
   uint16_t* y;
   int64_t N;
 
-  template <int MT, int NB>
-  void operator()(__m512 (&acc)[MT][NB], int64_t m0, int64_t n0) const {
+  // Its loops unrolled whole, as the stores' below: a loop left rolled indexes the sums,
+  // which kept them in memory through the tile's k loop (avx2 prefill at half speed).
+  template <int P, int MT, int NB>
+  void put(DotLanes::F (&acc)[MT][NB], int64_t m0, int64_t n0) const {
+#pragma GCC unroll 8
     for (int b = 0; b < NB; ++b) {
-      const int64_t n = n0 + 16 * b;
-      if (n >= N) break;
-      const __mmask16 mask = paged_core_cpu::column_mask(n, N);
-      const __m512 bias_f32 = paged_core_cpu::bias_block(bias, n, mask);
-      for (int m = 0; m < MT; ++m) paged_core_cpu::store_bf16(y + (m0 + m) * N + n, mask, acc[m][b], bias_f32);
+      const int64_t n = n0 + kGroup * (b / P) + DotLanes::kLanes * (b % P);
+      if (n >= N) continue;
+      const DotLanes::F bias_f32 = DotLanes::bias(bias, n, N);
+#pragma GCC unroll 12
+      for (int m = 0; m < MT; ++m) DotLanes::store(y + (m0 + m) * N + n, n, N, acc[m][b], bias_f32);
     }
   }
 };
 
 // SiLU-and-mul's store (gate_up = [gate | up], I outputs each, I % 32 == 0): blocks
-// [0, NB / 2) of a tile hold gate columns n0 + 16 b, blocks [NB / 2, NB) the up columns of
+// [0, P) of a tile hold gate columns n0 + kLanes b, blocks [P, 2 P) the up columns of
 // the same outputs; y [M, I] gets silu_and_mul's bits (fused_ops.cpp) of the linear's
 // bfloat16 outputs: g, u = bf16(sum + bias), y = bf16(bf16(silu(g)) * u) (NaN as 0x7FC0).
 struct SiluMulStore {
@@ -113,43 +124,34 @@ struct SiluMulStore {
   uint16_t* y;
   int64_t I;
 
-  template <int MT, int NB>
-  void operator()(__m512 (&acc)[MT][NB], int64_t m0, int64_t n0) const {
-    constexpr int H = NB / 2;
-    const __mmask16 all = 0xFFFF;
-    for (int b = 0; b < H; ++b) {
-      const int64_t n = n0 + 16 * b;
-      const __m512 gate_bias = paged_core_cpu::bias_block(bias, n, all);
-      const __m512 up_bias = paged_core_cpu::bias_block(bias, I + n, all);
-      for (int m = 0; m < MT; ++m)
-        _mm256_storeu_si256(
-            reinterpret_cast<__m256i*>(y + (m0 + m) * I + n),
-            paged_core_cpu::silu_mul_bits(acc[m][b], acc[m][H + b], gate_bias, up_bias));
+  template <int P, int MT, int NB>
+  void put(DotLanes::F (&acc)[MT][NB], int64_t m0, int64_t n0) const {
+    if constexpr (NB != 2 * P) {  // unit_rows's one-group tiles, which these units never take
+      TORCH_CHECK(false, "SiLU-and-mul tiles hold a gate part and its up part");
+    } else {
+#pragma GCC unroll 8
+      for (int b = 0; b < P; ++b) {
+        const int64_t n = n0 + DotLanes::kLanes * b;
+        const DotLanes::F gate_bias = DotLanes::bias(bias, n, 2 * I);
+        const DotLanes::F up_bias = DotLanes::bias(bias, I + n, 2 * I);
+#pragma GCC unroll 12
+        for (int m = 0; m < MT; ++m)
+          DotLanes::store_silu_mul(y + (m0 + m) * I + n, acc[m][b], acc[m][P + b], gate_bias, up_bias);
+      }
     }
   }
 };
 
-#if !defined(__AVX512BF16__)
-// The float32 values of the first (k) and second (k + 1) bfloat16 of each 32-bit pair.
-inline __m512 pair_low(__m512i pairs) { return _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)); }
-inline __m512 pair_high(__m512i pairs) {
-  const __m512i high_halves = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-  return _mm512_castsi512_ps(_mm512_and_si512(pairs, high_halves));
-}
-#endif
-
-// Rows [m0, m0 + MT) of x (at x, ldx apart) times G groups starting at w (group_step
-// elements apart), handed to store(sums, m0, n0), touching its share of `next` meanwhile
-// (next's groups are group_step apart too).
-template <int MT, int G, typename Store>
-inline void row_tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t group_step,
+// Rows [m0, m0 + MT) of x (x's tile rows) times blocks [first, first + P) of G groups
+// starting at w (group_step elements apart), handed to store.put<P>(sums, m0, n0), touching
+// its share of `next` meanwhile (next's groups are group_step apart too).
+template <int MT, int G, int P, typename Store>
+inline void row_tile(const DotLanes::Rows& x, const uint16_t* w, int64_t group_step, int first,
                      int64_t K2, const NextGroups& next, const Store& store, int64_t m0, int64_t n0) {
-  constexpr int NB = 2 * G;  // 16-output blocks
-  __m512 acc[MT][NB];
+  constexpr int NB = G * P;
+  DotLanes::F acc[MT][NB];
   for (int m = 0; m < MT; ++m)
-    for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_setzero_ps();
-  const auto* x_pairs = reinterpret_cast<const int32_t*>(x);
-  const int64_t ldx_pairs = ldx / 2;
+    for (int b = 0; b < NB; ++b) acc[m][b] = DotLanes::zero();
   int64_t next_k = next.start != nullptr ? next.phase : K2;  // the next pair-row to touch
   for (int64_t k = 0; k < K2; ++k) {
     if (k == next_k) {
@@ -160,58 +162,36 @@ inline void row_tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t 
         _mm_prefetch(line + 64, _MM_HINT_T0);
       }
     }
-    __m512i weights[NB];
-    for (int g = 0; g < G; ++g) {
-      const uint16_t* pair = w + g * group_step + k * kGroup * 2;
-      weights[2 * g] = _mm512_loadu_si512(pair);
-      weights[2 * g + 1] = _mm512_loadu_si512(pair + 32);
-    }
-#if defined(__AVX512BF16__)
-    for (int m = 0; m < MT; ++m) {
-      const auto xv = reinterpret_cast<__m512bh>(_mm512_set1_epi32(x_pairs[m * ldx_pairs + k]));
-      for (int b = 0; b < NB; ++b)
-        acc[m][b] = _mm512_dpbf16_ps(acc[m][b], xv, reinterpret_cast<__m512bh>(weights[b]));
-    }
-#else
-    __m512 low[NB], high[NB];  // each pair's k and k + 1 weights as float32
-    for (int b = 0; b < NB; ++b) {
-      low[b] = pair_low(weights[b]);
-      high[b] = pair_high(weights[b]);
-    }
-    for (int m = 0; m < MT; ++m) {
-      const __m512i xv = _mm512_set1_epi32(x_pairs[m * ldx_pairs + k]);
-      const __m512 x_low = pair_low(xv), x_high = pair_high(xv);
-      for (int b = 0; b < NB; ++b)
-        acc[m][b] = _mm512_fmadd_ps(high[b], x_high, _mm512_fmadd_ps(low[b], x_low, acc[m][b]));
-    }
-#endif
+    const uint16_t* pair_row = w + k * kGroup * 2 + first * 2 * DotLanes::kLanes;
+    const auto block = [&](int b) {  // block b's kLanes pairs: group b / P
+      return pair_row + b / P * group_step + b % P * 2 * DotLanes::kLanes;
+    };
+    DotLanes::pair_step<MT, NB>(acc, x, k, block);
   }
-  store(acc, m0, n0);
+  store.template put<P>(acc, m0, n0);
 }
 
-template <int G, typename Store>
-void any_row_tile(int64_t rows, const uint16_t* x, int64_t ldx, const uint16_t* w,
-                  int64_t group_step, int64_t K2, const NextGroups& next, const Store& store,
-                  int64_t m0, int64_t n0) {
-  switch (rows) {
-#define PAGED_CORE_ROW_TILE(MT) \
-  case MT: return row_tile<MT, G>(x, ldx, w, group_step, K2, next, store, m0, n0);
-    PAGED_CORE_ROW_TILE(1) PAGED_CORE_ROW_TILE(2) PAGED_CORE_ROW_TILE(3) PAGED_CORE_ROW_TILE(4)
-    PAGED_CORE_ROW_TILE(5) PAGED_CORE_ROW_TILE(6)
-#undef PAGED_CORE_ROW_TILE
-    default: break;
+// row_tile of `rows` rows (MT counting up to the rows a tile of G x P blocks holds).
+template <int G, int P, int MT = 1, typename Store>
+void any_row_tile(int64_t rows, const DotLanes::Rows& x, const uint16_t* w, int64_t group_step,
+                  int first, int64_t K2, const NextGroups& next, const Store& store, int64_t m0,
+                  int64_t n0) {
+  if (rows == MT) return row_tile<MT, G, P>(x, w, group_step, first, K2, next, store, m0, n0);
+  if constexpr (MT < DotLanes::max_rows(G * P))
+    return any_row_tile<G, P, MT + 1>(rows, x, w, group_step, first, K2, next, store, m0, n0);
+  TORCH_CHECK(false, "row tiles of ", G * P, " blocks hold 1 to ", DotLanes::max_rows(G * P), " rows");
+}
+
+// Every part of a tile's groups (P of their blocks at a time), on the same rows of x: the
+// first part touches the tile's share of `next`.
+template <int G, int P, typename Store>
+void row_tile_parts(int64_t rows, const DotLanes::Rows& x, const uint16_t* w, int64_t group_step,
+                    int64_t K2, const NextGroups& next, const Store& store, int64_t m0, int64_t n0) {
+  for (int first = 0; first < DotLanes::kGroupBlocks; first += P) {
+    const NextGroups share = first == 0 ? next : NextGroups{nullptr, 0, 1};
+    any_row_tile<G, P>(rows, x, w, group_step, first, K2, share, store, m0,
+                       n0 + first * DotLanes::kLanes);
   }
-  if constexpr (G == 1) {
-    switch (rows) {
-#define PAGED_CORE_ROW_TILE(MT) \
-  case MT: return row_tile<MT, 1>(x, ldx, w, group_step, K2, next, store, m0, n0);
-      PAGED_CORE_ROW_TILE(7) PAGED_CORE_ROW_TILE(8) PAGED_CORE_ROW_TILE(9)
-      PAGED_CORE_ROW_TILE(10) PAGED_CORE_ROW_TILE(11) PAGED_CORE_ROW_TILE(12)
-#undef PAGED_CORE_ROW_TILE
-      default: break;
-    }
-  }
-  TORCH_CHECK(false, "row tiles of ", G, " groups hold 1 to ", G == 1 ? kRowTile : kPairTile, " rows");
 }
 
 // Rows [0, M) of x times every unit of `units`, each row tile's sums handed to store. The
@@ -222,17 +202,22 @@ void any_row_tile(int64_t rows, const uint16_t* x, int64_t ldx, const uint16_t* 
 // next pair as it starts one and, for packed weights, prefetches that pair's weights in
 // shares over this one's full row tiles; widened weights (packed null: units of one group)
 // are widened a group at a time into a buffer of the thread's, right before that group's
-// row tiles.
+// row tiles. Calls of more than kWholeGroupRows rows run tiles of parts of the groups.
 template <typename Store>
 void unit_rows(const uint16_t* xp, int64_t ldx, int64_t M, const paged_core_cpu::GroupWeights& weights,
                int64_t K2, const UnitLayout& units, const Store& store) {
   const bool widened = weights.packed == nullptr;
   TORCH_CHECK(!widened || units.G == 1, "widened weights come one group at a time");
-  const int64_t tile_rows = units.G == 1 ? kRowTile : kPairTile;
+  const bool whole = M <= DotLanes::kWholeGroupRows;
+  const int64_t tile_rows = DotLanes::max_rows(
+      units.G * (whole ? DotLanes::kGroupBlocks : DotLanes::part_blocks(units.G)));
   const int64_t pairs = (M + kRowBlock - 1) / kRowBlock * units.count;
   paged_core_cpu::run_claiming(pairs, [&](paged_core_cpu::ClaimedRanges& claims, int t) {
     // One widened group (left uninitialised: widen writes all of it before it is read).
     const std::unique_ptr<uint16_t[]> group(widened ? new uint16_t[K2 * kGroup * 2] : nullptr);
+    // The tile's rows of x, where DotLanes widens them (DotLanes::rows writes them all).
+    const std::unique_ptr<float[]> x_scratch(
+        DotLanes::kScratchRows > 0 ? new float[DotLanes::kScratchRows * 2 * K2] : nullptr);
     int64_t i = claims.take(t);
     while (i >= 0) {
       const int64_t after = claims.take(t);
@@ -252,10 +237,16 @@ void unit_rows(const uint16_t* xp, int64_t ldx, int64_t M, const paged_core_cpu:
         const int64_t tile = (m - m_begin) / tile_rows;
         const NextGroups share{tile < sharing ? next : nullptr, tile, sharing};
         const int64_t n0 = u * units.unit_columns;
-        if (pair)
-          any_row_tile<2>(rows, xp + m * ldx, ldx, w, units.group_step, K2, share, store, m, n0);
+        const DotLanes::Rows x = DotLanes::rows(xp + m * ldx, ldx, rows, K2, x_scratch.get());
+        constexpr int kWhole = DotLanes::kGroupBlocks;
+        if (pair && whole)
+          row_tile_parts<2, kWhole>(rows, x, w, units.group_step, K2, share, store, m, n0);
+        else if (pair)
+          row_tile_parts<2, DotLanes::part_blocks(2)>(rows, x, w, units.group_step, K2, share, store, m, n0);
+        else if (whole)
+          row_tile_parts<1, kWhole>(rows, x, w, units.group_step, K2, share, store, m, n0);
         else
-          any_row_tile<1>(rows, xp + m * ldx, ldx, w, units.group_step, K2, share, store, m, n0);
+          row_tile_parts<1, DotLanes::part_blocks(1)>(rows, x, w, units.group_step, K2, share, store, m, n0);
       }
       i = after;
     }
@@ -287,7 +278,7 @@ void bf16_dot_rows(const uint16_t* xp, int64_t ldx, int64_t M, const GroupWeight
                    int64_t K2, int64_t groups, const uint16_t* bp, uint16_t* yp, int64_t N) {
   // A few rows: two groups at a time (more loads in flight per k). More: one, and the
   // next one prefetched, in shares, by this one's row tiles (packed weights only).
-  const int64_t G = M <= 4 && weights.packed != nullptr ? 2 : 1;
+  const int64_t G = M <= DotLanes::kTwoGroupRows && weights.packed != nullptr ? 2 : 1;
   const int64_t group_elems = K2 * kGroup * 2;
   const UnitLayout units{(groups + G - 1) / G, G, group_elems, G * group_elems, groups / G,
                          G * kGroup, G == 1};
@@ -398,7 +389,7 @@ at::Tensor bf16_dot_silu_and_mul(const at::Tensor& x, const at::Tensor& packed,
   (void)amx_min_rows;  // AMX needs the avx512_bf16 build
 #endif
   const UnitLayout layout{units, 2, units * group_elems, group_elems, units, kGroup,
-                          call.M >= 2 * kPairTile};
+                          call.M >= 2 * DotLanes::max_rows(2 * DotLanes::part_blocks(2))};
   unit_rows(call.x_data(), call.ldx, call.M,
             GroupWeights{static_cast<const uint16_t*>(packed.const_data_ptr()), {}}, call.K2, layout,
             SiluMulStore{call.bias_data(), static_cast<uint16_t*>(y.mutable_data_ptr()), I});

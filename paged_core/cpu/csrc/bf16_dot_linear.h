@@ -1,6 +1,7 @@
 // The bfloat16 linear of bf16_dot_linear.cpp (see there for the packed layout and the sum
-// order), callable from the other C++ kernels of the avx512 and avx512_bf16 builds
-// (PAGED_CORE_BF16_DOT: AVX-512F, BW and VL; the AMX parts need the avx512_bf16 build).
+// order), callable from the other C++ kernels of the avx2, avx512 and avx512_bf16 builds
+// (PAGED_CORE_BF16_DOT: AVX2 and FMA; PAGED_CORE_BF16_DOT_ZMM: 16-lane tiles, AVX-512F, BW
+// and VL; the AMX parts need the avx512_bf16 build).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -10,6 +11,11 @@
 #include <optional>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define PAGED_CORE_BF16_DOT_ZMM 1
+#else
+#define PAGED_CORE_BF16_DOT_ZMM 0
+#endif
+#if PAGED_CORE_BF16_DOT_ZMM || (defined(__AVX2__) && defined(__FMA__))
 #define PAGED_CORE_BF16_DOT 1
 #else
 #define PAGED_CORE_BF16_DOT 0
@@ -48,8 +54,8 @@ struct GroupWeights {
   std::function<void(int64_t g0, int64_t g1, uint16_t* out)> widen;
 };
 // Rows [0, M) of x (ldx elements apart) times the `groups` column groups of w (K2 k pairs) on
-// vdpbf16ps (two FMAs per pair without AVX512-BF16), plus bias (or null), into y [M, N] (N
-// columns, N apart), groups claimed by threads as they go (the bits do not depend on which
+// vdpbf16ps (two float32 FMAs per pair without AVX512-BF16), plus bias (or null), into
+// y [M, N] (N columns, N apart), groups claimed by threads as they go (the bits do not depend on which
 // thread ran a group). Widened weights (w.widen) are widened one group at a time into a
 // buffer of the thread's, right before that group's row tiles read it from L1/L2.
 void bf16_dot_rows(const uint16_t* x, int64_t ldx, int64_t M, const GroupWeights& w, int64_t K2,

@@ -11,11 +11,15 @@
 
 namespace paged_core_cpu {
 
+// 8 bfloat16 (their uint16_t bits) -> float32.
+inline __m256 widen_bf16x8(__m128i bits) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+
 // 8 lanes of float32 or bfloat16 (its uint16_t bits) -> float32.
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const uint16_t* p) {
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  return widen_bf16x8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
 // exp's constants (Cephes-style: exp(x) = 2^n * p(r), r = x - n ln 2): the clamp below
@@ -94,6 +98,19 @@ inline typename V::F silu_lanes(typename V::F x) {
 
 inline __m256 exp8(__m256 x) { return exp_lanes<Lanes8>(x); }
 inline __m256 silu8(__m256 x) { return silu_lanes<Lanes8>(x); }
+
+// 8 float32 lanes -> their bfloat16 bits, rounded as cpu_common.h's float_to_bf16_bits
+// rounds (torch's rounding: to nearest even; NaN -> 0x7FC0).
+inline __m128i bf16_bits8_rne(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i half = _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF));  // ties to even
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, half), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  const __m256i r = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), nan);
+  // Every lane is below 2^16: packing with unsigned saturation keeps it, in lane order.
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
 
 #if defined(__AVX512F__)
 // 16 lanes of float32 or bfloat16 -> float32 (the avx512 builds).
