@@ -130,7 +130,8 @@ struct DotLanes {
   // acc[m][b] += row m's pair k times the 8 pairs of block b (at block(b)): each sum gets
   // the k product, then the k + 1 one. Whole groups (NB > 2) go block by block, the rows'
   // pairs held; tiles of two blocks take every k product, then every k + 1 product, so that
-  // 12 sums, two weights and one broadcast fit.
+  // 12 sums, two weights and one broadcast fit. Every loop unrolls whole (the sums stay in
+  // registers: GCC's own limits left some loops rolled, the sums in memory).
   template <int MT, int NB, typename Block>
   static void pair_step(F (&acc)[MT][NB], const Rows& x, int64_t k, const Block& block) {
     const auto weights = [&](int b) {
@@ -138,22 +139,29 @@ struct DotLanes {
     };
     if constexpr (NB > 2) {
       F x_low[MT], x_high[MT];
+#pragma GCC unroll 8
       for (int m = 0; m < MT; ++m) {
         x_low[m] = _mm256_broadcast_ss(x.wide + m * x.ld + 2 * k);
         x_high[m] = _mm256_broadcast_ss(x.wide + m * x.ld + 2 * k + 1);
       }
+#pragma GCC unroll 8
       for (int b = 0; b < NB; ++b) {
         const __m256i pairs = weights(b);
         const F low = low_halves(pairs), high = high_halves(pairs);
+#pragma GCC unroll 8
         for (int m = 0; m < MT; ++m)
           acc[m][b] = _mm256_fmadd_ps(high, x_high[m], _mm256_fmadd_ps(low, x_low[m], acc[m][b]));
       }
     } else {
+#pragma GCC unroll 2
       for (int half = 0; half < 2; ++half) {  // k, then k + 1
         F w[NB];
-        for (int b = 0; b < NB; ++b) w[b] = half == 0 ? low_halves(weights(b)) : high_halves(weights(b));
+#pragma GCC unroll 8
+        for (int b = 0; b < NB; ++b) w[b] = half == 0 ? low_halves(weights(b)) : high_halves_by_shifts(weights(b));
+#pragma GCC unroll 8
         for (int m = 0; m < MT; ++m) {
           const F xv = _mm256_broadcast_ss(x.wide + m * x.ld + 2 * k + half);
+#pragma GCC unroll 8
           for (int b = 0; b < NB; ++b) acc[m][b] = _mm256_fmadd_ps(w[b], xv, acc[m][b]);
         }
       }
@@ -169,10 +177,14 @@ struct DotLanes {
   }
 
  private:
-  // The float32 values of the first (k) and second (k + 1) bfloat16 of each pair, by shifts
-  // alone (no constant held in a register): k's bfloat16 up; k + 1's down and back up.
+  // The float32 values of the first (k) and second (k + 1) bfloat16 of each pair: k's
+  // bfloat16 shifted up; k + 1's with k's bits cleared by a mask, or (where no register is
+  // left for the mask: the two-block tiles) shifted down and back up.
   static F low_halves(__m256i pairs) { return _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)); }
   static F high_halves(__m256i pairs) {
+    return _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
+  static F high_halves_by_shifts(__m256i pairs) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(pairs, 16), 16));
   }
 };
