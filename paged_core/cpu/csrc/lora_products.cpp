@@ -122,14 +122,7 @@ inline __m256 load8_elems(const uint16_t* p) { return paged_core_cpu::load8(p); 
 inline void store8_elems(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
 // 8 float32 -> bfloat16 bits, rounded as float_to_bf16_bits rounds (nearest even, NaN quiet).
 inline void store8_elems(uint16_t* p, __m256 v) {
-  const __m256i bits = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  __m256i rounded = _mm256_srli_epi32(
-      _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb)), 16);
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  rounded = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), nan);
-  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(rounded, rounded), 0xD8);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), paged_core_cpu::bf16_bits8_rne(v));
 }
 #endif
 
