@@ -55,7 +55,7 @@ _CSRC = Path(__file__).with_name("csrc")
 # headers for an empty object, ~15 s each on 2 cores.
 _SOURCES = ("paged_attention.cpp", "fused_ops.cpp", "decoder_stack.cpp", "quantized_linear.cpp",
             "lora_products.cpp", "greedy_tokens.cpp")
-_VECTOR_LEVEL_SOURCES = ("bf16_dot_linear.cpp",)
+_VECTOR_LEVEL_SOURCES = ("bf16_dot_linear.cpp", "quantized_row_dense.cpp")
 _BF16_LEVEL_SOURCES = ("bf16_amx_linear.cpp", "quantized_column_linear.cpp",
                        "quantized_column_amx.cpp", "quantized_int8_tiles.cpp")
 

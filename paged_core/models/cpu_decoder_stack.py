@@ -94,7 +94,7 @@ class CpuDecoderStack:
             layer, PROJECTIONS.index(projection), module.bits,
             module.levels, module.scales, module.offsets, module.zeros, module.group_size,
             module.dense_rows, module.dense_dtype, module.column_outputs, module.amx_min_rows,
-            module.int8_tile_rows)
+            module.int8_tile_rows, module.row_dense)
 
     def set_lora(self, layer: int, projection: str, a: torch.Tensor, b_t: torch.Tensor,
                  part_starts: list[int]) -> None:

@@ -97,6 +97,7 @@ class Int4Linear(QuantizedLinear):
         else:
             self.levels = pack_nibbles(q, weight.group_size)
             self.scales, self.offsets, self.zeros = scales, offsets, zeros
+            self._row_layout()
 
     def quantized_product(self, rows: torch.Tensor) -> torch.Tensor:
         return self.kernels.int4_gemm(rows, self.levels, self.scales, self.offsets, self.group_size)

@@ -70,6 +70,8 @@ class Int8Linear(QuantizedLinear):
         # W8A8's inputs are float32 levels: those keep the row layout's float32 kernels
         packed = None if weight.activations_int8 else self._column_layout(q, [scales])
         self.levels, self.scales = packed if packed is not None else (q, scales)
+        if packed is None and not weight.activations_int8:  # W8A8 sums its levels exactly
+            self._row_layout()
         if packed is not None and int8_tile_kernel(self.kernels, self.group_size,
                                                    amx_selected=self.amx_min_rows > 0):
             self.int8_tile_rows = INT8_TILE_ROWS

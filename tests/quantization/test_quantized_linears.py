@@ -138,6 +138,45 @@ def test_the_dense_path_widens_each_group_for_every_block_of_rows(cpu_isa, kind)
         assert torch.equal(layer.product(x[row:row + 1]), dense[row:row + 1])
 
 
+# out 40 and 70: a short last column group (70 also cuts a block of 4 outputs); groups of 16,
+# 32, 128 and one per channel; 30 rows: one row block; 300: two, each widening every group
+@pytest.mark.parametrize("kind,group_size,out", [("int4", 16, 70), ("int4", 32, 40),
+                                                 ("int4", 128, 70), ("int8", 32, 70),
+                                                 ("int8", 256, 40)])
+@pytest.mark.parametrize("rows", [30, 300])
+def test_the_row_layouts_dense_path_multiplies_bfloat16_weights_on_bf16_dot(cpu_isa, kind,
+                                                                           group_size, out,
+                                                                           rows):
+    """At the avx2 and avx512 levels a bfloat16 linear keeps the row layout, and its many-rows
+    path (row_layout_dense) gives bf16_dot_linear's bits for the bfloat16 of the dequantized
+    weight: widened a column group at a time, each value rounded to nearest even, nothing
+    else in between; a row alone gives the same bits. float32 linears and W8A8 (exact
+    integer sums) keep the float32 dense product."""
+    gen = torch.Generator().manual_seed(rows + group_size + out)
+    make, linear = (int4_weight, Int4Linear) if kind == "int4" else (int8_weight, Int8Linear)
+    weight = make(out, 256, group_size, gen)
+    layer = linear(weight, False, torch.bfloat16)
+    assert layer.row_dense == (cpu_isa in ("avx2", "avx512"))
+    if not layer.row_dense:
+        pytest.skip(f"the row layout's bf16_dot dense path is the avx2 and avx512 levels'; "
+                    f"this run is {cpu_isa}")
+    assert not linear(weight, False, torch.float32).row_dense
+    per_channel = int8_weight(out, 256, 256, gen)
+    per_channel.activations_int8 = True
+    assert not W8A8Linear(per_channel, False, torch.bfloat16).row_dense
+    layer.dense_rows = 1
+    x = torch.randn(rows, 256, generator=gen).bfloat16()
+    dense = layer.product(x)
+    kernels = layer.kernels
+    packed = kernels.pack_bf16_dot_weight(weight.dequantize().bfloat16())
+    assert dense.dtype is torch.bfloat16
+    assert torch.equal(dense, kernels.bf16_dot_linear(x, packed, out, None, 0))
+    for row in (0, rows - 1):
+        assert torch.equal(layer.product(x[row:row + 1]), dense[row:row + 1])
+    layer.dense_rows = rows + 1  # fewer rows: the row kernels' float32 sums
+    assert layer.product(x).dtype is torch.float32
+
+
 @pytest.mark.parametrize("threads", [1, 3])
 def test_column_kernels_give_the_same_bits_however_many_threads_claim_the_groups(cpu_isa, threads,
                                                                                  torch_threads):

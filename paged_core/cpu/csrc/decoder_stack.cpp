@@ -73,12 +73,19 @@ struct QuantizedWeight {
   int64_t column_outputs;      // > 0: levels in column_pack's layout, of this many outputs
   int64_t amx_min_rows;        // the column layout: AMX tiles from this many rows
   int64_t int8_tile_rows;      // 8-bit column layout: calls of up to this many rows on AMX-INT8
+  bool row_dense;              // the row layout's many rows: row_layout_dense (bfloat16)
 
   // rows [M, in] -> rows W^T: float32 (the kernels; the column kernel rounds to bfloat16 as
-  // it stores where out is bfloat16), or dense_dtype / bfloat16 (many rows).
+  // it stores where out is bfloat16), or dense_dtype / bfloat16 (many rows; row_dense).
   at::Tensor product(const at::Tensor& rows, at::ScalarType out) const {
     if (column_outputs > 0) return column_product(rows.to(at::kBFloat16).contiguous(), out);
     if (rows.size(0) >= dense_rows) {
+#if PAGED_CORE_BF16_DOT
+      if (row_dense)
+        return paged_core_cpu::row_layout_dense(
+            rows, levels, scales, zeros.defined() ? std::optional<at::Tensor>(zeros) : std::nullopt,
+            group_size);
+#endif
       const at::Tensor w = bits == 4
           ? paged_core_cpu::int4_dequantize(levels, scales, zeros, group_size)
           : paged_core_cpu::int8_dequantize(levels, scales, group_size);
@@ -299,7 +306,7 @@ class DecoderStack : public torch::CustomClassHolder {
                      at::Tensor scales, std::optional<at::Tensor> offsets,
                      std::optional<at::Tensor> zeros, int64_t group_size, int64_t dense_rows,
                      at::ScalarType dense_dtype, int64_t column_outputs, int64_t amx_min_rows,
-                     int64_t int8_tile_rows) {
+                     int64_t int8_tile_rows, bool row_dense) {
     TORCH_CHECK(bits == 8 || (bits == 4 && offsets && zeros),
                 "quantized projections are 8-bit, or 4-bit with offsets and zeros");
     TORCH_CHECK(levels.is_contiguous() && scales.is_contiguous() &&
@@ -308,7 +315,7 @@ class DecoderStack : public torch::CustomClassHolder {
     projection_at(layer, projection).quantized = QuantizedWeight{
         bits, std::move(levels), std::move(scales), offsets.value_or(at::Tensor()),
         zeros.value_or(at::Tensor()), group_size, dense_rows, dense_dtype, column_outputs,
-        amx_min_rows, int8_tile_rows};
+        amx_min_rows, int8_tile_rows, row_dense};
   }
 
   // Give projection `projection` (0 qkv, 1 o, 2 gate_up, 3 down) of layer `layer` the LoRA

@@ -8,6 +8,8 @@
 #include <optional>
 #include <vector>
 
+#include "bf16_dot_linear.h"
+
 namespace paged_core_cpu {
 
 // x float32 [M, K] contiguous -> x W^T, float32 [M, N], W 4-bit (offsets = zero - 8 scale).
@@ -20,6 +22,14 @@ at::Tensor int8_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Te
 at::Tensor int4_dequantize(const at::Tensor& levels, const at::Tensor& scales,
                            const at::Tensor& zeros, int64_t group_size);
 at::Tensor int8_dequantize(const at::Tensor& levels, const at::Tensor& scales, int64_t group_size);
+
+#if PAGED_CORE_BF16_DOT
+// quantized_row_dense.cpp: x [M, K] -> x W^T bfloat16 for many rows, the row layout's levels
+// (zeros: 4-bit) widened a column group at a time into bf16_dot_linear's layout (the avx2,
+// avx512 and avx512_bf16 builds).
+at::Tensor row_layout_dense(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
+                            const std::optional<at::Tensor>& zeros, int64_t group_size);
+#endif
 
 #if defined(__AVX512BF16__)
 // quantized_column_linear.cpp: levels in column groups of 32 outputs (column_pack), bfloat16

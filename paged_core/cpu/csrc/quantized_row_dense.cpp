@@ -1,0 +1,170 @@
+// Weight-only 4- and 8-bit linears of many bfloat16 rows at the avx2 and avx512 levels
+// (row_layout_dense): the row layout's levels (quantized_linear.cpp) widened one column group
+// of 32 outputs at a time into bf16_dot_linear's packed layout, each weight the bfloat16 of
+// int4_dequantize's / int8_dequantize's float32 value, right before bf16_dot_rows's row tiles
+// read that group from L1/L2. The whole weight is never written out, in any width.
+//
+// What it replaces there: every call of 24 rows or more dequantized the whole weight to
+// float32 (4 bytes a weight, written then read) and multiplied it with oneDNN's float32 GEMM,
+// ~0.25 ms a projection per step on a 2-core AVX2 EPYC, so that a long-tailed mix ran W4A16
+// at 0.74-0.80x bfloat16 there. The avx512_bf16 level keeps the column layout instead
+// (quantized_column_linear.cpp's column_dense, the same idea on levels already in column
+// groups).
+//
+// Widening: 4 outputs x 8 features at a time, each output's 8 weights dequantized in float32
+// lanes exactly as the dequantize ops compute them (no contraction: the build has
+// -ffp-contract=off), rounded to bfloat16 (to nearest even), and the 4 x 4 pairs transposed
+// into the packed layout's pair rows; the last outputs of a column group that N cuts (those
+// past N: zeros) go value by value. Groups of features are a multiple of 16, as the row
+// kernels need them.
+//
+// Built where bf16_dot_linear is (PAGED_CORE_BF16_DOT: the avx2, avx512 and avx512_bf16
+// builds).
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "bf16_dot_linear.h"
+#include "cpu_common.h"
+#include "cpu_simd.h"
+#include "quantized_linear.h"
+
+#if PAGED_CORE_BF16_DOT
+#include <immintrin.h>
+
+namespace {
+
+constexpr int64_t kGroup = 32;  // outputs per packed column group
+constexpr int64_t kOutputs = 4; // outputs widened together (a 4 x 4 transposition of pairs)
+constexpr int64_t kFeatures = 8;
+
+// The row layout's levels of W [N, K] (see quantized_linear.cpp), G features a group.
+struct RowLevels {
+  const uint8_t* levels;  // 4-bit: uint8 [N, K / 2]; 8-bit: int8 [N, K]
+  const float* scales;    // [N, K / G]
+  const float* zeros;     // [N, K / G] (4-bit), null (8-bit)
+  int64_t N, K, G;
+
+  bool int4() const { return zeros != nullptr; }
+  int64_t groups() const { return K / G; }
+
+  // W[n, k] in float32, as int4_dequantize / int8_dequantize give it.
+  float weight(int64_t n, int64_t k) const {
+    const int64_t g = k / G, j = k - g * G;
+    const float scale = scales[n * groups() + g];
+    if (!int4()) return static_cast<float>(reinterpret_cast<const int8_t*>(levels)[n * K + k]) * scale;
+    const uint8_t byte = levels[n * (K / 2) + g * G / 2 + (j < G / 2 ? j : j - G / 2)];
+    const float level = static_cast<float>(j < G / 2 ? byte & 15 : byte >> 4);
+    return (level - 8.f) * scale + zeros[n * groups() + g];
+  }
+
+  // Column group c of W in bf16_dot_linear's packed layout: out[p * 64 + 2 j + e] =
+  // bfloat16(W[32 c + j, 2 p + e]), 0 for outputs from N on.
+  void widen_group(int64_t c, uint16_t* out) const {
+    for (int64_t j0 = 0; j0 < kGroup; j0 += kOutputs) {
+      const int64_t n0 = c * kGroup + j0;
+      if (n0 + kOutputs <= N) {
+        if (int4()) widen_outputs<true>(n0, out + 2 * j0);
+        else widen_outputs<false>(n0, out + 2 * j0);
+        continue;
+      }
+      for (int64_t j = j0; j < j0 + kOutputs; ++j)
+        for (int64_t k = 0; k < K; ++k)
+          out[k / 2 * 2 * kGroup + 2 * j + k % 2] =
+              c * kGroup + j < N ? paged_core_cpu::float_to_bf16_bits(weight(c * kGroup + j, k)) : 0;
+    }
+  }
+
+ private:
+  // Outputs [n0, n0 + 4), every feature, as bfloat16 pairs: pair row p's 4 pairs (16 bytes)
+  // at dst + p * 64. Group by group (its scales and zeros held), 8 features at a time: each
+  // output's 8 weights in float32 lanes, the same values as weight() (G % 16 == 0: the 8 lie
+  // in one half of the group's nibbles), rounded, then the 4 x 4 pairs transposed.
+  template <bool kInt4>
+  void widen_outputs(int64_t n0, uint16_t* dst) const {
+    const int64_t row_bytes = kInt4 ? K / 2 : K, group_bytes = kInt4 ? G / 2 : G;
+    for (int64_t g = 0; g < groups(); ++g) {
+      __m256 scale[kOutputs], zero[kOutputs];
+      const uint8_t* bytes[kOutputs];
+      for (int i = 0; i < kOutputs; ++i) {
+        scale[i] = _mm256_set1_ps(scales[(n0 + i) * groups() + g]);
+        zero[i] = _mm256_set1_ps(kInt4 ? zeros[(n0 + i) * groups() + g] : 0.f);
+        bytes[i] = levels + (n0 + i) * row_bytes + g * group_bytes;
+      }
+      for (int64_t j = 0; j < G; j += kFeatures) {
+        __m128i pairs[kOutputs];  // output i's 4 pairs (j + 2 p, j + 2 p + 1)
+        for (int i = 0; i < kOutputs; ++i)
+          pairs[i] = paged_core_cpu::bf16_bits8_rne(eight_weights<kInt4>(bytes[i], j, scale[i], zero[i]));
+        const __m128i p01_low = _mm_unpacklo_epi32(pairs[0], pairs[1]);   // p0, p1 of outputs 0, 1
+        const __m128i p23_low = _mm_unpackhi_epi32(pairs[0], pairs[1]);   // p2, p3 of outputs 0, 1
+        const __m128i p01_high = _mm_unpacklo_epi32(pairs[2], pairs[3]);  // ... of outputs 2, 3
+        const __m128i p23_high = _mm_unpackhi_epi32(pairs[2], pairs[3]);
+        const __m128i rows[4] = {_mm_unpacklo_epi64(p01_low, p01_high), _mm_unpackhi_epi64(p01_low, p01_high),
+                                 _mm_unpacklo_epi64(p23_low, p23_high), _mm_unpackhi_epi64(p23_low, p23_high)};
+        uint16_t* pair_row = dst + (g * G + j) / 2 * 2 * kGroup;
+        for (int p = 0; p < 4; ++p)
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(pair_row + p * 2 * kGroup), rows[p]);
+      }
+    }
+  }
+
+  // Features [j, j + 8) of a group (its bytes at `bytes`) in float32: 8-bit level * scale;
+  // 4-bit (level - 8) * scale + zero, the levels of the group's first half in the low nibbles.
+  template <bool kInt4>
+  __m256 eight_weights(const uint8_t* bytes, int64_t j, __m256 scale, __m256 zero) const {
+    if constexpr (!kInt4) {
+      const auto* eight = reinterpret_cast<const __m128i*>(bytes + j);
+      return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(eight))), scale);
+    } else {
+      const bool high = j >= G / 2;
+      const auto* eight = reinterpret_cast<const __m128i*>(bytes + (high ? j - G / 2 : j));
+      const __m256i wide = _mm256_cvtepu8_epi32(_mm_loadl_epi64(eight));
+      const __m256i level = high ? _mm256_srli_epi32(wide, 4) : _mm256_and_si256(wide, _mm256_set1_epi32(15));
+      const __m256 centred = _mm256_sub_ps(_mm256_cvtepi32_ps(level), _mm256_set1_ps(8.f));
+      return _mm256_add_ps(_mm256_mul_ps(centred, scale), zero);
+    }
+  }
+};
+
+}  // namespace
+
+namespace paged_core_cpu {
+
+at::Tensor row_layout_dense(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
+                            const std::optional<at::Tensor>& zeros, int64_t group_size) {
+  const bool int4 = levels.scalar_type() == at::kByte;
+  TORCH_CHECK((int4 || levels.scalar_type() == at::kChar) && levels.dim() == 2 && levels.is_contiguous(),
+              "levels must be the row layout's uint8 [N, K / 2] (4-bit) or int8 [N, K] (8-bit)");
+  TORCH_CHECK(zeros.has_value() == int4, "4-bit levels need zeros, 8-bit none");
+  const int64_t N = levels.size(0), K = int4 ? levels.size(1) * 2 : levels.size(1);
+  TORCH_CHECK(group_size > 0 && group_size % 16 == 0 && K % group_size == 0,
+              "group_size must be a multiple of 16 dividing the input features");
+  for (const at::Tensor* t : {&scales, zeros ? &*zeros : nullptr}) {
+    if (t == nullptr) continue;
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() &&
+                    t->sizes() == at::IntArrayRef({N, K / group_size}),
+                "scales and zeros must be float32 [N, K / group_size]");
+  }
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == K && x.device().is_cpu(), "x must be [M, K] on CPU");
+  const at::Tensor rows = x.to(at::kBFloat16).contiguous();
+  at::Tensor y = at::empty({rows.size(0), N}, rows.options());
+  const RowLevels w{static_cast<const uint8_t*>(levels.const_data_ptr()), scales.const_data_ptr<float>(),
+                    zeros ? zeros->const_data_ptr<float>() : nullptr, N, K, group_size};
+  const GroupWeights weights{nullptr, [&w](int64_t g0, int64_t g1, uint16_t* out) {
+                               for (int64_t c = g0; c < g1; ++c) w.widen_group(c, out + (c - g0) * w.K * kGroup);
+                             }};
+  bf16_dot_rows(static_cast<const uint16_t*>(rows.const_data_ptr()), K, rows.size(0), weights, K / 2,
+                (N + kGroup - 1) / kGroup, nullptr, static_cast<uint16_t*>(y.mutable_data_ptr()), N);
+  return y;
+}
+
+}  // namespace paged_core_cpu
+
+PAGED_CORE_LIBRARY_FRAGMENT(m) {
+  m.def("row_layout_dense(Tensor x, Tensor levels, Tensor scales, Tensor? zeros, int group_size) -> Tensor");
+  m.impl("row_layout_dense", c10::DispatchKey::CPU, TORCH_FN(paged_core_cpu::row_layout_dense));
+}
+
+#endif  // PAGED_CORE_BF16_DOT
