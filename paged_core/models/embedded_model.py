@@ -64,9 +64,8 @@ def _refuse_unread_weights(filename: str, model_type: str, loading: dict) -> Non
 
 
 def _convert_gguf(gguf_path: str, target: str) -> None:
-    """Dequantize through transformers and save as float32 safetensors + tokenizer, atomically:
-    the folder appears whole or not at all, and when several processes convert at once the first
-    rename wins and the others drop their copies."""
+    """Dequantize through transformers and save as float32 safetensors + tokenizer
+    (``_save_whole``)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -80,6 +79,13 @@ def _convert_gguf(gguf_path: str, target: str) -> None:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    _save_whole(model, tokenizer, target)
+
+
+def _save_whole(model, tokenizer, target: str) -> None:
+    """Save ``model`` and ``tokenizer`` as the folder ``target``, atomically: the folder appears
+    whole or not at all, and when several processes convert at once the first rename wins and
+    the others drop their copies."""
     os.makedirs(os.path.dirname(target), exist_ok=True)
     tmp = tempfile.mkdtemp(dir=os.path.dirname(target), prefix=".converting-")
     try:

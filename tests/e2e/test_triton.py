@@ -49,8 +49,10 @@ def triton(request, log_dir):
     port = free_port(span=3)
     cmd = python_cmd("-m", "paged_core.adapters.triton_server", "--host", "127.0.0.1",
                      "--port", str(port))
+    # Triton waits up to the drain timeout (--exit-timeout-secs) for requests it still counts
+    # in flight when stopped: 20 s by default, the module's teardown on a busy 2-core host
     with running_server(request, "triton", cmd, f"http://127.0.0.1:{port}/v2/health/ready",
-                        log_dir, signal.SIGINT):
+                        log_dir, signal.SIGINT, {"PAGED_CORE_DRAIN_TIMEOUT": "2"}):
         yield Triton(port)
 
 

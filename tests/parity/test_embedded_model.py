@@ -36,7 +36,10 @@ def test_processes_converting_at_once_keep_the_first_folder(embedded_folder, tmp
     """Two processes finding no conversion both convert; the second's rename meets the first's
     whole folder (what xdist workers on a fresh cache did): it keeps that folder, drops its own
     copy and raises nothing. The first process's conversion is a copy of the session's (the
-    same files, without converting twice); the second's is the real one."""
+    same files, without converting twice); the second saves the session's converted model
+    (what its own dequantization would have given) through the conversion's own save."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     monkeypatch.setenv("PAGED_CORE_CACHE_DIR", str(tmp_path))
     gguf = embedded_model.embedded_gguf_path()
     with monkeypatch.context() as first_process:
@@ -45,6 +48,8 @@ def test_processes_converting_at_once_keep_the_first_folder(embedded_folder, tmp
         first = embedded_model.converted_folder_for(gguf)
     weights = os.path.join(first, "model.safetensors")
     written = os.stat(weights).st_mtime_ns
-    embedded_model._convert_gguf(gguf, first)  # the slower process, arriving second
+    model = AutoModelForCausalLM.from_pretrained(embedded_folder)
+    tokenizer = AutoTokenizer.from_pretrained(embedded_folder)
+    embedded_model._save_whole(model, tokenizer, first)  # the slower process, arriving second
     assert os.stat(weights).st_mtime_ns == written
     assert sorted(os.listdir(os.path.dirname(first))) == [os.path.basename(first)]
