@@ -36,6 +36,19 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=_heaviness)  # stable: a file's tests keep their order
 
 
+def pytest_configure(config):
+    """Each test worker's torch computes on its share of the cores (2 workers on 2 cores: one
+    thread each), as ``threads_per_rank`` gives tensor-parallel ranks theirs: two workers of
+    two threads each left every parallel region of an engine step waiting on a thread that
+    the other worker's held off the core. Tests that need more threads set them
+    (``torch_threads``); processes the tests start choose their own."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
 @pytest.fixture(scope="session")
 def embedded_folder():
     from paged_core.models.embedded_model import embedded_model_folder

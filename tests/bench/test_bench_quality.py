@@ -6,6 +6,7 @@ the Q4_1 row serves the same weights 4-bit: its perplexity is the dense one up t
 import json
 import math
 
+import pytest
 import torch
 
 from paged_core import LLM
@@ -14,6 +15,7 @@ from paged_core.bench.quality import text_logprobs
 from paged_core.bench.quality_text import quality_text
 
 
+@pytest.mark.extended
 def test_quick_run_writes_sane_perplexities(tmp_path):
     assert main(["quality", "--quick", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "results" / "quality.json").read_text())

@@ -150,6 +150,7 @@ def _stand_in(tmp_path) -> Path:
     return binary
 
 
+@pytest.mark.extended
 def test_llama_cpp_system_serves_requests_one_by_one_and_stops(tmp_path):
     system = LlamaCpp(_stand_in(tmp_path), tmp_path / "model.gguf", "llama.cpp-test", threads=2,
                       ctx_size=64)
@@ -171,6 +172,7 @@ def test_llama_cpp_system_serves_requests_one_by_one_and_stops(tmp_path):
         os.kill(pid, 0)
 
 
+@pytest.mark.extended
 def test_batched_llama_cpp_keeps_its_slots_busy(tmp_path, monkeypatch):
     """Several slots: the requests go concurrently, that many at a time, each checked; the
     run's seconds are its wall time and no per-sequence decode step is claimed."""
@@ -261,6 +263,7 @@ def test_paged_core_one_at_a_time_never_batches_and_times_its_decode(tiny_paged_
         1000 * result.extra["decode_seconds"] / 11)
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 @pytest.mark.skipif(llama_cpp_build.built_llama_server() is None,
                     reason="llama-server not built in the cache: run `paged-core bench throughput "

@@ -6,6 +6,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from paged_core.bench.cli import main
 
 
@@ -18,6 +20,7 @@ def _cpuinfo_generation() -> str | None:
     return f"family {family.group(1)}, model {model.group(1)}" if family and model else None
 
 
+@pytest.mark.extended
 def test_bench_steps_writes_only_inside_its_out_folder(tmp_path):
     out = tmp_path / "run"
     assert main(["steps", "--quick", "--out", str(out)]) == 0

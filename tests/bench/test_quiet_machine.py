@@ -69,6 +69,7 @@ def _spin(seconds: float, spinning) -> None:
         pass
 
 
+@pytest.mark.extended
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/stat is Linux's")
 def test_a_busy_process_is_seen_on_this_machine():
     """A process spinning on a core makes a window at least 1/cores busy (real /proc/stat)."""

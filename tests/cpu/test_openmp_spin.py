@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 PROBE = "import os; {imports}; print(os.environ.get('GOMP_SPINCOUNT'))"
 
 
@@ -46,6 +48,7 @@ def test_torch_first_under_a_passive_policy_is_named():
     assert _threads_sleep("import torch; import paged_core", OMP_WAIT_POLICY="passive")
 
 
+@pytest.mark.extended
 def test_no_reason_where_threads_spin():
     assert not _threads_sleep("import paged_core; import torch", OMP_WAIT_POLICY="PASSIVE")
     assert not _threads_sleep("import torch; import paged_core", OMP_WAIT_POLICY="PASSIVE",
@@ -54,6 +57,7 @@ def test_no_reason_where_threads_spin():
     assert not _threads_sleep("import torch; import paged_core", OMP_WAIT_POLICY="ACTIVE")
 
 
+@pytest.mark.extended
 def test_a_cpu_engine_names_the_import_order(embedded_folder):
     """A user script that imports torch first, under a passive policy, builds a CPU engine:
     its log names the cause and the way out (once); paged_core first: no such line."""

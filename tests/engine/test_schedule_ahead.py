@@ -62,6 +62,7 @@ async def test_a_server_streams_the_synchronous_engine_text(sync_llm):
     await assert_streams_carry_the_synchronous_engine_text(sync_llm, **AHEAD)
 
 
+@pytest.mark.extended
 def test_requests_that_wait_for_their_tokens_run_beside_those_that_go_ahead(sync_llm,
                                                                           ahead_llm):
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
@@ -102,6 +103,7 @@ def both_ways(run) -> dict:
     return {name: run(more) for name, more in (("sync", {}), ("ahead", AHEAD))}
 
 
+@pytest.mark.extended
 def test_preemption_and_chunked_prefill_are_unchanged():
     prompts = [f"{PROMPTS[i % 4]} and then, number {i}, the story went on" for i in range(6)]
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
@@ -118,6 +120,7 @@ def test_preemption_and_chunked_prefill_are_unchanged():
     assert results["ahead"] == results["sync"]
 
 
+@pytest.mark.extended
 def test_blocks_filled_ahead_are_cached_under_their_real_tokens():
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 

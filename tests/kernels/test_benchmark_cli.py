@@ -30,6 +30,7 @@ def test_gpu_suite_refuses_without_cuda(tmp_path):
     assert "needs a CUDA GPU" in proc.stderr and not list(tmp_path.iterdir())
 
 
+@pytest.mark.extended
 def test_gpu_suite_mix_modes_are_the_engines():
     """``--mix-modes`` offers exactly the modes ``gpu_engine`` can run, and refuses others."""
     check = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('s', sys.argv[1]); "

@@ -153,6 +153,7 @@ def mixed_gguf(tmp_path_factory):
         yield path
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_mixed_gguf_engine_is_close_to_transformers(mixed_gguf, tokenizer, dtype, caplog):
     from transformers import AutoModelForCausalLM
