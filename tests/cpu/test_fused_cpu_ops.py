@@ -73,6 +73,40 @@ def test_rotary_embedding_is_bit_identical_in_place(dtype, rotary_dim, cpu_isa):
     assert torch.equal(qkv[:, (q_heads + kv_heads) * dim:], v_before)  # v untouched
 
 
+@pytest.mark.parametrize("rotary_dim", [64, 32, 16])  # whole heads, then partial rotary
+def test_rotary_embedding_keeps_torchs_bits_for_special_values_and_long_prompts(rotary_dim,
+                                                                                cpu_isa):
+    """bfloat16 rows give torch's bits for zeros of either sign, infinities and NaN (as
+    torch's 0x7FC0), and across the threads' shares of a prompt of thousands of tokens."""
+    gen = torch.Generator().manual_seed(3)
+    tokens, q_heads, kv_heads, dim = 3000, 3, 1, 64
+    special = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e38, -3e-39])
+
+    class Tables:
+        cos = torch.randn(4096, rotary_dim, generator=gen).bfloat16()
+        sin = torch.randn(4096, rotary_dim, generator=gen).bfloat16()
+
+    Tables.cos[7, :7] = special
+    Tables.sin[7, -7:] = special
+    positions = torch.randint(0, 4096, (tokens,), generator=gen)
+    positions[:2] = 7
+    qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * dim, generator=gen).bfloat16()
+    qkv[0, :7] = special
+    qkv[1, rotary_dim // 2:rotary_dim // 2 + 7] = special
+    q = qkv[:, :q_heads * dim].view(tokens, q_heads, dim)
+    k = qkv[:, q_heads * dim:(q_heads + kv_heads) * dim].view(tokens, kv_heads, dim)
+    expected_q, expected_k = TORCH_OPS.rotate(q.clone(), k.clone(),
+                                              TORCH_OPS.rope_tables(Tables, positions))
+    fused = FusedCpuOps(cpu_isa)
+    out_q, out_k = fused.rotate(q, k, fused.rope_tables(Tables, positions))
+    bits = lambda t: t.contiguous().view(torch.int16)  # noqa: E731 (NaN == NaN as bits)
+    expected_nan = torch.tensor(0x7FC0, dtype=torch.int16)
+    for out, expected in ((out_q, expected_q), (out_k, expected_k)):
+        want = torch.where(expected.isnan(), expected_nan, bits(expected))
+        assert torch.equal(bits(out), want)
+    assert out_q.isnan().any() and out_q.isinf().any()  # the special values reached the output
+
+
 def test_bad_inputs_raise(cpu_isa):
     tables = torch.zeros(4, 8), torch.zeros(4, 8)
     q, k = torch.zeros(2, 1, 8), torch.zeros(2, 1, 8)
