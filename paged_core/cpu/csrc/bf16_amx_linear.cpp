@@ -37,7 +37,6 @@
 #include "amx_tiles.h"
 #include "bf16_dot_linear.h"
 #include "bf16_linear_epilogue.h"
-#include "claimed_ranges.h"
 
 #if defined(__AVX512BF16__)
 #if defined(PAGED_CORE_AMX_BUILT)
@@ -239,99 +238,68 @@ class PendingEpilogue {
   int64_t block_ = 0, m_ = 0, u_ = -1;  // the pending unit (u_ < 0: none)
 };
 
-// How an AMX call's work is cut into the items its threads claim (ClaimedRanges): chunks of
-// units times spans of rows, item i = chunk i / spans, span i % spans (chunk-major, so a
-// thread's own run of items keeps one chunk's weights in L2 while span after span of rows
-// passes them). Calls of more than kSpanRows rows take chunks whose weights fill L2 (each
-// chunk's pass re-reads a span of x); smaller ones, one span, take chunks small enough that
-// every thread has kItemsPerThread of them, so a thread the OS delays leaves most of its share
-// to the others (with a static split the op waited for the delayed thread's whole half).
-struct AmxWork {
-  static constexpr int64_t kSpanRows = 256;
-  static constexpr int64_t kItemsPerThread = 4;
-  int64_t units, rows, chunk, chunks, span, spans;
-
-  AmxWork(int64_t units_, int64_t rows_, int64_t l2_chunk, int64_t threads)
-      : units(units_), rows(rows_) {
-    spans = (rows + kSpanRows - 1) / kSpanRows;
-    span = std::min(rows, kSpanRows);
-    const int64_t balanced = (units + threads * kItemsPerThread - 1) / (threads * kItemsPerThread);
-    chunk = spans > 1 ? l2_chunk : std::max<int64_t>(1, std::min(l2_chunk, balanced));
-    chunks = (units + chunk - 1) / chunk;
-  }
-  int64_t items() const { return chunks * spans; }
-};
-
-// Units [0, units) of G column groups each (groups u + i * group_offset, i < G; G == 1 for
-// widened weights) times rows [0, rows) of x on AMX tiles: every unit's float32 sums,
+// Units [u_begin, u_end) of G column groups each (groups u + i * group_offset, i < G; G == 1
+// for widened weights) times rows [0, rows) of x on AMX tiles: every unit's float32 sums,
 // c[i] [block][32] for its group i, go to store(c, block, m, u, r0, r1), in slices of rows
-// [r0, r1) that cover the row block [m, m + block) (PendingEpilogue). The threads claim
-// AmxWork's items as they go; a unit's bits do not depend on the thread or the order.
+// [r0, r1) that cover the row block [m, m + block) (PendingEpilogue). Units go in chunks
+// whose weights fit L2, every row block passing each chunk.
 template <int G, typename Store>
 void amx_units(const uint16_t* x, int64_t ldx, int64_t rows, const GroupWeights& w, int64_t K2,
-               int64_t group_offset, int64_t units, const Store& store) {
+               int64_t group_offset, int64_t u_begin, int64_t u_end, const Store& store) {
   const int64_t K = 2 * K2, group_values = K2 * 64;
-  const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
-  const AmxWork work(units, rows, std::max<int64_t>(1, groups_in_l2(K2) / G), threads);
-  run_claiming(work.items(), [&](ClaimedRanges& claims, int t) {
-    // Widened weights: a chunk at a time, written where the chunk's row tiles read it (L2).
-    thread_local std::vector<uint16_t> widened;
-    PendingEpilogue<G, Store> epilogue(store);
-    const auto between = [&](int64_t step, int64_t steps) { epilogue.run_slice(step, steps); };
-    int64_t configured = 0;   // the rows the tiles are configured for (0: not yet)
-    int64_t last_chunk = -1;  // the chunk of this thread's previous item (its weights in L2)
-    for (int64_t item = claims.take(t); item >= 0; item = claims.take(t)) {
-      const int64_t c = item / work.spans, m0 = item % work.spans * work.span;
-      const int64_t u0 = c * work.chunk, u1 = std::min(units, u0 + work.chunk);
-      const int64_t m1 = std::min(rows, m0 + work.span);
-      const bool fresh = c != last_chunk;  // the chunk's weights come from memory
-      last_chunk = c;
-      const uint16_t* weights = w.packed;  // group(u, i): (u - first) + i * group_offset groups in
-      int64_t first = 0;
-      if (w.packed == nullptr) {
-        if (fresh) {
-          widened.resize(std::max<size_t>(widened.size(), (u1 - u0) * group_values));
-          w.widen(u0, u1, widened.data());
-        }
-        weights = widened.data();
-        first = u0;
+  // Widened weights: a chunk at a time, written where the chunk's row tiles read it (L2).
+  thread_local std::vector<uint16_t> widened;
+  PendingEpilogue<G, Store> epilogue(store);
+  const auto between = [&](int64_t step, int64_t steps) { epilogue.run_slice(step, steps); };
+  int64_t configured = 0;  // the rows the tiles are configured for (0: not yet)
+  const int64_t chunk = std::max<int64_t>(1, groups_in_l2(K2) / G);
+  for (int64_t u0 = u_begin; u0 < u_end; u0 += chunk) {
+    const int64_t u1 = std::min(u_end, u0 + chunk);
+    const uint16_t* weights = w.packed;  // group(u, i): (u - first) + i * group_offset groups in
+    int64_t first = 0;
+    if (w.packed == nullptr) {
+      widened.resize(std::max<size_t>(widened.size(), (u1 - u0) * group_values));
+      w.widen(u0, u1, widened.data());
+      weights = widened.data();
+      first = u0;
+    }
+    // Units after this chunk's: in the packed weight only.
+    const int64_t next_end = w.packed != nullptr ? u_end : u1;
+    auto group = [&](int64_t u, int i) {
+      return weights + ((u - first) + i * group_offset) * group_values;
+    };
+    for (int64_t m = 0; m < rows; m += 32) {
+      const int64_t block = std::min<int64_t>(32, rows - m);
+      if (block != configured) {  // a call's last block may be short: tiles of its rows only
+        epilogue.finish();
+        configure_row_block_tiles(block);
+        configured = block;
       }
-      auto group = [&](int64_t u, int i) {
-        return weights + ((u - first) + i * group_offset) * group_values;
-      };
-      for (int64_t m = m0; m < m1; m += 32) {
-        const int64_t block = std::min<int64_t>(32, m1 - m);
-        if (block != configured) {  // a call's last block may be short: tiles of its rows only
-          epilogue.finish();
-          configure_row_block_tiles(block);
-          configured = block;
+      for (int64_t u = u0; u < u1; ++u) {
+        for (int i = 0; i < G; ++i) {
+          // The first row tile streams the chunk's weights in, each group's while the one
+          // before it runs.
+          const uint16_t* next = m > 0 ? nullptr
+                                 : i + 1 < G ? group(u, i + 1)
+                                 : u + 1 < next_end ? group(u + 1, 0) : nullptr;
+          tile_product(x + m * ldx, ldx, block, group(u, i), K / 32,
+                       reinterpret_cast<const char*>(next), epilogue.next_sums()[i],
+                       /*fetch_x=*/u == u0 && i == 0, between);
         }
-        for (int64_t u = u0; u < u1; ++u) {
-          for (int i = 0; i < G; ++i) {
-            // A fresh chunk's first row tile streams its weights in, each group's while the
-            // one before it runs.
-            const uint16_t* next = !fresh || m > m0 ? nullptr
-                                   : i + 1 < G  ? group(u, i + 1)
-                                   : u + 1 < u1 ? group(u + 1, 0)
-                                                : nullptr;
-            tile_product(x + m * ldx, ldx, block, group(u, i), K / 32,
-                         reinterpret_cast<const char*>(next), epilogue.next_sums()[i],
-                         /*fetch_x=*/u == u0 && i == 0, between);
-          }
-          epilogue.hand_over(block, m, u);
-        }
+        epilogue.hand_over(block, m, u);
       }
     }
-    epilogue.finish();
-    if (configured > 0) release_amx_tiles();
-  });
+  }
+  epilogue.finish();
+  release_amx_tiles();
 }
 
 }  // namespace
 
 void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const GroupWeights& w, int64_t K2,
-                     int64_t groups, const uint16_t* bias, uint16_t* y, int64_t ldy, int64_t N) {
-  amx_units<1>(x, ldx, rows, w, K2, 0, groups,
+                     int64_t g_begin, int64_t g_end, const uint16_t* bias, uint16_t* y,
+                     int64_t ldy, int64_t N) {
+  amx_units<1>(x, ldx, rows, w, K2, 0, g_begin, g_end,
                [&](const float (&c)[1][32 * 32], int64_t, int64_t m, int64_t g, int64_t r0,
                    int64_t r1) {
                  for (int half = 0; half < 2; ++half)
@@ -341,9 +309,10 @@ void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const GroupWe
 }
 
 void bf16_amx_silu_and_mul(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* packed,
-                           int64_t K2, int64_t I, const uint16_t* bias, uint16_t* y) {
+                           int64_t K2, int64_t I, int64_t u_begin, int64_t u_end,
+                           const uint16_t* bias, uint16_t* y) {
   const __mmask16 all = 0xFFFF;
-  amx_units<2>(x, ldx, rows, GroupWeights{packed, {}}, K2, I / 32, I / 32,
+  amx_units<2>(x, ldx, rows, GroupWeights{packed, {}}, K2, I / 32, u_begin, u_end,
                [&](const float (&c)[2][32 * 32], int64_t, int64_t m, int64_t u, int64_t r0,
                    int64_t r1) {
                  for (int half = 0; half < 2; ++half) {
@@ -374,12 +343,12 @@ void release_amx_tiles() {}
 void configure_row_block_tiles(int64_t) { TORCH_CHECK(false, "this build has no AMX tiles"); }
 
 void bf16_amx_groups(const uint16_t*, int64_t, int64_t, const GroupWeights&, int64_t, int64_t,
-                     const uint16_t*, uint16_t*, int64_t, int64_t) {
+                     int64_t, const uint16_t*, uint16_t*, int64_t, int64_t) {
   TORCH_CHECK(false, "this build has no AMX tiles");
 }
 
 void bf16_amx_silu_and_mul(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, int64_t,
-                           const uint16_t*, uint16_t*) {
+                           int64_t, int64_t, const uint16_t*, uint16_t*) {
   TORCH_CHECK(false, "this build has no AMX tiles");
 }
 #endif

@@ -348,7 +348,9 @@ at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& packed, int64_
   auto* yp = static_cast<uint16_t*>(y.mutable_data_ptr());
 #if defined(__AVX512BF16__)
   if (call.takes_amx(amx_min_rows)) {
-    bf16_amx_groups(xp, ldx, M, GroupWeights{wp, {}}, K2, call.groups, bp, yp, N, N);
+    at::parallel_for(0, call.groups, 1, [&](int64_t g_begin, int64_t g_end) {
+      bf16_amx_groups(xp, ldx, M, GroupWeights{wp, {}}, K2, g_begin, g_end, bp, yp, N, N);
+    });
     return y.view(call.out_shape);
   }
 #else
@@ -377,7 +379,10 @@ at::Tensor bf16_dot_silu_and_mul(const at::Tensor& x, const at::Tensor& packed,
   if (call.takes_amx(amx_min_rows)) {
     const auto* wp = static_cast<const uint16_t*>(packed.const_data_ptr());
     auto* yp = static_cast<uint16_t*>(y.mutable_data_ptr());
-    bf16_amx_silu_and_mul(call.x_data(), call.ldx, call.M, wp, call.K2, I, call.bias_data(), yp);
+    at::parallel_for(0, units, 1, [&](int64_t u_begin, int64_t u_end) {
+      bf16_amx_silu_and_mul(call.x_data(), call.ldx, call.M, wp, call.K2, I, u_begin, u_end,
+                            call.bias_data(), yp);
+    });
     return y.view(call.out_shape);
   }
 #else

@@ -61,17 +61,18 @@ struct GroupWeights {
 void bf16_dot_rows(const uint16_t* x, int64_t ldx, int64_t M, const GroupWeights& w, int64_t K2,
                    int64_t groups, const uint16_t* bias, uint16_t* y, int64_t N);
 #if defined(__AVX512BF16__)
-// Rows [0, rows) of x (ldx elements apart) times the `groups` column groups of w (K2 k
-// pairs) on AMX tiles, plus bias, into y (ldy apart, N columns); K2 % 16 == 0. The threads
-// (one inside a parallel region) claim the work as they go; the bits do not depend on it.
+// Rows [0, rows) of x (ldx elements apart) times column groups [g_begin, g_end) of w (K2 k
+// pairs) on AMX tiles, plus bias, into y (ldy apart, N columns); K2 % 16 == 0.
 void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const GroupWeights& w, int64_t K2,
-                     int64_t groups, const uint16_t* bias, uint16_t* y, int64_t ldy, int64_t N);
-// gate_up's packed weight ([gate | up], I % 32 == 0 outputs each; unit u: gate group u and
-// up group u + I / 32) times rows [0, rows) of x on AMX tiles: y [rows, I] gets
-// silu_and_mul's bits of those outputs, as bf16_amx_groups would give them (bias [2 I] or
-// null); K2 % 16 == 0. Threads as in bf16_amx_groups.
+                     int64_t g_begin, int64_t g_end, const uint16_t* bias, uint16_t* y,
+                     int64_t ldy, int64_t N);
+// Units [u_begin, u_end) of gate_up's packed weight ([gate | up], I % 32 == 0 outputs each;
+// unit u: gate group u and up group u + I / 32) times rows [0, rows) of x on AMX tiles:
+// y [rows, I] columns [32 u_begin, 32 u_end) get silu_and_mul's bits of those outputs, as
+// bf16_amx_groups would give them (bias [2 I] or null); K2 % 16 == 0.
 void bf16_amx_silu_and_mul(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* packed,
-                           int64_t K2, int64_t I, const uint16_t* bias, uint16_t* y);
+                           int64_t K2, int64_t I, int64_t u_begin, int64_t u_end,
+                           const uint16_t* bias, uint16_t* y);
 #endif  // __AVX512BF16__
 #endif  // PAGED_CORE_BF16_DOT
 

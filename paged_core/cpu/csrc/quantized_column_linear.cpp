@@ -227,7 +227,9 @@ at::Tensor dense_product(const at::Tensor& x, const at::Tensor& levels, const fl
         widen_groups<L>(lp, sp, zp, group_size, K2, C, c0, c1, out);
       }};
   if (amx_min_rows > 0 && M >= amx_min_rows && K2 % 16 == 0 && paged_core_cpu::bf16_amx_ready()) {
-    paged_core_cpu::bf16_amx_groups(xp, 2 * K2, M, widened, K2, C, nullptr, yp, N, N);
+    at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
+      paged_core_cpu::bf16_amx_groups(xp, 2 * K2, M, widened, K2, c0, c1, nullptr, yp, N, N);
+    });
   } else {
     paged_core_cpu::bf16_dot_rows(xp, 2 * K2, M, widened, K2, C, nullptr, yp, N);
   }
