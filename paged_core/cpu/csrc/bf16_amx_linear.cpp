@@ -194,15 +194,16 @@ bool amx_int8_ready() {
 namespace {
 
 // The float32 sums of one unit (G groups x 32 columns, up to 32 rows) waiting for the
-// epilogue that rounds and stores them (Store: store(c, block, m, u, r0, r1) for rows
-// [r0, r1) of the block). A unit's tiles go to one of two buffers; its epilogue runs during
+// epilogue that rounds and stores them (Store: store(c, m, u, r0, r1) for rows
+// [m + r0, m + r1) of the unit's row block). A unit's tiles go to one of two buffers; its
+// epilogue runs during
 // the next unit's products, a slice of rows before each k step (run_slice), so its loads,
 // conversions and stores issue while the tiles multiply instead of after the tiles drain
 // (SmolLM2's q/k/v, o, gate_up and down at 256-2048 rows: 1.08-1.10x the product's rate,
 // one process alternating both, Intel(R) Xeon(R) Processor, amx_bf16, 2 threads). An output
 // is the same bits whenever its epilogue runs.
-// Row blocks of fewer rows (decode-sized calls, which stream their weights) run each unit's
-// epilogue right after its product: interleaving cost one sequence's decode steps ~3%.
+// Row blocks of fewer rows (decode-sized calls, which stream their weights) have each unit's
+// epilogue run as it is handed over: interleaving cost one sequence's decode steps ~3%.
 constexpr int64_t kInterleavedRows = 16;
 
 template <int G, typename Store>
@@ -213,25 +214,26 @@ class PendingEpilogue {
   // The buffer the next unit's tiles are stored to.
   float (&next_sums())[G][32 * 32] { return sums_[next_]; }
 
-  // The unit just stored to next_sums() (rows [m, m + block), unit u) is now the pending one;
-  // the one before must be finished.
+  // The unit just stored to next_sums() (rows [m, m + block), unit u) is now the pending one,
+  // after the one before is finished; a block under kInterleavedRows rows is finished at once.
   void hand_over(int64_t block, int64_t m, int64_t u) {
     finish();
     block_ = block, m_ = m, u_ = u;
     next_ ^= 1;
+    if (block < kInterleavedRows) finish();
   }
 
   // The pending unit's rows for k step `step` of `steps`: all of them by the last step.
   void run_slice(int64_t step, int64_t steps) {
     if (u_ < 0) return;
     const int64_t r0 = block_ * step / steps, r1 = block_ * (step + 1) / steps;
-    if (r1 > r0) store_(sums_[next_ ^ 1], block_, m_, u_, r0, r1);
+    if (r1 > r0) store_(sums_[next_ ^ 1], m_, u_, r0, r1);
     if (step + 1 == steps) u_ = -1;
   }
 
   // Whatever is left of the pending unit's epilogue, now.
   void finish() {
-    if (u_ >= 0) store_(sums_[next_ ^ 1], block_, m_, u_, 0, block_);
+    if (u_ >= 0) store_(sums_[next_ ^ 1], m_, u_, 0, block_);
     u_ = -1;
   }
 
@@ -244,7 +246,7 @@ class PendingEpilogue {
 
 // Units [u_begin, u_end) of G column groups each (groups u + i * group_offset, i < G; G == 1
 // for widened weights) times rows [0, rows) of x on AMX tiles: every unit's float32 sums,
-// c[i] [block][32] for its group i, go to store(c, block, m, u, r0, r1), in slices of rows
+// c[i] [block][32] for its group i, go to store(c, m, u, r0, r1), in slices of rows
 // [r0, r1) that cover the row block [m, m + block) (PendingEpilogue). Units go in chunks
 // whose weights fit L2, every row block passing each chunk.
 template <int G, typename Store>
@@ -291,7 +293,6 @@ void amx_units(const uint16_t* x, int64_t ldx, int64_t rows, const GroupWeights&
                        /*fetch_x=*/u == u0 && i == 0, between);
         }
         epilogue.hand_over(block, m, u);
-        if (block < kInterleavedRows) epilogue.finish();  // decode-sized: at once
       }
     }
   }
@@ -305,7 +306,7 @@ void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const GroupWe
                      int64_t g_begin, int64_t g_end, const uint16_t* bias, uint16_t* y,
                      int64_t ldy, int64_t N) {
   amx_units<1>(x, ldx, rows, w, K2, 0, g_begin, g_end,
-               [&](const float (&c)[1][32 * 32], int64_t, int64_t m, int64_t g, int64_t r0,
+               [&](const float (&c)[1][32 * 32], int64_t m, int64_t g, int64_t r0,
                    int64_t r1) {
                  for (int half = 0; half < 2; ++half)
                    store_bf16_rows(c[0] + r0 * 32 + 16 * half, 32, r1 - r0, bias,
@@ -318,7 +319,7 @@ void bf16_amx_silu_and_mul(const uint16_t* x, int64_t ldx, int64_t rows, const u
                            const uint16_t* bias, uint16_t* y) {
   const __mmask16 all = 0xFFFF;
   amx_units<2>(x, ldx, rows, GroupWeights{packed, {}}, K2, I / 32, u_begin, u_end,
-               [&](const float (&c)[2][32 * 32], int64_t, int64_t m, int64_t u, int64_t r0,
+               [&](const float (&c)[2][32 * 32], int64_t m, int64_t u, int64_t r0,
                    int64_t r1) {
                  for (int half = 0; half < 2; ++half) {
                    const int64_t n = u * 32 + 16 * half;
