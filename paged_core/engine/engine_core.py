@@ -48,6 +48,7 @@ from ..requests.engine_io import EngineCoreOutput, EngineRequest, StopAtString
 from .kv_event_sink import kv_event_publisher
 from .long_rope import rotate_long
 from .schedule_ahead import ScheduleAhead
+from .step_calibration import calibrate_step_cost, calibration_shapes
 from .step_records import LaunchedStep, StepPlan, step_inputs
 
 logger = logging.getLogger(__name__)
@@ -94,6 +95,8 @@ class EngineCore:
         self.generated_tokens = 0
         self.pacer = StepPacer(config.itl_target_ms, rows_of=(
             bucketed_num_tokens if self.executor.prefers_bucketed_batches else int))
+        if self.pacer.target_s:
+            self._calibrate_pacer()
         spec = config.speculative_config
         self.speculation = None if spec is None else Speculation(spec, TargetModel(
             config, model.vocab_size, self.max_total_tokens, num_blocks, model.device, model.dtype))
@@ -101,6 +104,16 @@ class EngineCore:
         # schedule one step at a time)
         self.ahead = (ScheduleAhead() if config.schedule_ahead and model.long_rope_switch is None
                       else None)
+
+    def _calibrate_pacer(self) -> None:
+        """Time a few steps of known shape before the first request, so that the latency
+        target's first budgets rest on them (``step_calibration``)."""
+        shapes = calibration_shapes(self.config.max_num_seqs, self.config.max_num_batched_tokens,
+                                    self.max_total_tokens)
+        calibrate_step_cost(self.pacer.cost,
+                            lambda packed: self.executor.execute_model(packed, [], None),
+                            shapes, self.config.block_size,
+                            self.executor.prefers_bucketed_batches, self.model.device)
 
     # -- requests in and out ---------------------------------------------------------
     def add_request(self, source: EngineRequest) -> None:
