@@ -20,6 +20,7 @@ import torch
 
 from ..cpu.extension import amx_granted, cpu_ops
 from ..cpu.isa import ATTENTION_SETTING, selected_cpu_isa
+from ..cpu.kv_prefetch import kv_first_line
 
 
 def bf16_attention_amx(cpu_isa: str | None = None) -> bool:
@@ -36,7 +37,8 @@ def cpu_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                         sliding_window: int | None = None,
                         out: torch.Tensor | None = None, cpu_isa: str | None = None,
                         logits_soft_cap: float | None = None,
-                        amx_tiles: bool | None = None, decode_loop: bool = True) -> torch.Tensor:
+                        amx_tiles: bool | None = None, decode_loop: bool = True,
+                        kv_prefetch: str | None = None) -> torch.Tensor:
     """Attention of a packed step's queries over each sequence's paged context.
 
     ``query`` ``[num_tokens, Hq, D]`` (last dim contiguous): sequence ``s`` owns rows
@@ -55,7 +57,9 @@ def cpu_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     the ``avx512_bf16`` build's one-query units take their own loop and its prompt tiles split
     long key ranges by their query count (faster decode and prefill; off, every query runs on
     the tiles, cut at the same positions, so a token gets the same bits alone or inside a
-    prompt chunk).
+    prompt chunk); ``kv_prefetch`` how that decode loop starts K and V into L2
+    (``paged_core.cpu.kv_prefetch``: ``every_line`` or ``first_line``; default: the selected
+    one; the same bits either way).
     Raises ``RuntimeError`` if that kernel is unavailable (``cpu_extension_available``)
     or an argument is inconsistent (the message says which).
     """
@@ -73,5 +77,6 @@ def cpu_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if amx_tiles is None:
         amx_tiles = bf16_attention_amx(cpu_isa)
     ops.paged_attention(query, k_cache, v_cache, *int32, float(scale), int(sliding_window or 0),
-                        float(logits_soft_cap or 0.0), out, bool(amx_tiles), bool(decode_loop))
+                        float(logits_soft_cap or 0.0), out, bool(amx_tiles), bool(decode_loop),
+                        kv_first_line(kv_prefetch))
     return out

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from ..cpu.extension import cpu_extension_available, cpu_ops
 from ..cpu.isa import selected_cpu_isa
+from ..cpu.kv_prefetch import selected_kv_prefetch
 from .cpu_kernels import bf16_attention_amx, cpu_paged_attention
 from .kv_quant import QUANTIZED_DTYPES, as_bytes, dequantize, is_quantized, quantize
 from .metadata import AttentionMetadata
@@ -65,7 +66,8 @@ class TorchAttentionBackend:
     construction: the selected one by default), ``None`` without the kernel; ``amx_tiles``
     whether its bfloat16 tiles multiply on AMX (``bf16_attention_amx``, fixed likewise);
     ``decode_loop`` whether one-query units take the kernel's decode loop (batch-invariant
-    mode turns it off: ``cpu_paged_attention``).
+    mode turns it off: ``cpu_paged_attention``) and ``kv_prefetch`` how that loop starts K and
+    V into L2 (``paged_core.cpu.kv_prefetch``, fixed at construction; the same bits either way).
     """
 
     name = "torch"
@@ -76,6 +78,7 @@ class TorchAttentionBackend:
         self.cpu_isa = cpu_isa if cpu_kernel and cpu_extension_available(cpu_isa) else None
         self.amx_tiles = self.cpu_isa is not None and bf16_attention_amx(self.cpu_isa)
         self.decode_loop = True
+        self.kv_prefetch = selected_kv_prefetch()
 
     @property
     def cpu_kernel(self) -> bool:
@@ -116,7 +119,8 @@ class TorchAttentionBackend:
             return cpu_paged_attention(query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                        meta.query_start_loc, scale, sliding_window, out=out,
                                        cpu_isa=self.cpu_isa, logits_soft_cap=logits_soft_cap,
-                                       amx_tiles=self.amx_tiles, decode_loop=self.decode_loop)
+                                       amx_tiles=self.amx_tiles, decode_loop=self.decode_loop,
+                                       kv_prefetch=self.kv_prefetch)
         key = (self.name, sliding_window)
         plan = meta.backend_plans.get(key)
         if plan is None:

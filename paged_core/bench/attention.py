@@ -43,6 +43,7 @@ import torch
 from ..config.cache_config import BLOCK_SIZES, CacheConfig
 from ..cpu.extension import cpu_extension_available, cpu_extension_error, cpu_ops
 from ..cpu.isa import has_amx_bf16, supported_cpu_isas
+from ..cpu.kv_prefetch import selected_kv_prefetch
 from .attention_cases import (LLAMA_8B, SMOLLM2, KvPool, ModelShape, blocks_for, kv_pool,
                               paged_step, sdpa_call)
 from .attention_plot import plot  # noqa: F401 - the benchmark's ``plot(results, out_dir, name)``
@@ -125,6 +126,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for row in decode:
         row["fraction_of_bandwidth"] = row["gbs"] / bandwidth["read_gbs"]
     settings = {k: [v.name for v in s[k]] if k.endswith("shapes") else v for k, v in s.items()}
+    settings["kv_prefetch"] = selected_kv_prefetch()  # the avx512_bf16 decode loop's
     return {"dtypes": list(DTYPES), "levels": levels, "unavailable_levels": unavailable,
             "paths": list(_paths(levels, "bfloat16")),
             "shapes": {shape.name: dataclasses.asdict(shape)
@@ -226,7 +228,8 @@ def print_summary(results: dict[str, Any]) -> None:
           f"{results['load_average_after']:.1f}")
     columns = results.get("paths", results["levels"])  # older results: levels only
     blank = f"{'-':>26}"
-    print(f"decode, blocks of {results['settings'].get('block_size', 16)} tokens: median us, "
+    print(f"decode, blocks of {results['settings'].get('block_size', 16)} tokens (avx512_bf16 "
+          f"KV prefetch: {results['settings'].get('kv_prefetch', 'every_line')}): median us, "
           f"GB/s of K+V read, fraction of measured bandwidth")
     print(f"{'shape':<15}{'dtype':<10}{'batch':>6}{'ctx':>6}"
           + "".join(f"{path:>26}" for path in columns))
@@ -260,7 +263,8 @@ def readme_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     for (shape, dtype, batch, ctx), paths in decode.items():
         if batch == max(s["batches"]) and ctx == max(s["contexts"]):
             rows.append((f"decode {dtype}, {shape}, {batch} seqs x {ctx} tokens in blocks of "
-                         f"{s.get('block_size', 16)}", ", ".join(
+                         f"{s.get('block_size', 16)} (KV prefetch "
+                         f"{s.get('kv_prefetch', 'every_line')})", ", ".join(
                 f"{lv} {r['gbs']:.1f} GB/s ({r['fraction_of_bandwidth']:.0%})"
                 for lv, r in paths.items())))
     prefill = _by(result["prefill"], "shape", "dtype", "batch", "prompt")

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..cpu.cpuinfo import first_cpu_fields
+
 DEFAULT_OUT = Path("benchmarks")  # --out: README.md here, the result files in results/
 
 
@@ -32,24 +34,9 @@ def setup_threads(threads: int | None) -> int:
     return threads
 
 
-def _first_cpu_fields() -> dict[str, str]:
-    """The first processor's ``key: value`` lines of ``/proc/cpuinfo`` ({} without /proc)."""
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if not line.strip():
-                    break  # the end of the first processor's stanza
-                key, _, value = line.partition(":")
-                fields[key.strip()] = value.strip()
-    except OSError:  # no /proc (not Linux)
-        pass
-    return fields
-
-
 def cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo``, else the platform module's)."""
-    return _first_cpu_fields().get("model name") or platform.processor() or platform.machine()
+    return first_cpu_fields().get("model name") or platform.processor() or platform.machine()
 
 
 def cpu_generation() -> str | None:
@@ -58,7 +45,7 @@ def cpu_generation() -> str | None:
     Virtual machines often name the CPU only by its brand ("AMD EPYC", "Intel(R) Xeon(R)
     Processor"): family and model then tell the generations apart (AMD family 25 is Zen 3 and
     Zen 4, 26 Zen 5; Intel family 6 model 143 Sapphire Rapids, 207 Emerald Rapids)."""
-    fields = _first_cpu_fields()
+    fields = first_cpu_fields()
     if "cpu family" not in fields or "model" not in fields:
         return None
     return f"family {fields['cpu family']}, model {fields['model']}"

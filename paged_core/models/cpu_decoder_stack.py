@@ -28,6 +28,7 @@ from torch import nn
 
 from ..attention import AttentionBackend, AttentionMetadata
 from ..attention.cpu_kernels import bf16_attention_amx
+from ..cpu.kv_prefetch import kv_first_line
 from ..quantization.int4_linear import Int4Linear
 from ..quantization.int8_linear import Int8Linear
 from .bf16_dot_linear import Bf16DotLinear
@@ -51,7 +52,8 @@ class CpuDecoderStack:
         first = model.layers[0].self_attn
         self._stack = stack_class(first.num_heads, first.num_kv_heads, first.head_dim,
                                   spec.rms_norm_eps, first.scale, model.rotary.cos,
-                                  model.rotary.sin, model.norm.weight, self.amx_tiles)
+                                  model.rotary.sin, model.norm.weight, self.amx_tiles,
+                                  kv_first_line())
         for layer in model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             self._stack.add_layer(

@@ -192,6 +192,33 @@ def test_decode_loop_matches_the_tiles_and_can_be_left_out(head_dim, group, wind
     assert torch.equal(alone[0], outs[False][last])
 
 
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("head_dim,group", [(64, 3), (128, 4)])
+def test_both_kv_prefetch_policies_give_the_same_bits(head_dim, group, block_size):
+    """How the decode loop starts K and V into L2 (``PAGED_CORE_CPU_KV_PREFETCH``: every line,
+    or each run's first line) moves no data it computes with: the same bits, on vdpbf16ps and
+    (where granted) AMX scores, and both match the reference."""
+    from paged_core.attention.cpu_kernels import bf16_attention_amx
+    from paged_core.cpu.extension import cpu_extension_available
+
+    if not cpu_extension_available("avx512_bf16"):
+        pytest.skip("the decode loop is the avx512_bf16 build's: this CPU has no AVX512-BF16")
+    seq_lens, query_lens = [900, 300, 47, 130], [1, 1, 1, 20]
+    query, k_cache, v_cache, tables, lens, starts = _step(seq_lens, query_lens, 2, group,
+                                                          head_dim, block_size, torch.bfloat16,
+                                                          seed=11)
+    expected = _reference(query, k_cache, v_cache, tables, lens, starts, 0.125, None)
+    for amx_tiles in sorted({False, bf16_attention_amx("avx512_bf16")}):
+        outs = [cpu_paged_attention(query, k_cache, v_cache, tables, lens, starts, 0.125,
+                                    cpu_isa="avx512_bf16", amx_tiles=amx_tiles,
+                                    kv_prefetch=policy) for policy in ("every_line", "first_line")]
+        assert torch.equal(outs[0], outs[1])
+        torch.testing.assert_close(outs[0].double(), expected, atol=2e-2, rtol=2e-2)
+    with pytest.raises(ValueError, match="kv_prefetch='some_lines' is not a KV prefetch policy"):
+        cpu_paged_attention(query, k_cache, v_cache, tables, lens, starts, 0.125,
+                            cpu_isa="avx512_bf16", kv_prefetch="some_lines")
+
+
 def _skip_without_amx_attention() -> None:
     from paged_core.attention.cpu_kernels import bf16_attention_amx
 

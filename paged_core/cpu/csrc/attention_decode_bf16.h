@@ -43,16 +43,23 @@ constexpr int kDecodePrefetchChunks = 2;
 
 // Chunks between the prefetch of a chunk's K and V lines into L2 and their loads. A chunk's
 // K and V rows are two runs (2 KiB at head_dim 64, 4 KiB at 128) at random places, and the L1
-// prefetches alone keep too few lines in flight; so every line of both runs is fetched into
-// L2 this early. Fetching only each run's first line (which sets Intel's L2 stream prefetch
-// on the rest: 1.19-1.22x the GB/s of no L2 prefetch, cold KV, Intel(R) Xeon(R) Processor,
-// amx_bf16) left the AMD EPYC Zen 4 (family 25 model 17, avx512_bf16) waiting on the rest:
-// there every line read 1.39-1.65x the GB/s of the first line only for SmolLM2's shape (1-64
-// sequences of 512-2048 keys, cold KV) and 1.12-1.16x for Llama-8B-like, 0.91-0.98x with the
-// KV already in cache (0.4-8.6 MiB), interleaved in one process (2 and 6 chunks ahead read
-// 0.78-0.86x and 0.97-1.03x of 4 for SmolLM2's shape, cold). Serving reads a layer's KV
-// cold: the other layers' weights pass through the cache between two of its steps. (On
-// Intel, every line read 0.85-0.93x in cache; cold there, not yet measured.)
+// prefetches alone keep too few lines in flight, so each run is started into L2 this early,
+// in one of two ways (Bf16Problem::kv_first_line, the caller's choice: paged_core.cpu.kv_prefetch
+// picks by CPU vendor):
+// - every line of both runs (kv_first_line false). On the AMD EPYC Zen 4 (family 25 model 17,
+//   avx512_bf16) that read 1.39-1.65x the GB/s of the first line only for SmolLM2's shape
+//   (1-64 sequences of 512-2048 keys, cold KV) and 1.12-1.16x for Llama-8B-like, 0.91-0.98x
+//   with the KV already in cache (0.4-8.6 MiB), interleaved in one process (2 and 6 chunks
+//   ahead read 0.78-0.86x and 0.97-1.03x of 4 for SmolLM2's shape, cold);
+// - each run's first line only (kv_first_line true), which sets Intel's L2 stream prefetcher
+//   on the rest of the run: on the Intel(R) Xeon(R) Processor (family 6 model 167, amx_bf16)
+//   1.11-1.28x every line for SmolLM2's shape and 1.12-1.31x for Llama-8B-like (1-64
+//   sequences of 512-2048 keys, cold KV, vdpbf16ps and AMX scores, interleaved in one
+//   process), 1.28-1.39x with 24-96 MiB of KV in its cache (two builds, each in its own
+//   process, alternated): every line's software prefetches hold the core's few fill buffers,
+//   which the stream prefetcher does not need.
+// Serving reads a layer's KV cold: the other layers' weights pass through the cache between
+// two of its steps.
 constexpr int kDecodeL2Chunks = 4;
 
 // How far (log2 units) a chunk's largest score may pass a row's running maximum before the
@@ -147,10 +154,16 @@ struct ChunkRows {
   const uint16_t* v;
 };
 
-// Every line of a chunk's K rows and of its V rows (each kChunk rows of head_dim D, one run)
-// fetched into L2 (kDecodeL2Chunks), with the tiles' prefetch_row.
+// A chunk's K rows and its V rows (each kChunk rows of head_dim D, one run) started into L2
+// (kDecodeL2Chunks): every line, with the tiles' prefetch_row, or (first_line) each run's
+// first line, for the CPU's stream prefetcher to fetch the rest.
 template <int D>
-inline void start_chunk_in_l2(const ChunkRows& rows) {
+inline void start_chunk_in_l2(const ChunkRows& rows, bool first_line) {
+  if (first_line) {
+    _mm_prefetch(reinterpret_cast<const char*>(rows.k), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(rows.v), _MM_HINT_T1);
+    return;
+  }
   prefetch_row(rows.k, kChunk * D);
   prefetch_row(rows.v, kChunk * D);
 }
@@ -237,7 +250,7 @@ bool decode_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* n
     const ChunkRows now = ring[c % (kAhead + 1)];
     ChunkRows far;
     if (!stream.rows(c + kDecodeL2Chunks, kZeroRows, far)) return false;
-    start_chunk_in_l2<D>(far);
+    start_chunk_in_l2<D>(far, pb.kv_first_line);
     const int64_t c0 = start + c * kChunk;
     const int vis_lo = static_cast<int>(std::max<int64_t>(first - c0, 0));
     const int vis_hi = static_cast<int>(std::min<int64_t>(u.key_hi - c0, kChunk));

@@ -147,6 +147,7 @@ struct Bf16Problem {
   float soft_cap;  // > 0: logits soft-capped to soft_cap * tanh(s / soft_cap); 0: none
   uint16_t* out;   // [tokens][num_heads][D]
   int64_t num_heads;  // num_kv_heads * G
+  bool kv_first_line;  // the decode loop fetches each K and V run's first line into L2 only
 };
 
 // One unit: nq queries (tokens first_token.., positions pos0..) of sequence seq, KV head h,

@@ -261,11 +261,13 @@ void write_kv_slots(const at::Tensor& rows, at::Tensor& cache, const at::Tensor&
 
 class DecoderStack : public torch::CustomClassHolder {
  public:
-  // attention_amx: paged_attention's amx_tiles, for every layer.
+  // attention_amx, kv_first_line: paged_attention's amx_tiles and kv_first_line, for every layer.
   DecoderStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps, double scale,
-               at::Tensor cos, at::Tensor sin, at::Tensor final_norm, bool attention_amx)
+               at::Tensor cos, at::Tensor sin, at::Tensor final_norm, bool attention_amx,
+               bool kv_first_line)
       : num_heads_(num_heads), num_kv_heads_(num_kv_heads), head_dim_(head_dim), eps_(eps),
-        scale_(scale), attention_amx_(attention_amx), cos_(std::move(cos)), sin_(std::move(sin)),
+        scale_(scale), attention_amx_(attention_amx), kv_first_line_(kv_first_line),
+        cos_(std::move(cos)), sin_(std::move(sin)),
         final_norm_(std::move(final_norm)) {
     TORCH_CHECK(num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0 && head_dim > 0,
                 "num_heads must be a positive multiple of num_kv_heads");
@@ -423,10 +425,10 @@ class DecoderStack : public torch::CustomClassHolder {
             .findSchemaOrThrow(PAGED_CORE_STR(PAGED_CORE_OPS) "::paged_attention", "")
             .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                         const at::Tensor&, const at::Tensor&, double, int64_t, double,
-                        at::Tensor&, bool, bool)>();
+                        at::Tensor&, bool, bool, bool)>();
     paged_attention.call(q, k_cache, v_cache, step.block_tables, step.seq_lens, step.query_start_loc,
                          scale_, layer.sliding_window, /*logits_soft_cap=*/0.0, out, attention_amx_,
-                         /*decode_loop=*/true);
+                         /*decode_loop=*/true, kv_first_line_);
     return layer.o(out.view({tokens, q_size}), step.lora);
   }
 
@@ -440,7 +442,7 @@ class DecoderStack : public torch::CustomClassHolder {
 
   int64_t num_heads_, num_kv_heads_, head_dim_;
   double eps_, scale_;
-  bool attention_amx_;
+  bool attention_amx_, kv_first_line_;
   at::Tensor cos_, sin_, final_norm_;
   std::vector<Layer> layers_;
 };
@@ -452,7 +454,7 @@ PAGED_CORE_LIBRARY_FRAGMENT(m) {
   m.impl("write_kv_slots", c10::DispatchKey::CPU, TORCH_FN(PAGED_CORE_OPS::write_kv_slots));
   m.class_<PAGED_CORE_OPS::DecoderStack>("DecoderStack")
       .def(torch::init<int64_t, int64_t, int64_t, double, double, at::Tensor, at::Tensor, at::Tensor,
-                       bool>())
+                       bool, bool>())
       .def("add_layer", &PAGED_CORE_OPS::DecoderStack::add_layer)
       .def("num_layers", &PAGED_CORE_OPS::DecoderStack::num_layers)
       .def("set_quantized", &PAGED_CORE_OPS::DecoderStack::set_quantized)

@@ -606,7 +606,8 @@ bool is_quantized_cache(at::ScalarType t) {
 void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_lens,
                      const at::Tensor& query_start_loc, double scale, int64_t sliding_window,
-                     double logits_soft_cap, at::Tensor& out, bool amx_tiles, bool decode_loop) {
+                     double logits_soft_cap, at::Tensor& out, bool amx_tiles, bool decode_loop,
+                     bool kv_first_line) {
 #if PAGED_CORE_AMX_ATTENTION
   const bool amx_granted = paged_core_cpu::bf16_amx_ready();
 #else
@@ -685,7 +686,7 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
                          k_cache.size(1), k_cache.size(2), static_cast<int>(Hq / Hk),
                          static_cast<int>(D), static_cast<float>(scale), sliding_window,
                          static_cast<float>(logits_soft_cap),
-                         reinterpret_cast<uint16_t*>(out.mutable_data_ptr()), Hq};
+                         reinterpret_cast<uint16_t*>(out.mutable_data_ptr()), Hq, kv_first_line};
     bf16_tile_kernel(pb, tasks, sl, qsl, Hk, amx_tiles, decode_loop, &error_flag);
 #endif
   } else {
@@ -703,6 +704,6 @@ PAGED_CORE_LIBRARY(m) {
       "paged_attention(Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
       "Tensor seq_lens, Tensor query_start_loc, float scale, int sliding_window, "
       "float logits_soft_cap, "
-      "Tensor(a!) out, bool amx_tiles=False, bool decode_loop=True) -> ()");
+      "Tensor(a!) out, bool amx_tiles=False, bool decode_loop=True, bool kv_first_line=False) -> ()");
   m.impl("paged_attention", c10::DispatchKey::CPU, TORCH_FN(paged_attention));
 }
