@@ -228,9 +228,9 @@ def print_summary(results: dict[str, Any]) -> None:
           f"{results['load_average_after']:.1f}")
     columns = results.get("paths", results["levels"])  # older results: levels only
     blank = f"{'-':>26}"
-    print(f"decode, blocks of {results['settings'].get('block_size', 16)} tokens (avx512_bf16 "
-          f"KV prefetch: {results['settings'].get('kv_prefetch', 'every_line')}): median us, "
-          f"GB/s of K+V read, fraction of measured bandwidth")
+    print(f"decode, blocks of {results['settings'].get('block_size', 16)} tokens"
+          f"{_prefetch_label(results['settings'])}: median us, GB/s of K+V read, fraction of "
+          f"measured bandwidth")
     print(f"{'shape':<15}{'dtype':<10}{'batch':>6}{'ctx':>6}"
           + "".join(f"{path:>26}" for path in columns))
     for (shape, dtype, batch, ctx), paths in _by(results["decode"], "shape", "dtype", "batch",
@@ -252,6 +252,13 @@ def print_summary(results: dict[str, Any]) -> None:
         print(f"note: {note}")
 
 
+def _prefetch_label(settings: dict[str, Any]) -> str:
+    """`` (KV prefetch <policy>)`` where the result records the decode loop's policy (runs
+    before it was a setting do not)."""
+    policy = settings.get("kv_prefetch")
+    return f" (KV prefetch {policy})" if policy else ""
+
+
 def readme_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     s, bw = result["settings"], result["bandwidth"]
     rows = [("memory bandwidth (measured)",
@@ -263,8 +270,7 @@ def readme_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     for (shape, dtype, batch, ctx), paths in decode.items():
         if batch == max(s["batches"]) and ctx == max(s["contexts"]):
             rows.append((f"decode {dtype}, {shape}, {batch} seqs x {ctx} tokens in blocks of "
-                         f"{s.get('block_size', 16)} (KV prefetch "
-                         f"{s.get('kv_prefetch', 'every_line')})", ", ".join(
+                         f"{s.get('block_size', 16)}{_prefetch_label(s)}", ", ".join(
                 f"{lv} {r['gbs']:.1f} GB/s ({r['fraction_of_bandwidth']:.0%})"
                 for lv, r in paths.items())))
     prefill = _by(result["prefill"], "shape", "dtype", "batch", "prompt")
