@@ -3,6 +3,7 @@
 With a target it learns each step's cost (``StepCostModel``: sequences, tokens, wall time)
 and hands the scheduler a ``StepBudget`` that keeps steps with decodes within the target
 (``latency_budget``); without one it learns nothing and every budget is ``None`` (no limit).
+A CPU engine with a target first feeds it steps of known shape (``engine.step_calibration``).
 """
 from __future__ import annotations
 

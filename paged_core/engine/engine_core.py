@@ -95,7 +95,7 @@ class EngineCore:
         self.generated_tokens = 0
         self.pacer = StepPacer(config.itl_target_ms, rows_of=(
             bucketed_num_tokens if self.executor.prefers_bucketed_batches else int))
-        if self.pacer.target_s:
+        if self.pacer.target_s and model.device.type == "cpu":
             self._calibrate_pacer()
         spec = config.speculative_config
         self.speculation = None if spec is None else Speculation(spec, TargetModel(
@@ -112,8 +112,7 @@ class EngineCore:
                                     self.max_total_tokens)
         calibrate_step_cost(self.pacer.cost,
                             lambda packed: self.executor.execute_model(packed, [], None),
-                            shapes, self.config.block_size,
-                            self.executor.prefers_bucketed_batches, self.model.device)
+                            shapes, self.config.block_size, self.executor.prefers_bucketed_batches)
 
     # -- requests in and out ---------------------------------------------------------
     def add_request(self, source: EngineRequest) -> None:

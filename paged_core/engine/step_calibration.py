@@ -11,6 +11,9 @@ quiet machine (one decode, a batch of decodes, prompts of a few hundred tokens a
 step's token budget) and gives them to the model as its first observations: its fit spans
 the rows a server's steps span from the start, and later steps refine it as before.
 
+Only CPU engines calibrate: there the forward shares its cores with the HTTP front end; on
+a GPU it does not (and code that only CUDA runs waits for a GPU run to prove it).
+
 Invariants: calibration runs before the first request, while every block is free, and
 touches no scheduler or KV-manager state: no block is allocated, cached or evicted and no
 KV event goes out. Its steps map every token to block 0 (the C++ decoder stack reads a
@@ -26,8 +29,6 @@ from __future__ import annotations
 
 import time
 from typing import Callable
-
-import torch
 
 from ..core.step_cost import StepCostModel
 from ..executor.packed_batch import PackedBatch, StepInput, pack_batch
@@ -66,20 +67,17 @@ def calibration_batch(shape: list[tuple[int, int]], block_size: int, bucketed: b
 
 def calibrate_step_cost(cost: StepCostModel, run_step: Callable[[PackedBatch], None],
                         shapes: list[list[tuple[int, int]]], block_size: int,
-                        bucketed: bool, device: torch.device) -> None:
+                        bucketed: bool) -> None:
     """Time every one of ``shapes`` with ``run_step`` (the executor's forward, every rank),
     ``ROUNDS`` rounds over all of them, and feed each shape's fastest time to ``cost``."""
     batches = [calibration_batch(shape, block_size, bucketed) for shape in shapes]
-    rounds = [[_timed(run_step, packed, device) for packed in batches]
+    rounds = [[_timed(run_step, packed) for packed in batches]
               for _ in range(ROUNDS)]
     for shape, packed, times in zip(shapes, batches, zip(*rounds)):
         cost.observe(len(shape), packed.num_tokens, min(times))
 
 
-def _timed(run_step: Callable[[PackedBatch], None], packed: PackedBatch,
-           device: torch.device) -> float:
+def _timed(run_step: Callable[[PackedBatch], None], packed: PackedBatch) -> float:
     start = time.perf_counter()
-    run_step(packed)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    run_step(packed)  # on the CPU the forward has ended when it returns
     return time.perf_counter() - start
