@@ -63,21 +63,26 @@ def test_calibration_batch_maps_every_token_to_block_zero(bucketed):
     assert list(packed.logits_indices) == [40, 41, 64]
 
 
-def test_an_engine_with_a_latency_target_calibrates_before_its_first_request(tokenizer, tmp_path):
+# the families whose forward differs most: LongRoPE's long rotary rows, Gemma 2's sliding
+# window and soft cap, a mixture of experts
+@pytest.mark.parametrize("model_type,dtype", [("llama", "float32"), ("phi3-longrope", "bfloat16"),
+                                              ("gemma2", "bfloat16"), ("qwen3_moe", "bfloat16")])
+def test_an_engine_with_a_latency_target_calibrates_before_its_first_request(tokenizer, tmp_path,
+                                                                             model_type, dtype):
     """The fit is known before any request, nothing in the KV cache shows it, and the tokens
     are those of an engine without a target (block 0 was written by calibration)."""
     from ..reference import passage_token_ids
     from ..tiny_models import build_tiny_model
 
-    folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
+    folder = build_tiny_model(model_type, str(tmp_path / model_type), tokenizer)
     prompts = [passage_token_ids(tokenizer, n, offset=7 * i) for i, n in enumerate([30, 75])]
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    plain = LLM(model=folder, dtype="float32", num_kv_blocks=32)
+    plain = LLM(model=folder, dtype=dtype, num_kv_blocks=32)
     assert plain.engine.core.pacer.cost.per_row_s is None  # no target: nothing to calibrate
     expected = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
     plain.shutdown()
 
-    paced = LLM(model=folder, dtype="float32", num_kv_blocks=32, itl_target_ms=150)
+    paced = LLM(model=folder, dtype=dtype, num_kv_blocks=32, itl_target_ms=150)
     core = paced.engine.core
     assert core.pacer.cost.per_row_s > 0 and core.pacer.cost.fixed_s is not None
     untouched = KVCacheManager(core.kv.num_blocks, core.config.block_size,
