@@ -26,5 +26,7 @@ def _first_cpu_fields() -> dict[str, str]:
 
 
 def cpu_vendor() -> str:
-    """The CPU's vendor id (``GenuineIntel``, ``AuthenticAMD``; ``""`` where unknown)."""
-    return first_cpu_fields().get("vendor_id", "")
+    """The CPU's vendor id (``GenuineIntel``, ``AuthenticAMD``; ``""`` where unknown); read
+    from the cached fields without a copy (every ``cpu_paged_attention`` call left to its
+    default KV prefetch policy asks)."""
+    return _first_cpu_fields().get("vendor_id", "")

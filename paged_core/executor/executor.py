@@ -76,7 +76,9 @@ class UniProcExecutor:
         return self.worker.runner.model.prefers_bucketed_batches
 
     def execute_model(self, packed: PackedBatch, block_copies: list[tuple[int, int]],
-                      plan: SamplingPlan) -> SamplerOutput:
+                      plan: SamplingPlan | None) -> SamplerOutput | None:
+        """Run the step on every rank and sample it with ``plan`` (``None``: the forward only,
+        nothing sampled or returned: the engine's start-up calibration)."""
         return self.worker.execute_model(packed, block_copies, plan)
 
     def check_health(self) -> None:
@@ -102,7 +104,7 @@ class _DriverExecutor(UniProcExecutor):
             raise
 
     def execute_model(self, packed: PackedBatch, block_copies: list[tuple[int, int]],
-                      plan: SamplingPlan) -> SamplerOutput:
+                      plan: SamplingPlan | None) -> SamplerOutput | None:
         self.check_health()
         broadcast_step(self.worker.tp, (packed, block_copies))
         return self.worker.execute_model(packed, block_copies, plan)
