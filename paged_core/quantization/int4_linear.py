@@ -7,7 +7,8 @@ one float offset per group of ``group_size`` consecutive input features of a row
 
 Symmetric formats (GGUF Q4_0, compressed-tensors' symmetric W4A16) have ``zero = 0``; GGUF
 Q4_1's ``d * q + m`` is ``scale = d, zero = m + 8 d``; a zero point ``z`` (``s * (q - z)``)
-is ``zero = (8 - z) * s``. Scales and offsets stay float32 whatever the model's dtype.
+is ``zero = (8 - z) * s``. Scales and offsets stay float32 whatever the model's dtype (the
+column layout keeps each as float16 where that is exact: ``narrowed_factors``).
 
 ``Int4Linear`` keeps two levels per byte, in the C++ kernel's order: in each group, byte
 ``j`` holds feature ``j`` in its low nibble and feature ``j + group_size / 2`` in its high

@@ -41,13 +41,16 @@ DENSE_ROWS_SETTING = "PAGED_CORE_QUANTIZED_DENSE_ROWS"
 
 # The column layout on AMX tiles. Its kernel beats one dense GEMM up to about 64 rows (30
 # SmolLM2 layers x 4 projections, 2-core Xeon with AMX: 4-bit 23 against 33 ms at 48 rows,
-# alike at 64-96), so the dense path starts there. 4-bit rows take the tiles from one row
-# (one row: 6.7 against the vdpbf16ps kernel's 7.3 ms, 8 rows 9.2 against 18.0); 8-bit rows,
-# whose widening costs more, from 2 (decode steps of the embedded model in W8A16, one
-# process alternating both, same tokens, Intel(R) Xeon(R) Processor, amx_bf16: 2 sequences
-# 13.5 against 14.3 ms, 4 sequences 12.8 against 15.7; one sequence 12.4 against 11.9).
+# alike at 64-96), so the dense path starts there. Rows take the tiles from 2: one row is a
+# vector's work, and the tiles' per-group chain (the widened levels stored, loaded as B
+# tiles, multiplied, the sums stored and read back) outlasts it (30 SmolLM2 layers x 4
+# projections, one process alternating, float16 factors, Intel(R) Xeon(R) Processor,
+# amx_bf16: 4-bit one row, groups of 32, tiles 3.51 against vdpbf16ps 2.80 ms, groups of 64
+# 2.98 against 2.67; 2 rows 3.55 / 3.62 and 3.04 / 3.53; 2 Llama-8B-like layers, groups of
+# 128: one row 8.85 / 8.51, 2 rows 8.91 / 11.39; 8-bit one row, groups of 32, 4.64 / 4.15;
+# decode steps of the embedded model in W8A16, 2 sequences 13.5 against 14.3 ms).
 COLUMN_AMX_DENSE_ROWS = 64
-COLUMN_AMX_MIN_ROWS = {4: 1, 8: 2}
+COLUMN_AMX_MIN_ROWS = {4: 2, 8: 2}
 # The column layout on vdpbf16ps: the column kernel widens the levels again for every 4 rows
 # (fetching the next column group's levels line by line as it reads its own); the dense path
 # widens one column group at a time into L1 (the next group's levels fetched meanwhile), then
@@ -107,6 +110,16 @@ def int8_tile_kernel(kernels, group_size: int, amx_selected: bool) -> bool:
     return True
 
 
+def narrowed_factors(factors: torch.Tensor) -> torch.Tensor:
+    """Float32 per-group factors (scales, offsets, zeros) as float16 if every value is one
+    exactly (GGUF's fp16 scales, most checkpoints' bf16 or fp16 ones), else unchanged. The
+    column kernels read either (``Factors`` in ``quantized_column_layout.h``): the same
+    values, so the same sums, in half the bytes; a decode step of 4-bit groups of 32 reads
+    0.625 bytes a weight instead of 0.75."""
+    half = factors.half()
+    return half if torch.equal(half.float(), factors) else factors
+
+
 class QuantizedLinear(nn.Module):
     bits: int  # 4 or 8: each subclass's
 
@@ -133,7 +146,9 @@ class QuantizedLinear(nn.Module):
 
     def _column_layout(self, q: torch.Tensor, per_group: list[torch.Tensor]) -> list | None:
         """``column_pack``'s levels and per-group tensors where this linear keeps the column
-        layout (bfloat16 throughout, the ``avx512_bf16`` kernels), else ``None``."""
+        layout (bfloat16 throughout, the ``avx512_bf16`` kernels), else ``None``. Each
+        per-group tensor is float16 where that holds every value exactly, else float32
+        (``narrowed_factors``)."""
         if not (self.level == "avx512_bf16" and self.dtype == self.dense_dtype == torch.bfloat16):
             return None
         from ..models.cpu_linear import bf16_amx_min_rows
@@ -143,7 +158,8 @@ class QuantizedLinear(nn.Module):
         if bf16_amx_min_rows() > 0:  # AMX tiles selected and granted
             self.amx_min_rows = COLUMN_AMX_MIN_ROWS[self.bits]
             self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING, COLUMN_AMX_DENSE_ROWS))
-        return self.kernels.column_pack(q, per_group)
+        levels, *packed = self.kernels.column_pack(q, per_group)
+        return [levels, *(narrowed_factors(t) for t in packed)]
 
     def _row_layout(self) -> None:
         """Where the row layout's levels stay (every level but ``avx512_bf16``'s bfloat16

@@ -118,6 +118,54 @@ def test_bf16_column_kernels_equal_the_dequantized_product(cpu_isa, kind, group_
         assert torch.equal(layer.product(x[-1:]), dense[-1:])
 
 
+def float16_exact_weight(kind, out, width, group_size, gen):
+    """Factors as GGUF stores them: float16 scales d (and, for 4 bits, Q4_1's float16 minimum
+    m: zero = m + 8 d, so the kernels' offset zero - 8 d is m again)."""
+    weight = (int4_weight if kind == "int4" else int8_weight)(out, width, group_size, gen)
+    weight.scales = weight.scales.half().float()
+    if kind == "int4":
+        weight.zeros = weight.zeros.half().float() + 8 * weight.scales
+    return weight
+
+
+@pytest.mark.parametrize("kind,group_size", [("int4", 32), ("int8", 32), ("int8", 64)])
+def test_column_layout_keeps_exact_factors_in_float16_with_the_same_bits(cpu_isa, kind, group_size):
+    """Factors that float16 holds exactly are kept in float16 (half the bytes a decode step
+    reads besides the levels), others in float32; every path reads either to the same bits:
+    the column kernels (vdpbf16ps and AMX tiles), AMX-INT8 tiles (8 bits), the dense path and
+    the dequantized weight."""
+    gen = torch.Generator().manual_seed(group_size)
+    linear = Int4Linear if kind == "int4" else Int8Linear
+    layer = linear(float16_exact_weight(kind, 70, 256, group_size, gen), False, torch.bfloat16)
+    if not layer.column_outputs:
+        pytest.skip(f"the column layout is the avx512_bf16 level's; this run is {cpu_isa}")
+    assert layer.scales.dtype is torch.float16
+    assert linear((int4_weight if kind == "int4" else int8_weight)(70, 256, group_size, gen),
+                  False, torch.bfloat16).scales.dtype is torch.float32  # random: not exact
+    if kind == "int4":
+        assert layer.offsets.dtype is torch.float16
+    wide = linear(float16_exact_weight(kind, 70, 256, group_size,
+                                       torch.Generator().manual_seed(group_size)),
+                  False, torch.bfloat16)
+    wide.scales = wide.scales.float()
+    wide.offsets = None if wide.offsets is None else wide.offsets.float()
+    wide.zeros = None if wide.zeros is None else wide.zeros.float()
+    assert torch.equal(layer.levels, wide.levels)
+    assert torch.equal(layer.dequantized_weight(), wide.dequantized_weight())
+    x = torch.randn(13, 256, generator=gen).bfloat16()
+    k = layer.kernels
+    for amx_min_rows in (0, 1):
+        assert torch.equal(
+            k.column_gemm(x, layer.levels, layer.scales, layer.offsets, group_size, 70, amx_min_rows),
+            k.column_gemm(x, wide.levels, wide.scales, wide.offsets, group_size, 70, amx_min_rows))
+        assert torch.equal(
+            k.column_dense(x, layer.levels, layer.scales, layer.zeros, group_size, 70, amx_min_rows),
+            k.column_dense(x, wide.levels, wide.scales, wide.zeros, group_size, 70, amx_min_rows))
+    if kind == "int8" and group_size % 64 == 0 and k.amx_int8_ready():
+        assert torch.equal(k.int8_tile_gemm(x[:5], layer.levels, layer.scales, group_size, 70),
+                           k.int8_tile_gemm(x[:5], wide.levels, wide.scales, group_size, 70))
+
+
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 def test_the_dense_path_widens_each_group_for_every_block_of_rows(cpu_isa, kind):
     """300 rows: two blocks of 256 rows, each widening every column group into the thread's

@@ -311,9 +311,11 @@ class DecoderStack : public torch::CustomClassHolder {
                      int64_t int8_tile_rows, bool row_dense) {
     TORCH_CHECK(bits == 8 || (bits == 4 && offsets && zeros),
                 "quantized projections are 8-bit, or 4-bit with offsets and zeros");
-    TORCH_CHECK(levels.is_contiguous() && scales.is_contiguous() &&
-                    scales.scalar_type() == at::kFloat && group_size > 0,
-                "levels and float32 scales must be contiguous, group_size positive");
+    TORCH_CHECK(levels.is_contiguous() && scales.is_contiguous() && group_size > 0 &&
+                    (scales.scalar_type() == at::kFloat ||
+                     (column_outputs > 0 && scales.scalar_type() == at::kHalf)),
+                "levels and scales (float32; float16 in the column layout) must be contiguous, "
+                "group_size positive");
     projection_at(layer, projection).quantized = QuantizedWeight{
         bits, std::move(levels), std::move(scales), offsets.value_or(at::Tensor()),
         zeros.value_or(at::Tensor()), group_size, dense_rows, dense_dtype, column_outputs,

@@ -14,12 +14,46 @@ namespace paged_core_cpu::column_layout {
 
 constexpr int64_t kColumns = 32;  // outputs per column group
 
-// 16 float32 lanes of 8 consecutive outputs, each twice (both k of a pair): from 8 floats.
-inline __m512 output_pairs(const float* eight) {
+// A per-group tensor of the column layout (scales, offsets or zeros: [C, groups, 32]) as the
+// kernels read it: float32, or float16 where QuantizedLinear found that every value is one
+// exactly (GGUF's fp16 scales, most checkpoints' bf16 or fp16 ones): the same values in half
+// the bytes, so the same sums, while a decode step reads fewer bytes besides the levels
+// (4-bit groups of 32: 0.625 bytes a weight instead of 0.75). data null: absent.
+struct Factors {
+  const void* data = nullptr;
+  bool half = false;
+
+  bool present() const { return data != nullptr; }
+  // The values from element `at` on.
+  Factors from(int64_t at) const {
+    if (data == nullptr) return {};
+    return {half ? static_cast<const void*>(static_cast<const uint16_t*>(data) + at)
+                 : static_cast<const void*>(static_cast<const float*>(data) + at),
+            half};
+  }
+  const char* address(int64_t at) const {
+    return static_cast<const char*>(data) + at * (half ? 2 : 4);
+  }
+  // Elements at, .., at + 15 (at + 7) as float32 lanes.
+  __m512 load16(int64_t at) const {
+    if (half)
+      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(address(at))));
+    return _mm512_loadu_ps(static_cast<const float*>(data) + at);
+  }
+  __m256 load8(int64_t at) const {
+    if (half) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(address(at))));
+    return _mm256_loadu_ps(static_cast<const float*>(data) + at);
+  }
+  float value(int64_t at) const {
+    return half ? _cvtsh_ss(static_cast<const uint16_t*>(data)[at]) : static_cast<const float*>(data)[at];
+  }
+};
+
+// 16 float32 lanes of 8 consecutive outputs, each twice (both k of a pair): from 8 values.
+inline __m512 output_pairs(__m256 eight) {
   alignas(64) static const int32_t kPairLanes[16] = {0, 0, 1, 1, 2, 2, 3, 3,
                                                      4, 4, 5, 5, 6, 6, 7, 7};
-  return _mm512_permutexvar_ps(_mm512_load_si512(kPairLanes),
-                               _mm512_castps256_ps512(_mm256_loadu_ps(eight)));
+  return _mm512_permutexvar_ps(_mm512_load_si512(kPairLanes), _mm512_castps256_ps512(eight));
 }
 
 // 4-bit levels (see the file comment): what sets them apart from 8-bit ones.
@@ -48,11 +82,10 @@ struct Int4Levels {
   // per 16 outputs: s and zero - 136 s.
   struct DenseGroup {
     __m512 s[2], shift[2];
-    DenseGroup(const float* scales, const float* zeros) {
+    DenseGroup(const Factors& scales, const Factors& zeros, int64_t at) {
       for (int h = 0; h < 2; ++h) {
-        s[h] = _mm512_loadu_ps(scales + 16 * h);
-        shift[h] = _mm512_fnmadd_ps(_mm512_set1_ps(kLevelBias + 8.f), s[h],
-                                    _mm512_loadu_ps(zeros + 16 * h));
+        s[h] = scales.load16(at + 16 * h);
+        shift[h] = _mm512_fnmadd_ps(_mm512_set1_ps(kLevelBias + 8.f), s[h], zeros.load16(at + 16 * h));
       }
     }
   };
@@ -112,8 +145,8 @@ struct Int8Levels {
   // twice (both k of a pair).
   struct DenseGroup {
     __m512 s[4];
-    DenseGroup(const float* scales, const float*) {
-      for (int b = 0; b < 4; ++b) s[b] = output_pairs(scales + 8 * b);
+    DenseGroup(const Factors& scales, const Factors&, int64_t at) {
+      for (int b = 0; b < 4; ++b) s[b] = output_pairs(scales.load8(at + 8 * b));
     }
   };
   // A pair's 64 weights, rounded to bfloat16, into dst in bf16_dot_linear's packed layout,
@@ -161,36 +194,34 @@ struct RowsOut {
 };
 
 // A column group's levels (K / 2 pairs) and per-group scales and offsets (groups x 32;
-// offsets null for 8 bits).
+// offsets absent for 8 bits).
 struct ColumnGroup {
-  const uint8_t* levels;
-  const float* scales;
-  const float* offsets;
+  const uint8_t* levels = nullptr;
+  Factors scales, offsets;
 };
 
 // A whole weight in the column layout: levels [C, K / 2, L::kPairBytes], per-group scales
-// and offsets [C, K / group_size, 32] (offsets null for 8 bits).
+// and offsets [C, K / group_size, 32] (offsets absent for 8 bits).
 struct ColumnGroups {
   const uint8_t* levels;
-  const float* scales;
-  const float* offsets;
+  Factors scales, offsets;
   int64_t group_size;
 
   // Column group c of a weight of K input features.
   template <typename L>
   ColumnGroup column(int64_t c, int64_t K) const {
     const int64_t at = c * (K / group_size) * kColumns;
-    return ColumnGroup{levels + c * (K / 2) * L::kPairBytes, scales + at,
-                       offsets != nullptr ? offsets + at : nullptr};
+    return ColumnGroup{levels + c * (K / 2) * L::kPairBytes, scales.from(at), offsets.from(at)};
   }
 };
 
-// Fetches column group `next`'s scales and offsets of group g into L1.
+// Fetches column group `next`'s scales and offsets of group g into L1 (a line each in
+// float16, two in float32).
 inline void fetch_factors(const ColumnGroup& next, int64_t g) {
-  for (const float* t : {next.scales, next.offsets})
-    if (t != nullptr) {
-      _mm_prefetch(reinterpret_cast<const char*>(t + g * kColumns), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(t + g * kColumns + 16), _MM_HINT_T0);
+  for (const Factors* t : {&next.scales, &next.offsets})
+    if (t->present()) {
+      _mm_prefetch(t->address(g * kColumns), _MM_HINT_T0);
+      if (!t->half) _mm_prefetch(t->address(g * kColumns + 16), _MM_HINT_T0);
     }
 }
 
@@ -201,12 +232,11 @@ struct GroupFactors {
   __m512 scale[2], offset[2];
 
   GroupFactors(const ColumnGroup& col, int64_t g) {
-    const float* s = col.scales + g * kColumns;
     for (int h = 0; h < 2; ++h) {
-      scale[h] = _mm512_loadu_ps(s + 16 * h);
+      scale[h] = col.scales.load16(g * kColumns + 16 * h);
       if constexpr (L::kOffsets)
         offset[h] = _mm512_fnmadd_ps(_mm512_set1_ps(L::kLevelBias), scale[h],
-                                     _mm512_loadu_ps(col.offsets + g * kColumns + 16 * h));
+                                     col.offsets.load16(g * kColumns + 16 * h));
     }
   }
   // total + the group's part of y, from its sums of x . widened levels and its sum of x.

@@ -10,7 +10,8 @@
 //   4-bit: uint8 [ceil(N / 32), K / 2, 32]: byte 2j + e of (group c, pair p) holds, in its low
 //          nibble, q[32 c + j][2 p + e] and, in its high nibble, q[32 c + 16 + j][2 p + e];
 //   8-bit: int8 [ceil(N / 32), K / 2, 64]: byte 2j + e holds q[32 c + j][2 p + e] (j < 32);
-//   scales (offsets, zeros) [ceil(N / 32), K / G, 32] float32 (outputs past N: zeros).
+//   scales (offsets, zeros) [ceil(N / 32), K / G, 32] float32 (outputs past N: zeros), each
+//   float16 instead where it holds every value exactly (Factors in quantized_column_layout.h).
 // So one load holds a k pair of 32 outputs. Widening it to bfloat16 is exact (4-bit: 128 + q,
 // whose bfloat16 bits are 0x4300 | q, by a mask or a shift and an or per 16 outputs, no
 // shuffle; 8-bit: to float32, then bfloat16); each row then adds x's pair times them with one
@@ -78,15 +79,18 @@ int64_t check_layout(const at::Tensor& levels, const at::Tensor& per_group, int6
   const int64_t K = levels.size(1) * 2;
   TORCH_CHECK(group_size > 0 && group_size % 2 == 0 && K % group_size == 0,
               "group_size must be even and divide the input features");
-  TORCH_CHECK(per_group.scalar_type() == at::kFloat && per_group.is_contiguous() &&
+  TORCH_CHECK((per_group.scalar_type() == at::kFloat || per_group.scalar_type() == at::kHalf) &&
+                  per_group.is_contiguous() &&
                   per_group.sizes() == at::IntArrayRef({levels.size(0), K / group_size, kColumns}),
-              name, " must be column_pack's [ceil(N / 32), K / group_size, 32] float32");
+              name, " must be column_pack's [ceil(N / 32), K / group_size, 32] float32 or float16");
   return K;
 }
 
-const float* data_of(const std::optional<at::Tensor>& t) {
-  return t ? t->data_ptr<float>() : nullptr;
+Factors factors_of(const at::Tensor& t) {
+  return {t.const_data_ptr(), t.scalar_type() == at::kHalf};
 }
+
+Factors factors_of(const std::optional<at::Tensor>& t) { return t ? factors_of(*t) : Factors{}; }
 
 // Column group `col` for rows [0, R) of x (bfloat16 pairs, ldx pairs apart; their group
 // sums xsum, `groups` apart): row m of y = the products (masked past N); `next`
@@ -188,7 +192,7 @@ void column_gemm_of(const uint16_t* xp, int64_t M, int64_t K, const ColumnGroups
 // waited on memory and the dense path ran 1.2-1.3x the bfloat16 weight's time at 40-48 rows,
 // with it 0.96-1.12x at 16-128 rows (30 SmolLM2 layers x 4 projections, AMD EPYC Zen 5).
 template <typename L>
-void widen_groups(const uint8_t* lp, const float* sp, const float* zp, int64_t group_size,
+void widen_groups(const uint8_t* lp, const Factors& scales, const Factors& zeros, int64_t group_size,
                   int64_t K2, int64_t C, int64_t c0, int64_t c1, uint16_t* out) {
   const int64_t groups = K2 * 2 / group_size;
   constexpr int64_t kPairsPerLine = 64 / L::kPairBytes;
@@ -196,7 +200,7 @@ void widen_groups(const uint8_t* lp, const float* sp, const float* zp, int64_t g
     const uint8_t* next = c + 1 < C ? lp + (c + 1) * K2 * L::kPairBytes : nullptr;
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t at = (c * groups + g) * kColumns;
-      const typename L::DenseGroup group(sp + at, zp != nullptr ? zp + at : nullptr);
+      const typename L::DenseGroup group(scales, zeros, at);
       for (int64_t p = g * group_size / 2; p < (g + 1) * group_size / 2; ++p) {
         if (next != nullptr && p % kPairsPerLine == 0)
           _mm_prefetch(reinterpret_cast<const char*>(next + p * L::kPairBytes), _MM_HINT_T0);
@@ -215,8 +219,8 @@ void widen_groups(const uint8_t* lp, const float* sp, const float* zp, int64_t g
 // the next group's levels fetched meanwhile, 0.96-1.12x: 30 SmolLM2 layers x 4 projections,
 // AMD EPYC Zen 5, avx512_bf16.)
 template <typename L>
-at::Tensor dense_product(const at::Tensor& x, const at::Tensor& levels, const float* sp,
-                         const float* zp, int64_t group_size, int64_t N, int64_t amx_min_rows) {
+at::Tensor dense_product(const at::Tensor& x, const at::Tensor& levels, const Factors& scales,
+                         const Factors& zeros, int64_t group_size, int64_t N, int64_t amx_min_rows) {
   const int64_t C = levels.size(0), K2 = levels.size(1), M = x.size(0);
   const auto* lp = static_cast<const uint8_t*>(levels.const_data_ptr());
   at::Tensor y = at::empty({M, N}, x.options());
@@ -224,7 +228,7 @@ at::Tensor dense_product(const at::Tensor& x, const at::Tensor& levels, const fl
   auto* yp = static_cast<uint16_t*>(y.data_ptr());
   const paged_core_cpu::GroupWeights widened{
       nullptr, [&](int64_t c0, int64_t c1, uint16_t* out) {
-        widen_groups<L>(lp, sp, zp, group_size, K2, C, c0, c1, out);
+        widen_groups<L>(lp, scales, zeros, group_size, K2, C, c0, c1, out);
       }};
   if (amx_min_rows > 0 && M >= amx_min_rows && K2 % 16 == 0 && paged_core_cpu::bf16_amx_ready()) {
     at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
@@ -237,7 +241,7 @@ at::Tensor dense_product(const at::Tensor& x, const at::Tensor& levels, const fl
 }
 
 template <typename L>
-at::Tensor dequantize_of(const at::Tensor& levels, const float* sp, const float* zp,
+at::Tensor dequantize_of(const at::Tensor& levels, const Factors& scales, const Factors& zeros,
                          int64_t group_size, int64_t N, const at::TensorOptions& options) {
   const int64_t K2 = levels.size(1), K = 2 * K2, groups = K / group_size;
   at::Tensor w = at::empty({N, K}, options);
@@ -249,7 +253,7 @@ at::Tensor dequantize_of(const at::Tensor& levels, const float* sp, const float*
       for (int64_t k = 0; k < K; ++k) {
         const int64_t at = (c * groups + k / group_size) * kColumns + j;
         const int level = L::level(lp + (c * K2 + k / 2) * L::kPairBytes, j, k % 2);
-        wp[n * K + k] = L::weight(level, sp[at], zp ? zp[at] : 0.f);
+        wp[n * K + k] = L::weight(level, scales.value(at), zeros.present() ? zeros.value(at) : 0.f);
       }
     }
   });
@@ -311,8 +315,8 @@ at::Tensor column_gemm(const at::Tensor& x, const at::Tensor& levels, const at::
   at::Tensor y = at::empty({M, out_features}, x.options().dtype(dtype));
   if (M == 0 || out_features == 0) return y;
   const auto* xp = reinterpret_cast<const uint16_t*>(x.const_data_ptr());
-  const ColumnGroups w{static_cast<const uint8_t*>(levels.const_data_ptr()),
-                       scales.data_ptr<float>(), data_of(offsets), group_size};
+  const ColumnGroups w{static_cast<const uint8_t*>(levels.const_data_ptr()), factors_of(scales),
+                       factors_of(offsets), group_size};
   const RowsOut out{rounded ? nullptr : y.data_ptr<float>(),
                     rounded ? static_cast<uint16_t*>(y.data_ptr()) : nullptr, out_features};
   if (is_int4(levels))
@@ -331,10 +335,10 @@ at::Tensor column_dense(const at::Tensor& x, const at::Tensor& levels, const at:
   const at::Tensor rows = x.to(at::kBFloat16).contiguous();
   TORCH_CHECK(rows.dim() == 2 && rows.size(1) == levels.size(1) * 2, "x must be [M, K]");
   return is_int4(levels)
-             ? dense_product<Int4Levels>(rows, levels, scales.data_ptr<float>(), data_of(zeros),
+             ? dense_product<Int4Levels>(rows, levels, factors_of(scales), factors_of(zeros),
                                          group_size, out_features, amx_min_rows)
-             : dense_product<Int8Levels>(rows, levels, scales.data_ptr<float>(), nullptr,
-                                         group_size, out_features, amx_min_rows);
+             : dense_product<Int8Levels>(rows, levels, factors_of(scales), Factors{}, group_size,
+                                         out_features, amx_min_rows);
 }
 
 at::Tensor column_dequantize(const at::Tensor& levels, const at::Tensor& scales,
@@ -344,10 +348,10 @@ at::Tensor column_dequantize(const at::Tensor& levels, const at::Tensor& scales,
   TORCH_CHECK(zeros.has_value() == is_int4(levels), "4-bit levels need zeros, 8-bit none");
   if (zeros) check_layout(levels, *zeros, group_size, out_features, "zeros");
   return is_int4(levels)
-             ? dequantize_of<Int4Levels>(levels, scales.data_ptr<float>(), data_of(zeros),
-                                         group_size, out_features, scales.options())
-             : dequantize_of<Int8Levels>(levels, scales.data_ptr<float>(), nullptr, group_size,
-                                         out_features, scales.options());
+             ? dequantize_of<Int4Levels>(levels, factors_of(scales), factors_of(zeros), group_size,
+                                         out_features, scales.options().dtype(at::kFloat))
+             : dequantize_of<Int8Levels>(levels, factors_of(scales), Factors{}, group_size,
+                                         out_features, scales.options().dtype(at::kFloat));
 }
 
 }  // namespace paged_core_cpu

@@ -167,7 +167,7 @@ __attribute__((target("amx-tile,amx-int8"))) void column_pass(
     }
     _tile_stored(0, sums[0], 64);
     _tile_stored(1, sums[1], 64);
-    const float* scales = col.scales + (k0 / group_size) * kColumns;
+    const int64_t scales = (k0 / group_size) * kColumns;
     for (int64_t r = 0; r < rows; ++r)
       for (int h = 0; h < 2; ++h) {
         const auto digit_sum = [&](int d) {
@@ -175,7 +175,7 @@ __attribute__((target("amx-tile,amx-int8"))) void column_pass(
         };
         __m512 joined = _mm512_fmadd_ps(digit_sum(2), _mm512_set1_ps(256.f), digit_sum(1));
         joined = _mm512_fmadd_ps(joined, _mm512_set1_ps(256.f), digit_sum(0));
-        _mm512_storeu_ps(total[r] + 16 * h, _mm512_fmadd_ps(joined, _mm512_loadu_ps(scales + 16 * h),
+        _mm512_storeu_ps(total[r] + 16 * h, _mm512_fmadd_ps(joined, col.scales.load16(scales + 16 * h),
                                                             _mm512_loadu_ps(total[r] + 16 * h)));
       }
   }
@@ -230,9 +230,10 @@ at::Tensor int8_tile_gemm(const at::Tensor& x, const at::Tensor& levels, const a
                   (group_size <= kMaxSpan || group_size % kMaxSpan == 0),
               "group_size must be a multiple of 64 dividing the input features (and at most "
               "65536 or a multiple of it)");
-  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() &&
+  TORCH_CHECK((scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kHalf) &&
+                  scales.is_contiguous() &&
                   scales.sizes() == at::IntArrayRef({levels.size(0), K / group_size, kColumns}),
-              "scales must be column_pack's [ceil(N / 32), K / group_size, 32] float32");
+              "scales must be column_pack's [ceil(N / 32), K / group_size, 32] float32 or float16");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.size(1) == K && x.is_contiguous(),
               "x must be contiguous bfloat16 [M, ", K, "]");
   const at::ScalarType dtype = out_dtype.value_or(at::kFloat);
@@ -242,7 +243,7 @@ at::Tensor int8_tile_gemm(const at::Tensor& x, const at::Tensor& levels, const a
   if (M == 0 || out_features == 0) return y;
   const auto* xp = reinterpret_cast<const uint16_t*>(x.const_data_ptr());
   const ColumnGroups w{static_cast<const uint8_t*>(levels.const_data_ptr()),
-                       scales.data_ptr<float>(), nullptr, group_size};
+                       {scales.const_data_ptr(), scales.scalar_type() == at::kHalf}, {}, group_size};
   const bool rounded = dtype == at::kBFloat16;
   const RowsOut out{rounded ? nullptr : y.data_ptr<float>(),
                     rounded ? static_cast<uint16_t*>(y.data_ptr()) : nullptr, out_features};
