@@ -50,7 +50,7 @@ DENSE_ROWS_SETTING = "PAGED_CORE_QUANTIZED_DENSE_ROWS"
 # 128: one row 8.85 / 8.51, 2 rows 8.91 / 11.39; 8-bit one row, groups of 32, 4.64 / 4.15;
 # decode steps of the embedded model in W8A16, 2 sequences 13.5 against 14.3 ms).
 COLUMN_AMX_DENSE_ROWS = 64
-COLUMN_AMX_MIN_ROWS = {4: 2, 8: 2}
+COLUMN_AMX_MIN_ROWS = 2
 # The column layout on vdpbf16ps: the column kernel widens the levels again for every 4 rows
 # (fetching the next column group's levels line by line as it reads its own); the dense path
 # widens one column group at a time into L1 (the next group's levels fetched meanwhile), then
@@ -156,7 +156,7 @@ class QuantizedLinear(nn.Module):
         self.column_outputs = self.out_features
         self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING, COLUMN_DENSE_ROWS[self.bits]))
         if bf16_amx_min_rows() > 0:  # AMX tiles selected and granted
-            self.amx_min_rows = COLUMN_AMX_MIN_ROWS[self.bits]
+            self.amx_min_rows = COLUMN_AMX_MIN_ROWS
             self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING, COLUMN_AMX_DENSE_ROWS))
         levels, *packed = self.kernels.column_pack(q, per_group)
         return [levels, *(narrowed_factors(t) for t in packed)]

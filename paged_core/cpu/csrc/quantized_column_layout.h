@@ -6,9 +6,11 @@
 #pragma once
 
 #if defined(__AVX512BF16__)
+#include <ATen/ATen.h>
 #include <immintrin.h>
 
 #include <cstdint>
+#include <optional>
 
 namespace paged_core_cpu::column_layout {
 
@@ -25,12 +27,7 @@ struct Factors {
 
   bool present() const { return data != nullptr; }
   // The values from element `at` on.
-  Factors from(int64_t at) const {
-    if (data == nullptr) return {};
-    return {half ? static_cast<const void*>(static_cast<const uint16_t*>(data) + at)
-                 : static_cast<const void*>(static_cast<const float*>(data) + at),
-            half};
-  }
+  Factors from(int64_t at) const { return {data != nullptr ? address(at) : nullptr, half}; }
   const char* address(int64_t at) const {
     return static_cast<const char*>(data) + at * (half ? 2 : 4);
   }
@@ -48,6 +45,14 @@ struct Factors {
     return half ? _cvtsh_ss(static_cast<const uint16_t*>(data)[at]) : static_cast<const float*>(data)[at];
   }
 };
+
+// A per-group tensor (float32 or float16, contiguous) as Factors; absent where t is.
+inline Factors factors_of(const at::Tensor& t) {
+  return {t.const_data_ptr(), t.scalar_type() == at::kHalf};
+}
+inline Factors factors_of(const std::optional<at::Tensor>& t) {
+  return t ? factors_of(*t) : Factors{};
+}
 
 // 16 float32 lanes of 8 consecutive outputs, each twice (both k of a pair): from 8 values.
 inline __m512 output_pairs(__m256 eight) {

@@ -86,12 +86,6 @@ int64_t check_layout(const at::Tensor& levels, const at::Tensor& per_group, int6
   return K;
 }
 
-Factors factors_of(const at::Tensor& t) {
-  return {t.const_data_ptr(), t.scalar_type() == at::kHalf};
-}
-
-Factors factors_of(const std::optional<at::Tensor>& t) { return t ? factors_of(*t) : Factors{}; }
-
 // Column group `col` for rows [0, R) of x (bfloat16 pairs, ldx pairs apart; their group
 // sums xsum, `groups` apart): row m of y = the products (masked past N); `next`
 // (levels null: none) is fetched meanwhile, a line of its levels beside each line of col's

@@ -243,7 +243,7 @@ at::Tensor int8_tile_gemm(const at::Tensor& x, const at::Tensor& levels, const a
   if (M == 0 || out_features == 0) return y;
   const auto* xp = reinterpret_cast<const uint16_t*>(x.const_data_ptr());
   const ColumnGroups w{static_cast<const uint8_t*>(levels.const_data_ptr()),
-                       {scales.const_data_ptr(), scales.scalar_type() == at::kHalf}, {}, group_size};
+                       factors_of(scales), {}, group_size};
   const bool rounded = dtype == at::kBFloat16;
   const RowsOut out{rounded ? nullptr : y.data_ptr<float>(),
                     rounded ? static_cast<uint16_t*>(y.data_ptr()) : nullptr, out_features};
