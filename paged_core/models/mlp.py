@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ..executor.group import TensorParallelGroup
+from ..quantization.quantized_linear import QuantizedLinear
 from .bf16_dot_linear import Bf16DotLinear
 from .elementwise import TORCH_OPS
 from .parallel_layers import RowParallelLinear
@@ -15,8 +16,9 @@ from .parallel_layers import RowParallelLinear
 
 class GatedMLP(nn.Module):
     """SiLU-gated MLP of this rank's ``width`` channels (``ops.silu_and_mul``; in the
-    product's epilogue where ``gate_up_proj`` is a ``Bf16DotLinear`` and the ops are its
-    level's fused C++ ops: the same bits, without the ``[T, 2 * width]`` product)."""
+    product's epilogue where ``gate_up_proj`` is a ``Bf16DotLinear``, or a quantized linear
+    on its dense path (``QuantizedLinear.dense_silu_and_mul``), and the ops are its level's
+    fused C++ ops: the same bits, without the ``[T, 2 * width]`` product)."""
 
     def __init__(self, hidden_size: int, width: int, bias: bool, tp: TensorParallelGroup) -> None:
         super().__init__()
@@ -26,6 +28,12 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj
-        if type(gate_up) is Bf16DotLinear and getattr(self.ops, "cpu_isa", None) == gate_up.level:
+        level = getattr(self.ops, "cpu_isa", None)  # the fused C++ ops' level, if any
+        same_level = level is not None and level == getattr(gate_up, "level", None)
+        if type(gate_up) is Bf16DotLinear and same_level:
             return self.down_proj(gate_up.silu_and_mul(x))
+        if isinstance(gate_up, QuantizedLinear) and same_level:
+            fused = gate_up.dense_silu_and_mul(x)
+            if fused is not None:
+                return self.down_proj(fused)
         return self.down_proj(self.ops.silu_and_mul(gate_up(x)))

@@ -192,6 +192,21 @@ class QuantizedLinear(nn.Module):
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
 
+    def dense_silu_and_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """``silu(gate) * up`` of this gate_up projection's product (``[gate | up]``),
+        ``[..., out_features / 2]``, computed in the dense path's epilogue
+        (``column_dense_silu_and_mul``: bit for bit this level's ``FusedCpuOps.silu_and_mul``
+        of ``self(x)``, without the ``[..., out_features]`` product), where the column layout
+        takes its dense path for ``x``'s rows and there is no bias; else ``None``."""
+        rows = x.reshape(-1, self.in_features)
+        if not (self.column_outputs and self.bias is None and x.dtype == torch.bfloat16
+                and rows.shape[0] >= self.dense_rows):
+            return None
+        y = self.kernels.column_dense_silu_and_mul(rows.contiguous(), self.levels, self.scales,
+                                                   self.zeros, self.group_size,
+                                                   self.column_outputs, self.amx_min_rows)
+        return y.view(*x.shape[:-1], self.out_features // 2)
+
     def product(self, rows: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """``rows @ W.T`` (no bias), by the kernel or, for many rows, densely. The column
         kernel rounds its float32 sums to ``out_dtype`` bfloat16 as it stores them (as

@@ -288,3 +288,36 @@ def test_group_sizes_the_kernels_cannot_take_are_refused():
     gen = torch.Generator().manual_seed(0)
     with pytest.raises(ValueError, match="multiple of 16"):
         Int4Linear(int4_weight(8, 96, 24, gen), False, torch.float32)
+
+
+@pytest.mark.parametrize("kernel", ["bf16_dot", "amx"])
+@pytest.mark.parametrize("kind,width", [("int4", 64), ("int8", 64), ("int4", 48)])
+@pytest.mark.parametrize("rows", [70, 300])
+def test_gate_ups_dense_path_fuses_silu_and_mul_bit_for_bit(monkeypatch, kernel, kind, width,
+                                                          rows):
+    """A gate_up's many-rows product goes straight into SiLU-and-mul (each unit's gate and up
+    column groups widened together, on AMX tiles or vdpbf16ps): the bits of the product and
+    then the level's silu_and_mul, without the [rows, 2 * width] product. Width 48 is not
+    whole column groups: the two ops run one after the other."""
+    from paged_core.cpu.extension import cpu_extension_available, cpu_ops
+    from paged_core.cpu.isa import LINEAR_SETTING, unsupported_reason
+
+    if unsupported_reason("avx512_bf16") or not cpu_extension_available("avx512_bf16"):
+        pytest.skip(f"the column layout is the avx512_bf16 level's: "
+                    f"{unsupported_reason('avx512_bf16') or 'its kernels do not build here'}")
+    monkeypatch.setenv("PAGED_CORE_CPU_ISA", "avx512_bf16")
+    monkeypatch.setenv(LINEAR_SETTING, kernel)
+    gen = torch.Generator().manual_seed(rows + width)
+    make, linear = (int4_weight, Int4Linear) if kind == "int4" else (int8_weight, Int8Linear)
+    try:
+        layer = linear(make(2 * width, 256, 32, gen), False, torch.bfloat16)
+    except RuntimeError as error:  # amx where the CPU or OS gives no tiles
+        pytest.skip(str(error))
+    assert layer.column_outputs and bool(layer.amx_min_rows) == (kernel == "amx")
+    assert rows >= layer.dense_rows  # the dense path
+    x = torch.randn(rows, 256, generator=gen).bfloat16()
+    expected = torch.empty(rows, width, dtype=torch.bfloat16)
+    cpu_ops("avx512_bf16").silu_and_mul(layer(x).contiguous(), expected)
+    fused = layer.dense_silu_and_mul(x)
+    assert fused is not None and torch.equal(fused.view(torch.int16), expected.view(torch.int16))
+    assert layer.dense_silu_and_mul(x[:layer.dense_rows - 1]) is None  # the column kernels' rows

@@ -23,8 +23,8 @@
 // the vdpbf16ps fused op does), so the [rows, 2 I] product never reaches memory.
 //
 // The weights may also come a chunk at a time from a widening function (GroupWeights.widen:
-// the quantized column layout's dense path), written into a per-thread buffer that the
-// chunk's row tiles then read from L2.
+// the quantized column layout's dense path, gate_up's SiLU-and-mul too), written into a
+// per-thread buffer that the chunk's row tiles then read from L2.
 //
 // Linux hands out AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM, once per
 // process): bf16_amx_ready() asks once and says whether it was granted.
@@ -244,11 +244,12 @@ class PendingEpilogue {
   int64_t block_ = 0, m_ = 0, u_ = -1;  // the pending unit (u_ < 0: none)
 };
 
-// Units [u_begin, u_end) of G column groups each (groups u + i * group_offset, i < G; G == 1
-// for widened weights) times rows [0, rows) of x on AMX tiles: every unit's float32 sums,
-// c[i] [block][32] for its group i, go to store(c, m, u, r0, r1), in slices of rows
-// [r0, r1) that cover the row block [m, m + block) (PendingEpilogue). Units go in chunks
-// whose weights fit L2, every row block passing each chunk.
+// Units [u_begin, u_end) of G column groups each (groups u + i * group_offset, i < G) times
+// rows [0, rows) of x on AMX tiles: every unit's float32 sums, c[i] [block][32] for its group
+// i, go to store(c, m, u, r0, r1), in slices of rows [r0, r1) that cover the row block
+// [m, m + block) (PendingEpilogue). Units go in chunks whose weights fit L2, every row block
+// passing each chunk; widened weights are widened a chunk at a time, part i of the chunk's
+// units (their groups u + i * group_offset) after part i - 1 in the buffer.
 template <int G, typename Store>
 void amx_units(const uint16_t* x, int64_t ldx, int64_t rows, const GroupWeights& w, int64_t K2,
                int64_t group_offset, int64_t u_begin, int64_t u_end, const Store& store) {
@@ -261,18 +262,22 @@ void amx_units(const uint16_t* x, int64_t ldx, int64_t rows, const GroupWeights&
   const int64_t chunk = std::max<int64_t>(1, groups_in_l2(K2) / G);
   for (int64_t u0 = u_begin; u0 < u_end; u0 += chunk) {
     const int64_t u1 = std::min(u_end, u0 + chunk);
-    const uint16_t* weights = w.packed;  // group(u, i): (u - first) + i * group_offset groups in
-    int64_t first = 0;
+    // group(u, i): (u - first) + i * part_offset groups in
+    const uint16_t* weights = w.packed;
+    int64_t first = 0, part_offset = group_offset;
     if (w.packed == nullptr) {
-      widened.resize(std::max<size_t>(widened.size(), (u1 - u0) * group_values));
-      w.widen(u0, u1, widened.data());
+      widened.resize(std::max<size_t>(widened.size(), G * (u1 - u0) * group_values));
+      for (int i = 0; i < G; ++i)
+        w.widen(u0 + i * group_offset, u1 + i * group_offset,
+                widened.data() + i * (u1 - u0) * group_values);
       weights = widened.data();
       first = u0;
+      part_offset = u1 - u0;
     }
     // Units after this chunk's: in the packed weight only.
     const int64_t next_end = w.packed != nullptr ? u_end : u1;
     auto group = [&](int64_t u, int i) {
-      return weights + ((u - first) + i * group_offset) * group_values;
+      return weights + ((u - first) + i * part_offset) * group_values;
     };
     for (int64_t m = 0; m < rows; m += 32) {
       const int64_t block = std::min<int64_t>(32, rows - m);
@@ -314,11 +319,11 @@ void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const GroupWe
                });
 }
 
-void bf16_amx_silu_and_mul(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* packed,
+void bf16_amx_silu_and_mul(const uint16_t* x, int64_t ldx, int64_t rows, const GroupWeights& w,
                            int64_t K2, int64_t I, int64_t u_begin, int64_t u_end,
                            const uint16_t* bias, uint16_t* y) {
   const __mmask16 all = 0xFFFF;
-  amx_units<2>(x, ldx, rows, GroupWeights{packed, {}}, K2, I / 32, u_begin, u_end,
+  amx_units<2>(x, ldx, rows, w, K2, I / 32, u_begin, u_end,
                [&](const float (&c)[2][32 * 32], int64_t m, int64_t u, int64_t r0,
                    int64_t r1) {
                  for (int half = 0; half < 2; ++half) {
@@ -353,8 +358,8 @@ void bf16_amx_groups(const uint16_t*, int64_t, int64_t, const GroupWeights&, int
   TORCH_CHECK(false, "this build has no AMX tiles");
 }
 
-void bf16_amx_silu_and_mul(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, int64_t,
-                           int64_t, int64_t, const uint16_t*, uint16_t*) {
+void bf16_amx_silu_and_mul(const uint16_t*, int64_t, int64_t, const GroupWeights&, int64_t,
+                           int64_t, int64_t, int64_t, const uint16_t*, uint16_t*) {
   TORCH_CHECK(false, "this build has no AMX tiles");
 }
 #endif

@@ -200,21 +200,24 @@ void row_tile_parts(int64_t rows, const DotLanes::Rows& x, const uint16_t* w, in
 // unit's bits do not depend on the thread that runs it, and a thread the OS delays leaves
 // the rest of its run to the others instead of holding up the op's end. A thread claims its
 // next pair as it starts one and, for packed weights, prefetches that pair's weights in
-// shares over this one's full row tiles; widened weights (packed null: units of one group)
-// are widened a group at a time into a buffer of the thread's, right before that group's
-// row tiles. Calls of more than kWholeGroupRows rows run tiles of parts of the groups.
+// shares over this one's full row tiles; widened weights (packed null) are widened a unit
+// at a time into a buffer of the thread's (its groups one after the other), right before
+// that unit's row tiles. Calls of more than kWholeGroupRows rows run tiles of parts of the
+// groups.
 template <typename Store>
 void unit_rows(const uint16_t* xp, int64_t ldx, int64_t M, const paged_core_cpu::GroupWeights& weights,
                int64_t K2, const UnitLayout& units, const Store& store) {
   const bool widened = weights.packed == nullptr;
-  TORCH_CHECK(!widened || units.G == 1, "widened weights come one group at a time");
+  const int64_t group_elems = K2 * kGroup * 2;
+  // A widened unit's groups lie group_elems apart in the buffer, the packed ones group_step.
+  const int64_t group_step = widened ? group_elems : units.group_step;
   const bool whole = M <= DotLanes::kWholeGroupRows;
   const int64_t tile_rows = DotLanes::max_rows(
       units.G * (whole ? DotLanes::kGroupBlocks : DotLanes::part_blocks(units.G)));
   const int64_t pairs = (M + kRowBlock - 1) / kRowBlock * units.count;
   paged_core_cpu::run_claiming(pairs, [&](paged_core_cpu::ClaimedRanges& claims, int t) {
-    // One widened group (left uninitialised: widen writes all of it before it is read).
-    const std::unique_ptr<uint16_t[]> group(widened ? new uint16_t[K2 * kGroup * 2] : nullptr);
+    // One widened unit (left uninitialised: widen writes all of it before it is read).
+    const std::unique_ptr<uint16_t[]> group(widened ? new uint16_t[units.G * group_elems] : nullptr);
     // The tile's rows of x, where DotLanes widens them (DotLanes::rows writes them all).
     const std::unique_ptr<float[]> x_scratch(
         DotLanes::kScratchRows > 0 ? new float[DotLanes::kScratchRows * 2 * K2] : nullptr);
@@ -224,12 +227,16 @@ void unit_rows(const uint16_t* xp, int64_t ldx, int64_t M, const paged_core_cpu:
       const int64_t u = i % units.count, m_begin = i / units.count * kRowBlock;
       const int64_t m_end = std::min(M, m_begin + kRowBlock);
       const uint16_t* w = widened ? group.get() : weights.packed + u * units.unit_step;
-      if (widened) weights.widen(u, u + 1, group.get());  // plain loops: never throws
+      const bool pair = units.G == 2 && u < units.single_from;
+      if (widened)  // plain loops: never throw
+        for (int part = 0; part < (pair ? 2 : 1); ++part) {
+          const int64_t g = (u * units.unit_step + part * units.group_step) / group_elems;
+          weights.widen(g, g + 1, group.get() + part * group_elems);
+        }
       const uint16_t* next_unit = !widened && units.prefetch && after >= 0
                                       ? weights.packed + after % units.count * units.unit_step
                                       : nullptr;
       const char* next = reinterpret_cast<const char*>(next_unit);
-      const bool pair = units.G == 2 && u < units.single_from;
       // Shares go to the full tiles (a short last tile would take its share in a burst).
       const int64_t sharing = std::max<int64_t>((m_end - m_begin) / tile_rows, 1);
       for (int64_t m = m_begin; m < m_end; m += tile_rows) {
@@ -240,13 +247,13 @@ void unit_rows(const uint16_t* xp, int64_t ldx, int64_t M, const paged_core_cpu:
         const DotLanes::Rows x = DotLanes::rows(xp + m * ldx, ldx, rows, K2, x_scratch.get());
         constexpr int kWhole = DotLanes::kGroupBlocks;
         if (pair && whole)
-          row_tile_parts<2, kWhole>(rows, x, w, units.group_step, K2, share, store, m, n0);
+          row_tile_parts<2, kWhole>(rows, x, w, group_step, K2, share, store, m, n0);
         else if (pair)
-          row_tile_parts<2, DotLanes::part_blocks(2)>(rows, x, w, units.group_step, K2, share, store, m, n0);
+          row_tile_parts<2, DotLanes::part_blocks(2)>(rows, x, w, group_step, K2, share, store, m, n0);
         else if (whole)
-          row_tile_parts<1, kWhole>(rows, x, w, units.group_step, K2, share, store, m, n0);
+          row_tile_parts<1, kWhole>(rows, x, w, group_step, K2, share, store, m, n0);
         else
-          row_tile_parts<1, DotLanes::part_blocks(1)>(rows, x, w, units.group_step, K2, share, store, m, n0);
+          row_tile_parts<1, DotLanes::part_blocks(1)>(rows, x, w, group_step, K2, share, store, m, n0);
       }
       i = after;
     }
@@ -360,6 +367,26 @@ at::Tensor bf16_dot_linear(const at::Tensor& x, const at::Tensor& packed, int64_
   return y.view(call.out_shape);
 }
 
+void bf16_silu_and_mul_groups(const uint16_t* x, int64_t ldx, int64_t M, const GroupWeights& w,
+                              int64_t K2, int64_t I, const uint16_t* bias, uint16_t* y, bool amx) {
+  TORCH_CHECK(I % kGroup == 0, "gate_up's I = ", I, " outputs each must be whole column groups");
+  // Unit u: gate group u and up group u + I / 32.
+  const int64_t group_elems = K2 * kGroup * 2, units = I / kGroup;
+#if defined(__AVX512BF16__)
+  if (amx) {
+    at::parallel_for(0, units, 1, [&](int64_t u_begin, int64_t u_end) {
+      bf16_amx_silu_and_mul(x, ldx, M, w, K2, I, u_begin, u_end, bias, y);
+    });
+    return;
+  }
+#else
+  TORCH_CHECK(!amx, "AMX tiles need the avx512_bf16 build");
+#endif
+  const UnitLayout layout{units, 2, units * group_elems, group_elems, units, kGroup,
+                          w.packed != nullptr && M >= 2 * DotLanes::max_rows(2 * DotLanes::part_blocks(2))};
+  unit_rows(x, ldx, M, w, K2, layout, SiluMulStore{bias, y, I});
+}
+
 at::Tensor bf16_dot_silu_and_mul(const at::Tensor& x, const at::Tensor& packed,
                                  int64_t out_features, const std::optional<at::Tensor>& bias,
                                  int64_t amx_min_rows) {
@@ -373,26 +400,16 @@ at::Tensor bf16_dot_silu_and_mul(const at::Tensor& x, const at::Tensor& packed,
     return activated.view(call.out_shape);
   }
   at::Tensor y = call.output(I);
-  // Unit u: gate group u and up group u + I / 32 (every group whole: I % 32 == 0).
-  const int64_t group_elems = call.K2 * kGroup * 2, units = I / kGroup;
 #if defined(__AVX512BF16__)
-  if (call.takes_amx(amx_min_rows)) {
-    const auto* wp = static_cast<const uint16_t*>(packed.const_data_ptr());
-    auto* yp = static_cast<uint16_t*>(y.mutable_data_ptr());
-    at::parallel_for(0, units, 1, [&](int64_t u_begin, int64_t u_end) {
-      bf16_amx_silu_and_mul(call.x_data(), call.ldx, call.M, wp, call.K2, I, u_begin, u_end,
-                            call.bias_data(), yp);
-    });
-    return y.view(call.out_shape);
-  }
+  const bool amx = call.takes_amx(amx_min_rows);
 #else
-  (void)amx_min_rows;  // AMX needs the avx512_bf16 build
+  const bool amx = false;  // AMX needs the avx512_bf16 build
+  (void)amx_min_rows;
 #endif
-  const UnitLayout layout{units, 2, units * group_elems, group_elems, units, kGroup,
-                          call.M >= 2 * DotLanes::max_rows(2 * DotLanes::part_blocks(2))};
-  unit_rows(call.x_data(), call.ldx, call.M,
-            GroupWeights{static_cast<const uint16_t*>(packed.const_data_ptr()), {}}, call.K2, layout,
-            SiluMulStore{call.bias_data(), static_cast<uint16_t*>(y.mutable_data_ptr()), I});
+  bf16_silu_and_mul_groups(call.x_data(), call.ldx, call.M,
+                           GroupWeights{static_cast<const uint16_t*>(packed.const_data_ptr()), {}},
+                           call.K2, I, call.bias_data(), static_cast<uint16_t*>(y.mutable_data_ptr()),
+                           amx);
   return y.view(call.out_shape);
 }
 

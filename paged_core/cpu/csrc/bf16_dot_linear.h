@@ -66,14 +66,21 @@ void bf16_dot_rows(const uint16_t* x, int64_t ldx, int64_t M, const GroupWeights
 void bf16_amx_groups(const uint16_t* x, int64_t ldx, int64_t rows, const GroupWeights& w, int64_t K2,
                      int64_t g_begin, int64_t g_end, const uint16_t* bias, uint16_t* y,
                      int64_t ldy, int64_t N);
-// Units [u_begin, u_end) of gate_up's packed weight ([gate | up], I % 32 == 0 outputs each;
+// Units [u_begin, u_end) of gate_up's weights w ([gate | up], I % 32 == 0 outputs each;
 // unit u: gate group u and up group u + I / 32) times rows [0, rows) of x on AMX tiles:
 // y [rows, I] columns [32 u_begin, 32 u_end) get silu_and_mul's bits of those outputs, as
 // bf16_amx_groups would give them (bias [2 I] or null); K2 % 16 == 0.
-void bf16_amx_silu_and_mul(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* packed,
+void bf16_amx_silu_and_mul(const uint16_t* x, int64_t ldx, int64_t rows, const GroupWeights& w,
                            int64_t K2, int64_t I, int64_t u_begin, int64_t u_end,
                            const uint16_t* bias, uint16_t* y);
 #endif  // __AVX512BF16__
+// Rows [0, M) of x (ldx elements apart) times gate_up's weights w ([gate | up], I outputs
+// each, I % 32 == 0): y [M, I] (I apart) gets silu_and_mul's bits (fused_ops.h) of the
+// bfloat16 products plus bias ([2 I] or null), without the [M, 2 I] product in between;
+// on AMX tiles with `amx` (the avx512_bf16 build, bf16_amx_ready(), K2 % 16 == 0), else on
+// vdpbf16ps (bf16_dot_rows' tiles).
+void bf16_silu_and_mul_groups(const uint16_t* x, int64_t ldx, int64_t M, const GroupWeights& w,
+                              int64_t K2, int64_t I, const uint16_t* bias, uint16_t* y, bool amx);
 #endif  // PAGED_CORE_BF16_DOT
 
 }  // namespace paged_core_cpu

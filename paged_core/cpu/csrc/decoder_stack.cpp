@@ -77,6 +77,20 @@ struct QuantizedWeight {
 
   // rows [M, in] -> rows W^T: float32 (the kernels; the column kernel rounds to bfloat16 as
   // it stores where out is bfloat16), or dense_dtype / bfloat16 (many rows; row_dense).
+  // silu_and_mul of a gate_up's product(rows) (bfloat16 rows, no bias), in the dense path's
+  // epilogue where the column layout takes that path: the same bits (column_dense_silu_and_mul);
+  // nullopt where it does not.
+  std::optional<at::Tensor> dense_silu_and_mul(const at::Tensor& rows) const {
+#if defined(__AVX512BF16__)
+    if (column_outputs > 0 && rows.size(0) >= dense_rows && rows.scalar_type() == at::kBFloat16)
+      return paged_core_cpu::column_dense_silu_and_mul(
+          rows.contiguous(), levels, scales, zeros.defined() ? std::optional<at::Tensor>(zeros) : std::nullopt,
+          group_size, column_outputs, amx_min_rows);
+#endif
+    (void)rows;
+    return std::nullopt;
+  }
+
   at::Tensor product(const at::Tensor& rows, at::ScalarType out) const {
     if (column_outputs > 0) return column_product(rows.to(at::kBFloat16).contiguous(), out);
     if (rows.size(0) >= dense_rows) {
@@ -137,10 +151,14 @@ struct Projection {
   }
 
   // silu_and_mul of this projection's product (a gate_up: [gate | up]): in the product's
-  // epilogue where the weight is bf16_dot_linear's and no row has an adapter (the same bits).
+  // epilogue where the weight is bf16_dot_linear's, or quantized levels on their dense path
+  // without a bias, and no row has an adapter (the same bits).
   at::Tensor silu_and_mul_of(const at::Tensor& x, const at::Tensor& lora_token_slots) const {
+    const bool adapted = lora && lora_token_slots.defined();
+    if (quantized && !bias && !adapted)
+      if (std::optional<at::Tensor> fused = quantized->dense_silu_and_mul(x)) return *fused;
 #if PAGED_CORE_BF16_DOT
-    if (bf16_dot_out_features > 0 && !quantized && !(lora && lora_token_slots.defined()))
+    if (bf16_dot_out_features > 0 && !quantized && !adapted)
       return paged_core_cpu::bf16_dot_silu_and_mul(x, weight, bf16_dot_out_features, bias, amx_min_rows);
 #endif
     const at::Tensor gate_up = (*this)(x, lora_token_slots);

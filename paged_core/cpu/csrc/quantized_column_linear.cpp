@@ -33,7 +33,13 @@
 // widened into L2 just before its tiles read it, else one column group at a time, widened
 // into L1/L2 just before bf16_dot_linear's row tiles read it (bf16_dot_rows), the next
 // group's levels fetched meanwhile; the whole bfloat16 weight is never written out. The
-// levels are widened once per column group there, not once per 4 rows.
+// levels are widened once per column group there, not once per 4 rows. A gate_up's dense
+// call can go straight into SiLU-and-mul (column_dense_silu_and_mul: each unit's gate and up
+// groups widened together, bf16_silu_and_mul_groups' epilogue), so its [M, 2 I] product
+// never reaches memory: 30 SmolLM2 gate_up layers, one process alternating, 4-bit groups of
+// 64 / 8-bit one scale per channel, 128 rows 1.37x / 1.42x the speed of the product then
+// silu_and_mul, 512 rows 1.25x / 1.25x, 2048 rows 1.14x / 1.17x (Intel(R) Xeon(R) Processor,
+// amx_bf16, 2 threads).
 //
 // Against quantized_linear.cpp's row kernels (float32 x, levels widened to float32, one
 // horizontal sum per output) this reads each byte of levels once for every row in flight
@@ -52,6 +58,7 @@
 #include "bf16_dot_linear.h"
 #include "claimed_ranges.h"
 #include "cpu_common.h"
+#include "fused_ops.h"
 #include "quantized_column_layout.h"
 #include "quantized_linear.h"
 
@@ -213,18 +220,29 @@ void widen_groups(const uint8_t* lp, const Factors& scales, const Factors& zeros
 // the next group's levels fetched meanwhile, 0.96-1.12x: 30 SmolLM2 layers x 4 projections,
 // AMD EPYC Zen 5, avx512_bf16.)
 template <typename L>
+paged_core_cpu::GroupWeights widened_weights(const at::Tensor& levels, const Factors& scales,
+                                             const Factors& zeros, int64_t group_size) {
+  const int64_t C = levels.size(0), K2 = levels.size(1);
+  const auto* lp = static_cast<const uint8_t*>(levels.const_data_ptr());
+  return {nullptr, [=](int64_t c0, int64_t c1, uint16_t* out) {
+            widen_groups<L>(lp, scales, zeros, group_size, K2, C, c0, c1, out);
+          }};
+}
+
+// Whether a dense call of M rows takes AMX tiles (bf16_dot_linear's rule).
+bool dense_takes_amx(int64_t M, int64_t K2, int64_t amx_min_rows) {
+  return amx_min_rows > 0 && M >= amx_min_rows && K2 % 16 == 0 && paged_core_cpu::bf16_amx_ready();
+}
+
+template <typename L>
 at::Tensor dense_product(const at::Tensor& x, const at::Tensor& levels, const Factors& scales,
                          const Factors& zeros, int64_t group_size, int64_t N, int64_t amx_min_rows) {
   const int64_t C = levels.size(0), K2 = levels.size(1), M = x.size(0);
-  const auto* lp = static_cast<const uint8_t*>(levels.const_data_ptr());
   at::Tensor y = at::empty({M, N}, x.options());
   const auto* xp = static_cast<const uint16_t*>(x.const_data_ptr());
   auto* yp = static_cast<uint16_t*>(y.data_ptr());
-  const paged_core_cpu::GroupWeights widened{
-      nullptr, [&](int64_t c0, int64_t c1, uint16_t* out) {
-        widen_groups<L>(lp, scales, zeros, group_size, K2, C, c0, c1, out);
-      }};
-  if (amx_min_rows > 0 && M >= amx_min_rows && K2 % 16 == 0 && paged_core_cpu::bf16_amx_ready()) {
+  const paged_core_cpu::GroupWeights widened = widened_weights<L>(levels, scales, zeros, group_size);
+  if (dense_takes_amx(M, K2, amx_min_rows)) {
     at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
       paged_core_cpu::bf16_amx_groups(xp, 2 * K2, M, widened, K2, c0, c1, nullptr, yp, N, N);
     });
@@ -335,6 +353,34 @@ at::Tensor column_dense(const at::Tensor& x, const at::Tensor& levels, const at:
                                          out_features, amx_min_rows);
 }
 
+at::Tensor column_dense_silu_and_mul(const at::Tensor& x, const at::Tensor& levels,
+                                     const at::Tensor& scales, const std::optional<at::Tensor>& zeros,
+                                     int64_t group_size, int64_t out_features, int64_t amx_min_rows) {
+  TORCH_CHECK(out_features % 2 == 0, "gate_up's out_features must be even, got ", out_features);
+  const int64_t I = out_features / 2;
+  if (I % kColumns != 0) {  // the two ops one after the other: the same bits
+    const at::Tensor gate_up = column_dense(x, levels, scales, zeros, group_size, out_features,
+                                            amx_min_rows);
+    at::Tensor activated = at::empty({gate_up.size(0), I}, gate_up.options());
+    silu_and_mul(gate_up, activated);
+    return activated;
+  }
+  check_layout(levels, scales, group_size, out_features, "scales");
+  TORCH_CHECK(zeros.has_value() == is_int4(levels), "4-bit levels need zeros, 8-bit none");
+  if (zeros) check_layout(levels, *zeros, group_size, out_features, "zeros");
+  const at::Tensor rows = x.to(at::kBFloat16).contiguous();
+  const int64_t K2 = levels.size(1), M = rows.size(0);
+  TORCH_CHECK(rows.dim() == 2 && rows.size(1) == K2 * 2, "x must be [M, K]");
+  const GroupWeights widened =
+      is_int4(levels) ? widened_weights<Int4Levels>(levels, factors_of(scales), factors_of(zeros), group_size)
+                      : widened_weights<Int8Levels>(levels, factors_of(scales), Factors{}, group_size);
+  at::Tensor y = at::empty({M, I}, rows.options());
+  bf16_silu_and_mul_groups(static_cast<const uint16_t*>(rows.const_data_ptr()), K2 * 2, M, widened,
+                           K2, I, nullptr, static_cast<uint16_t*>(y.data_ptr()),
+                           dense_takes_amx(M, K2, amx_min_rows));
+  return y;
+}
+
 at::Tensor column_dequantize(const at::Tensor& levels, const at::Tensor& scales,
                              const std::optional<at::Tensor>& zeros, int64_t group_size,
                              int64_t out_features) {
@@ -356,11 +402,15 @@ PAGED_CORE_LIBRARY_FRAGMENT(m) {
         "int out_features, int amx_min_rows=0, ScalarType? out_dtype=None) -> Tensor");
   m.def("column_dense(Tensor x, Tensor levels, Tensor scales, Tensor? zeros, int group_size, "
         "int out_features, int amx_min_rows) -> Tensor");
+  m.def("column_dense_silu_and_mul(Tensor x, Tensor levels, Tensor scales, Tensor? zeros, "
+        "int group_size, int out_features, int amx_min_rows) -> Tensor");
   m.def("column_dequantize(Tensor levels, Tensor scales, Tensor? zeros, int group_size, "
         "int out_features) -> Tensor");
   m.impl("column_pack", c10::DispatchKey::CPU, TORCH_FN(paged_core_cpu::column_pack));
   m.impl("column_gemm", c10::DispatchKey::CPU, TORCH_FN(paged_core_cpu::column_gemm));
   m.impl("column_dense", c10::DispatchKey::CPU, TORCH_FN(paged_core_cpu::column_dense));
+  m.impl("column_dense_silu_and_mul", c10::DispatchKey::CPU,
+         TORCH_FN(paged_core_cpu::column_dense_silu_and_mul));
   m.impl("column_dequantize", c10::DispatchKey::CPU, TORCH_FN(paged_core_cpu::column_dequantize));
 }
 

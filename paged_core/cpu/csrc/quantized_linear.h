@@ -53,6 +53,13 @@ at::Tensor int8_tile_gemm(const at::Tensor& x, const at::Tensor& levels, const a
 at::Tensor column_dense(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
                         const std::optional<at::Tensor>& zeros, int64_t group_size,
                         int64_t out_features, int64_t amx_min_rows);
+// silu_and_mul (fused_ops.h) of column_dense's product for gate_up's levels ([gate | up],
+// out_features = 2 I): [M, I] bfloat16, bit for bit, without the [M, 2 I] product in between
+// where I % 32 == 0 (each unit's gate and up groups widened together; bf16_silu_and_mul_groups),
+// else the two ops one after the other.
+at::Tensor column_dense_silu_and_mul(const at::Tensor& x, const at::Tensor& levels,
+                                     const at::Tensor& scales, const std::optional<at::Tensor>& zeros,
+                                     int64_t group_size, int64_t out_features, int64_t amx_min_rows);
 at::Tensor column_dequantize(const at::Tensor& levels, const at::Tensor& scales,
                              const std::optional<at::Tensor>& zeros, int64_t group_size,
                              int64_t out_features);
