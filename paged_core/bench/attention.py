@@ -11,7 +11,10 @@ used):
   SmolLM2-135M's shape (3 KV heads x 3 query heads, head_dim 64) and a Llama-8B-like one
   (8 KV heads x 4, head_dim 128), in blocks of ``--block-size`` tokens (default the
   engine's, 16: each block is one run of K and one of V per KV head, so larger blocks read
-  longer runs; vLLM-CPU takes 128 by default). The KV pool is far larger than the
+  longer runs; vLLM-CPU takes 128 by default), each sequence's blocks ``scattered`` at
+  random places in the pool (every block its own run: the worst case) and again
+  ``consecutive`` (one run per sequence and KV head, as the engine's allocator mostly hands
+  a prompt's blocks out; ``attention_cases.BLOCK_LAYOUTS``). The KV pool is far larger than the
   last-level cache and each call reads blocks no recent call read (``attention_cases``),
   so achieved GB/s (bytes of K and V read / median time) is set against the memory
   bandwidth measured in the same run, before and after (best ``torch.sum`` over a large
@@ -44,8 +47,8 @@ from ..config.cache_config import BLOCK_SIZES, CacheConfig
 from ..cpu.extension import cpu_extension_available, cpu_extension_error, cpu_ops
 from ..cpu.isa import has_amx_bf16, supported_cpu_isas
 from ..cpu.kv_prefetch import selected_kv_prefetch
-from .attention_cases import (LLAMA_8B, SMOLLM2, KvPool, ModelShape, blocks_for, kv_pool,
-                              paged_step, sdpa_call)
+from .attention_cases import (BLOCK_LAYOUTS, LLAMA_8B, SMOLLM2, KvPool, ModelShape,
+                              blocks_for, kv_pool, paged_step, sdpa_call)
 from .attention_plot import plot  # noqa: F401 - the benchmark's ``plot(results, out_dir, name)``
 from .interleaved_timing import median_us, time_interleaved
 from .machine_rates import linear_call, linear_flops, linear_kind, memory_bandwidth
@@ -160,15 +163,17 @@ def _decode_rows(pool: KvPool, paths: dict[str, tuple[str, bool]], s: dict[str, 
     rows = []
     for batch in s["batches"]:
         for context in s["contexts"]:
-            step = paged_step(pool, batch, context, 1, generator)
+            steps = {layout: paged_step(pool, batch, context, 1, generator, layout)
+                     for layout in BLOCK_LAYOUTS}
             kv_bytes = pool.shape.kv_bytes(batch * context, pool.dtype)
-            samples = time_interleaved({path: step.call(*how) for path, how in paths.items()},
-                                       s["reps"], s["min_sample_ms"] / 1e3)
-            for path, seconds in samples.items():
+            calls = {(layout, path): step.call(*how) for layout, step in steps.items()
+                     for path, how in paths.items()}
+            samples = time_interleaved(calls, s["reps"], s["min_sample_ms"] / 1e3)
+            for (layout, path), seconds in samples.items():
                 t = _timing(seconds)
-                rows.append(_case(pool, batch=batch, context=context, kv_bytes=kv_bytes,
-                                  table_copies=step.instances, path=path, **t,
-                                  gbs=kv_bytes / t["us_median"] / 1e3))
+                rows.append(_case(pool, batch=batch, context=context, blocks=layout,
+                                  kv_bytes=kv_bytes, table_copies=steps[layout].instances,
+                                  path=path, **t, gbs=kv_bytes / t["us_median"] / 1e3))
     return rows
 
 
@@ -214,10 +219,12 @@ def _notes(load: float) -> list[str]:
 
 
 def _by(rows: list[dict[str, Any]], *keys: str) -> dict[tuple, dict[str, dict[str, Any]]]:
-    """``{(row[k] for k in keys): {path: row}}``, in the rows' order."""
+    """``{(row[k] for k in keys): {path: row}}``, in the rows' order (a decode row of a run
+    before block layouts were timed is ``scattered``)."""
     table: dict[tuple, dict[str, dict[str, Any]]] = {}
     for row in rows:
-        table.setdefault(tuple(row[k] for k in keys), {})[row["path"]] = row
+        key = tuple(row.get(k, "scattered") if k == "blocks" else row[k] for k in keys)
+        table.setdefault(key, {})[row["path"]] = row
     return table
 
 
@@ -231,11 +238,11 @@ def print_summary(results: dict[str, Any]) -> None:
     print(f"decode, blocks of {results['settings'].get('block_size', 16)} tokens"
           f"{_prefetch_label(results['settings'])}: median us, GB/s of K+V read, fraction of "
           f"measured bandwidth")
-    print(f"{'shape':<15}{'dtype':<10}{'batch':>6}{'ctx':>6}"
+    print(f"{'shape':<15}{'dtype':<10}{'blocks':<12}{'batch':>6}{'ctx':>6}"
           + "".join(f"{path:>26}" for path in columns))
-    for (shape, dtype, batch, ctx), paths in _by(results["decode"], "shape", "dtype", "batch",
-                                                 "context").items():
-        print(f"{shape:<15}{dtype:<10}{batch:>6}{ctx:>6}" + "".join(
+    for (shape, dtype, blocks, batch, ctx), paths in _by(
+            results["decode"], "shape", "dtype", "blocks", "batch", "context").items():
+        print(f"{shape:<15}{dtype:<10}{blocks:<12}{batch:>6}{ctx:>6}" + "".join(
             f"{paths[p]['us_median']:>10.0f}{paths[p]['gbs']:>9.2f}"
             f"{paths[p]['fraction_of_bandwidth']:>7.0%}" if p in paths else blank
             for p in columns))
@@ -266,11 +273,11 @@ def readme_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
              f"{s['bandwidth_passes']} passes over {s['bandwidth_mib']} MiB, before and after"),
             ("load average", f"{result['load_average_before']:.1f} before, "
                              f"{result['load_average_after']:.1f} after")]
-    decode = _by(result["decode"], "shape", "dtype", "batch", "context")
-    for (shape, dtype, batch, ctx), paths in decode.items():
+    decode = _by(result["decode"], "shape", "dtype", "blocks", "batch", "context")
+    for (shape, dtype, blocks, batch, ctx), paths in decode.items():
         if batch == max(s["batches"]) and ctx == max(s["contexts"]):
             rows.append((f"decode {dtype}, {shape}, {batch} seqs x {ctx} tokens in blocks of "
-                         f"{s.get('block_size', 16)}{_prefetch_label(s)}", ", ".join(
+                         f"{s.get('block_size', 16)}, {blocks}{_prefetch_label(s)}", ", ".join(
                 f"{lv} {r['gbs']:.1f} GB/s ({r['fraction_of_bandwidth']:.0%})"
                 for lv, r in paths.items())))
     prefill = _by(result["prefill"], "shape", "dtype", "batch", "prompt")

@@ -5,8 +5,12 @@ D]``, random values) of a fixed number of blocks, allocated as the engine alloca
 (``zeros_on_huge_pages``: on 4 KiB pages nearly every block read would add a page walk that
 the engine does not pay). A ``PagedStep`` is one packed step over
 it (``batch`` sequences of ``seq_len`` tokens, the newest ``query_len`` of each are queries)
-with ``instances`` copies of its block tables. Invariants: every block of every copy is a
-different pool block (``shuffled_block_tables``: each sequence's blocks lie at random places),
+with ``instances`` copies of its block tables, in one of two layouts (``BLOCK_LAYOUTS``):
+``scattered``, each sequence's blocks at random places (``shuffled_block_tables``: the
+worst case, every block a run of its own), or ``consecutive``, each sequence's blocks one
+after another in the pool (what the engine's allocator hands out for a prompt from a pool
+in order: in the long-tailed mix, 62-70% of a running engine's neighbouring blocks were
+physical neighbours). Invariants: every block of every copy is a different pool block,
 and calls of a step (whatever the CPU path) walk the copies in turn; so a call reads K and V
 that the previous ``instances - 1`` calls did not touch, and once the pool is several times
 the last-level cache, decode reads come from memory, as they do in a serving engine.
@@ -119,19 +123,28 @@ class PagedStep:
         return attend
 
 
+BLOCK_LAYOUTS = ("scattered", "consecutive")
+
+
 def paged_step(pool: KvPool, batch: int, seq_len: int, query_len: int,
-               generator: torch.Generator) -> PagedStep:
+               generator: torch.Generator, layout: str = "scattered") -> PagedStep:
     """``batch`` sequences of ``seq_len`` tokens whose last ``query_len`` are queries (1: a
-    decode; ``seq_len``: a fresh prefill), with as many table copies as the pool holds."""
+    decode; ``seq_len``: a fresh prefill), with as many table copies as the pool holds, their
+    blocks laid out as ``layout`` (``BLOCK_LAYOUTS``) says."""
+    if layout not in BLOCK_LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(BLOCK_LAYOUTS)}, got {layout!r}")
     shape = pool.shape
     per_copy = blocks_for(shape, batch, seq_len)
     if per_copy > pool.num_blocks:
         raise ValueError(f"{batch} x {seq_len} tokens need {per_copy} blocks, the pool has "
                          f"{pool.num_blocks}")
     instances = pool.num_blocks // per_copy
-    tables, _ = shuffled_block_tables([seq_len] * (batch * instances), shape.block_size,
-                                      extra_blocks=pool.num_blocks - per_copy * instances,
-                                      generator=generator)
+    if layout == "consecutive":
+        tables = torch.arange(per_copy * instances, dtype=torch.int32).view(batch * instances, -1)
+    else:
+        tables, _ = shuffled_block_tables([seq_len] * (batch * instances), shape.block_size,
+                                          extra_blocks=pool.num_blocks - per_copy * instances,
+                                          generator=generator)
     query = torch.empty(batch * query_len, shape.heads, shape.head_dim,
                         dtype=pool.dtype).normal_(generator=generator)
     return PagedStep(pool, batch, seq_len, query, tables.view(instances, batch, -1),

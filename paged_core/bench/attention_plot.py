@@ -1,8 +1,9 @@
 """The figure of ``bench attention``: one decode and one prefill panel per dtype.
 
-Decode panels: GB/s of K+V read against context length at the grid's largest batch, one
-colour per CPU path level (one line style per model shape), the measured memory bandwidth
-as a horizontal line. Prefill panels: attention GFLOP/s against prompt length for one
+Decode panels: GB/s of K+V read against context length at the grid's largest batch, each
+sequence's blocks scattered, one colour per CPU path level (one line style per model shape),
+the best path's rate over consecutive blocks (thin, same style) and the measured memory
+bandwidth as a horizontal line. Prefill panels: attention GFLOP/s against prompt length for one
 prompt per step, per level (solid) with the rate of that level's linears (dotted, same
 colour), and torch SDPA (black).
 """
@@ -33,13 +34,26 @@ def _decode_panel(ax, results: dict[str, Any], dtype: str) -> None:
     s = results["settings"]
     batch = max(s["batches"])
     for style, shape in zip(STYLES, s["decode_shapes"]):
+        def rows_of(level: str, blocks: str) -> list[dict[str, Any]]:
+            return [r for r in results["decode"] if r["dtype"] == dtype and r["shape"] == shape
+                    and r["batch"] == batch and r["path"] == level
+                    and r.get("blocks", "scattered") == blocks]
+
         for level in results.get("paths", results["levels"]):
-            rows = [r for r in results["decode"] if r["dtype"] == dtype and r["shape"] == shape
-                    and r["batch"] == batch and r["path"] == level]
+            rows = rows_of(level, "scattered")
             if not rows:  # the AMX path times bfloat16 only
                 continue
             ax.plot([r["context"] for r in rows], [r["gbs"] for r in rows], style,
                     color=COLORS.get(level), label=f"{level}, {shape}")
+        consecutive = {level: rows_of(level, "consecutive")
+                       for level in results.get("paths", results["levels"])}
+        best = max((level for level in consecutive if consecutive[level]), default=None,
+                   key=lambda level: max(r["gbs"] for r in consecutive[level]))
+        if best is not None:
+            rows = consecutive[best]
+            ax.plot([r["context"] for r in rows], [r["gbs"] for r in rows], style,
+                    color=COLORS.get(best), linewidth=0.8, alpha=0.6,
+                    label=f"{best}, {shape}, consecutive blocks")
     ax.axhline(results["bandwidth"]["read_gbs"], color="black", linestyle=":",
                label="measured bandwidth (sum)")
     _log_x(ax, s["contexts"], "context tokens")

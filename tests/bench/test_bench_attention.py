@@ -45,6 +45,22 @@ def test_step_attends_over_its_next_table_copy(query_len):
 
 
 @pytest.mark.skipif(not cpu_extension_available(), reason="the C++ CPU kernels could not be built here")
+def test_consecutive_tables_give_each_sequence_one_run_of_distinct_blocks():
+    """The ``consecutive`` layout: a sequence's blocks follow one another in the pool, and
+    still no two sequences of any copy share a block."""
+    generator = torch.Generator().manual_seed(3)
+    pool = kv_pool(SMOLLM2, torch.bfloat16, num_blocks=50, generator=generator)
+    step = paged_step(pool, batch=2, seq_len=40, query_len=1, generator=generator,
+                      layout="consecutive")
+    assert step.tables.shape == (50 // 6, 2, 3)
+    for row in step.tables.view(-1, 3).tolist():
+        assert row == list(range(row[0], row[0] + 3))
+    blocks = step.tables.flatten().tolist()
+    assert len(set(blocks)) == len(blocks) and max(blocks) < 50
+    with pytest.raises(ValueError, match="layout must be one of scattered, consecutive"):
+        paged_step(pool, batch=2, seq_len=40, query_len=1, generator=generator, layout="x")
+
+
 def test_block_size_sets_the_blocks_every_case_reads(tmp_path):
     """``--block-size 64``: the shapes, settings and every step's tables are in 64-token
     blocks (a 40-token context is one block), and a call still attends over them exactly."""
@@ -126,9 +142,11 @@ def test_decode_rows(quick_run):
                                         bandwidth["after"]["read_gbs"]) > 0
     assert bandwidth["copy_gbs"] > 0
     rows = quick_run["decode"]
-    expected = {(d, b, c, p) for d in ("bfloat16", "float32") for b in s["batches"]
+    expected = {(d, blocks, b, c, p) for d in ("bfloat16", "float32")
+                for blocks in ("scattered", "consecutive") for b in s["batches"]
                 for c in s["contexts"] for p in _paths(quick_run, d)}
-    assert {(r["dtype"], r["batch"], r["context"], r["path"]) for r in rows} == expected
+    assert {(r["dtype"], r["blocks"], r["batch"], r["context"], r["path"])
+            for r in rows} == expected
     assert len(rows) == len(expected)
     for r in rows:
         _check_timing(r)
