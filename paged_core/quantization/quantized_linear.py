@@ -202,7 +202,7 @@ class QuantizedLinear(nn.Module):
         if not (self.column_outputs and self.bias is None and x.dtype == torch.bfloat16
                 and rows.shape[0] >= self.dense_rows):
             return None
-        y = self.kernels.column_dense_silu_and_mul(rows.contiguous(), self.levels, self.scales,
+        y = self.kernels.column_dense_silu_and_mul(rows, self.levels, self.scales,
                                                    self.zeros, self.group_size,
                                                    self.column_outputs, self.amx_min_rows)
         return y.view(*x.shape[:-1], self.out_features // 2)

@@ -329,11 +329,7 @@ struct PackedCall {
     return bias_bf16.defined() ? static_cast<const uint16_t*>(bias_bf16.const_data_ptr()) : nullptr;
   }
 #if defined(__AVX512BF16__)
-  // Whether bf16_amx_groups takes the call: amx_min_rows rows or more (0: never), whole
-  // 32-k tile steps, AMX granted.
-  bool takes_amx(int64_t amx_min_rows) const {
-    return amx_min_rows > 0 && M >= amx_min_rows && K2 % 16 == 0 && bf16_amx_ready();
-  }
+  bool takes_amx(int64_t amx_min_rows) const { return bf16_amx_takes(M, K2, amx_min_rows); }
 #endif
   // An uninitialised [M, columns] result and its shape (x's, last dimension columns).
   at::Tensor output(int64_t columns) {

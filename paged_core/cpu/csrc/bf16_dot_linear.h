@@ -44,6 +44,11 @@ at::Tensor bf16_dot_silu_and_mul(const at::Tensor& x, const at::Tensor& packed,
 bool bf16_amx_ready();
 // True if bf16_amx_ready() and this CPU has AMX-INT8 too (quantized_int8_tiles.cpp).
 bool amx_int8_ready();
+// Whether a call of M rows over K2 k pairs takes the AMX tiles: amx_min_rows rows or more
+// (0: never), whole 32-k tile steps, AMX granted.
+inline bool bf16_amx_takes(int64_t M, int64_t K2, int64_t amx_min_rows) {
+  return amx_min_rows > 0 && M >= amx_min_rows && K2 % 16 == 0 && bf16_amx_ready();
+}
 #endif
 // The weights bf16_dot_rows and bf16_amx_groups multiply, in the packed layout: the whole
 // packed weight, or (packed null) `widen(g0, g1, out)`, which writes column groups [g0, g1)

@@ -75,8 +75,6 @@ struct QuantizedWeight {
   int64_t int8_tile_rows;      // 8-bit column layout: calls of up to this many rows on AMX-INT8
   bool row_dense;              // the row layout's many rows: row_layout_dense (bfloat16)
 
-  // rows [M, in] -> rows W^T: float32 (the kernels; the column kernel rounds to bfloat16 as
-  // it stores where out is bfloat16), or dense_dtype / bfloat16 (many rows; row_dense).
   // silu_and_mul of a gate_up's product(rows) (bfloat16 rows, no bias), in the dense path's
   // epilogue where the column layout takes that path: the same bits (column_dense_silu_and_mul);
   // nullopt where it does not.
@@ -84,13 +82,15 @@ struct QuantizedWeight {
 #if defined(__AVX512BF16__)
     if (column_outputs > 0 && rows.size(0) >= dense_rows && rows.scalar_type() == at::kBFloat16)
       return paged_core_cpu::column_dense_silu_and_mul(
-          rows.contiguous(), levels, scales, zeros.defined() ? std::optional<at::Tensor>(zeros) : std::nullopt,
+          rows, levels, scales, zeros.defined() ? std::optional<at::Tensor>(zeros) : std::nullopt,
           group_size, column_outputs, amx_min_rows);
 #endif
     (void)rows;
     return std::nullopt;
   }
 
+  // rows [M, in] -> rows W^T: float32 (the kernels; the column kernel rounds to bfloat16 as
+  // it stores where out is bfloat16), or dense_dtype / bfloat16 (many rows; row_dense).
   at::Tensor product(const at::Tensor& rows, at::ScalarType out) const {
     if (column_outputs > 0) return column_product(rows.to(at::kBFloat16).contiguous(), out);
     if (rows.size(0) >= dense_rows) {

@@ -212,8 +212,8 @@ void widen_groups(const uint8_t* lp, const Factors& scales, const Factors& zeros
   }
 }
 
-// x [M, K] bfloat16 times W widened to bfloat16 (widen_groups), as bfloat16: on AMX tiles
-// from amx_min_rows rows, else on vdpbf16ps (bf16_dot_rows); either way the weight is widened
+// The weights of the dense path: W widened to bfloat16 (widen_groups) in bf16_dot_linear's
+// layout, on AMX tiles from amx_min_rows rows, else on vdpbf16ps (bf16_dot_rows); either way
 // a column group or a chunk of them at a time into a thread's buffer in L1/L2 right before
 // its rows read it, never whole. (Widening the whole weight first, then bf16_dot_linear, had
 // left 24-128 rows 1.2-3.0x slower than the bfloat16 weight itself; one group at a time with
@@ -229,28 +229,31 @@ paged_core_cpu::GroupWeights widened_weights(const at::Tensor& levels, const Fac
           }};
 }
 
-// Whether a dense call of M rows takes AMX tiles (bf16_dot_linear's rule).
-bool dense_takes_amx(int64_t M, int64_t K2, int64_t amx_min_rows) {
-  return amx_min_rows > 0 && M >= amx_min_rows && K2 % 16 == 0 && paged_core_cpu::bf16_amx_ready();
-}
+// A checked dense call: x's rows as contiguous bfloat16 [M, K], the levels' widened weights,
+// and whether the call takes AMX tiles.
+struct DenseCall {
+  at::Tensor rows;
+  paged_core_cpu::GroupWeights widened;
+  int64_t M, K2;
+  bool amx;
 
-template <typename L>
-at::Tensor dense_product(const at::Tensor& x, const at::Tensor& levels, const Factors& scales,
-                         const Factors& zeros, int64_t group_size, int64_t N, int64_t amx_min_rows) {
-  const int64_t C = levels.size(0), K2 = levels.size(1), M = x.size(0);
-  at::Tensor y = at::empty({M, N}, x.options());
-  const auto* xp = static_cast<const uint16_t*>(x.const_data_ptr());
-  auto* yp = static_cast<uint16_t*>(y.data_ptr());
-  const paged_core_cpu::GroupWeights widened = widened_weights<L>(levels, scales, zeros, group_size);
-  if (dense_takes_amx(M, K2, amx_min_rows)) {
-    at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
-      paged_core_cpu::bf16_amx_groups(xp, 2 * K2, M, widened, K2, c0, c1, nullptr, yp, N, N);
-    });
-  } else {
-    paged_core_cpu::bf16_dot_rows(xp, 2 * K2, M, widened, K2, C, nullptr, yp, N);
+  DenseCall(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
+            const std::optional<at::Tensor>& zeros, int64_t group_size, int64_t out_features,
+            int64_t amx_min_rows)
+      : rows(x.to(at::kBFloat16).contiguous()), K2(levels.size(1)) {
+    check_layout(levels, scales, group_size, out_features, "scales");
+    TORCH_CHECK(zeros.has_value() == is_int4(levels), "4-bit levels need zeros, 8-bit none");
+    if (zeros) check_layout(levels, *zeros, group_size, out_features, "zeros");
+    TORCH_CHECK(rows.dim() == 2 && rows.size(1) == K2 * 2, "x must be [M, K]");
+    widened = is_int4(levels)
+                  ? widened_weights<Int4Levels>(levels, factors_of(scales), factors_of(zeros), group_size)
+                  : widened_weights<Int8Levels>(levels, factors_of(scales), Factors{}, group_size);
+    M = rows.size(0);
+    amx = paged_core_cpu::bf16_amx_takes(M, K2, amx_min_rows);
   }
-  return y;
-}
+
+  const uint16_t* x() const { return static_cast<const uint16_t*>(rows.const_data_ptr()); }
+};
 
 template <typename L>
 at::Tensor dequantize_of(const at::Tensor& levels, const Factors& scales, const Factors& zeros,
@@ -341,16 +344,18 @@ at::Tensor column_gemm(const at::Tensor& x, const at::Tensor& levels, const at::
 at::Tensor column_dense(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
                         const std::optional<at::Tensor>& zeros, int64_t group_size,
                         int64_t out_features, int64_t amx_min_rows) {
-  check_layout(levels, scales, group_size, out_features, "scales");
-  TORCH_CHECK(zeros.has_value() == is_int4(levels), "4-bit levels need zeros, 8-bit none");
-  if (zeros) check_layout(levels, *zeros, group_size, out_features, "zeros");
-  const at::Tensor rows = x.to(at::kBFloat16).contiguous();
-  TORCH_CHECK(rows.dim() == 2 && rows.size(1) == levels.size(1) * 2, "x must be [M, K]");
-  return is_int4(levels)
-             ? dense_product<Int4Levels>(rows, levels, factors_of(scales), factors_of(zeros),
-                                         group_size, out_features, amx_min_rows)
-             : dense_product<Int8Levels>(rows, levels, factors_of(scales), Factors{}, group_size,
-                                         out_features, amx_min_rows);
+  const DenseCall call(x, levels, scales, zeros, group_size, out_features, amx_min_rows);
+  const int64_t N = out_features, C = levels.size(0), K2 = call.K2;
+  at::Tensor y = at::empty({call.M, N}, call.rows.options());
+  auto* yp = static_cast<uint16_t*>(y.data_ptr());
+  if (call.amx) {
+    at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
+      bf16_amx_groups(call.x(), 2 * K2, call.M, call.widened, K2, c0, c1, nullptr, yp, N, N);
+    });
+  } else {
+    bf16_dot_rows(call.x(), 2 * K2, call.M, call.widened, K2, C, nullptr, yp, N);
+  }
+  return y;
 }
 
 at::Tensor column_dense_silu_and_mul(const at::Tensor& x, const at::Tensor& levels,
@@ -365,19 +370,10 @@ at::Tensor column_dense_silu_and_mul(const at::Tensor& x, const at::Tensor& leve
     silu_and_mul(gate_up, activated);
     return activated;
   }
-  check_layout(levels, scales, group_size, out_features, "scales");
-  TORCH_CHECK(zeros.has_value() == is_int4(levels), "4-bit levels need zeros, 8-bit none");
-  if (zeros) check_layout(levels, *zeros, group_size, out_features, "zeros");
-  const at::Tensor rows = x.to(at::kBFloat16).contiguous();
-  const int64_t K2 = levels.size(1), M = rows.size(0);
-  TORCH_CHECK(rows.dim() == 2 && rows.size(1) == K2 * 2, "x must be [M, K]");
-  const GroupWeights widened =
-      is_int4(levels) ? widened_weights<Int4Levels>(levels, factors_of(scales), factors_of(zeros), group_size)
-                      : widened_weights<Int8Levels>(levels, factors_of(scales), Factors{}, group_size);
-  at::Tensor y = at::empty({M, I}, rows.options());
-  bf16_silu_and_mul_groups(static_cast<const uint16_t*>(rows.const_data_ptr()), K2 * 2, M, widened,
-                           K2, I, nullptr, static_cast<uint16_t*>(y.data_ptr()),
-                           dense_takes_amx(M, K2, amx_min_rows));
+  const DenseCall call(x, levels, scales, zeros, group_size, out_features, amx_min_rows);
+  at::Tensor y = at::empty({call.M, I}, call.rows.options());
+  bf16_silu_and_mul_groups(call.x(), 2 * call.K2, call.M, call.widened, call.K2, I, nullptr,
+                           static_cast<uint16_t*>(y.data_ptr()), call.amx);
   return y;
 }
 
