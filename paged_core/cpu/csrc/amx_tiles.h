@@ -19,7 +19,7 @@ namespace paged_core_cpu {
 void configure_amx_tiles(const uint8_t (&rows)[8]);
 // The same with tile t's rows bytes[t] bytes wide (<= 64) instead of 64.
 void configure_amx_tiles(const uint8_t (&rows)[8], const uint8_t (&bytes)[8]);
-// Every tile 16 rows of 64 bytes (attention_tiles_amx.h's tiles, quantized_column_amx.cpp's
+// Every tile 16 rows of 64 bytes (attention_prompt_amx.h's tiles, quantized_column_amx.cpp's
 // TripleTiles).
 constexpr uint8_t kAllTiles16Rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
 // Hands the tile state back (tiles zeroed, the configuration cleared).

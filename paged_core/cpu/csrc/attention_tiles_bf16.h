@@ -17,8 +17,9 @@
 //   - for groups of up to kRowBlock rows (sharing every load of Kt and Vp): scores of the
 //     whole segment in registers, one branch-free online-softmax step per row (one max,
 //     one rescale folded into the load of the row's output, one 2^x per score), p . V
-//     (vdp_segment_rows; or, on CPUs with AMX, 16 rows at a time on AMX tiles:
-//     attention_tiles_amx.h's amx_segment_rows, which bf16_unit_run takes instead).
+//     (vdp_segment_rows).
+// walk_segments (the segments, their rows, prefetches and visibility) is shared with the
+// AMX prompt path (attention_prompt_amx.h), which lays each segment out its own way.
 // The next segment's rows are prefetched while this one is transposed, and the blocks two
 // segments ahead are touched so their page walks start early.
 // Scores and the online softmax are float32, in log2 units (scores times scale * log2 e, or
@@ -54,11 +55,15 @@ constexpr int kSplitAlign = kMaxSegChunks * kChunk;  // key-range parts start at
 // segment, 2 * 64 * D bytes or less, stay in L1).
 inline int segment_chunks(int D) { return D <= 64 ? 4 : 2; }
 
-// 2^x on the lanes of keep (others exactly 0) for x <= 0: a degree-3 polynomial on the
-// fraction, exact at integers (2^0 = 1), relative error < 1.1e-4 (far below the bfloat16
-// rounding that probabilities get).
+// 2^x on the lanes of keep (others exactly 0): a degree-3 polynomial on the fraction, exact
+// at integers (2^0 = 1), relative error < 1.1e-4 (far below the bfloat16 rounding that
+// probabilities get). x's nearest integer comes from adding and taking back 1.5 * 2^23 (two
+// adds, which run on either FMA port: 1.03-1.07x the speed of vrndscaleps in AMX prompt
+// attention, Intel(R) Xeon(R) Processor, amx_bf16), exact for |x| < 2^22; below -2^22 the
+// result is 0 either way.
 inline __m512 exp2_probs(__m512 x, __mmask16 keep) {
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 magic = _mm512_set1_ps(12582912.f);  // 1.5 * 2^23
+  const __m512 n = _mm512_sub_ps(_mm512_add_ps(x, magic), magic);
   const __m512 f = _mm512_sub_ps(x, n);  // [-0.5, 0.5]
   __m512 y = _mm512_fmadd_ps(_mm512_set1_ps(0.0550089292f), f, _mm512_set1_ps(0.242210954f));
   y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(0.693282902f));
@@ -167,17 +172,12 @@ struct Bf16TileBuffers {
   std::vector<uint32_t> kt;   // [chunks][D/2][16] the segment's keys, transposed per chunk
   std::vector<uint32_t> vp;   // [pairs][D] the segment's values, key pairs interleaved
   std::vector<uint64_t> visible;  // [rows] the keys of the segment each row sees (bit j: key j)
-  std::vector<uint32_t> probs;    // [rows][32] AMX rows: a row's probabilities, as bf16 pairs
-  std::vector<float> tile_scores;  // [16][64] AMX rows: a row block's raw scores
 
-  // max_rows: a multiple of 16 (AMX rows take 16 at a time).
   Bf16TileBuffers(int max_rows, int head_dim)
       : D(head_dim), q(static_cast<size_t>(max_rows) * head_dim / 2),
         acc(static_cast<size_t>(max_rows) * head_dim), mx(max_rows), sum(static_cast<size_t>(max_rows) * 16),
         kt(static_cast<size_t>(kMaxSegChunks) * head_dim / 2 * kChunk),
-        vp(static_cast<size_t>(kMaxSegChunks) * kChunk / 2 * head_dim), visible(max_rows),
-        probs(static_cast<size_t>(max_rows) * kMaxSegChunks * kChunk / 2),
-        tile_scores(static_cast<size_t>(16) * kMaxSegChunks * kChunk) {}
+        vp(static_cast<size_t>(kMaxSegChunks) * kChunk / 2 * head_dim), visible(max_rows) {}
 
   float row_sum(int r) const { return _mm512_reduce_add_ps(_mm512_loadu_ps(sum.data() + 16 * r)); }
 };
@@ -431,31 +431,27 @@ inline void touch_segment(const Bf16Problem& pb, const Bf16Unit& u, int64_t s, i
   }
 }
 
-// Runs unit u: leaves its rows' un-normalised outputs, maxima and denominators in w (rows
-// that see no key of the range keep mx = -inf, zero sums and outputs). next (or nullptr):
-// the unit this thread runs after u, whose first keys are prefetched during u's last
-// segment. Returns false on a block table entry outside [0, num_blocks).
-template <typename SegmentRows>
-bool bf16_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* next,
-                   Bf16TileBuffers& w, SegmentRows&& segment_rows) {
-  const int D = pb.D, G = pb.G;
-  const int rows = u.nq * G;
-  for (int i = 0; i < u.nq; ++i)
-    for (int g = 0; g < G; ++g) {
-      const int r = i * G + g;
-      const uint16_t* src = pb.q + (u.first_token + i) * pb.q_t_stride + (u.h * G + g) * pb.q_h_stride;
-      std::copy(src, src + D, reinterpret_cast<uint16_t*>(w.q.data() + static_cast<size_t>(r) * D / 2));
-      w.mx[r] = -std::numeric_limits<float>::infinity();
-    }
-  std::fill(w.sum.begin(), w.sum.begin() + static_cast<size_t>(rows) * 16, 0.f);
-  std::fill(w.acc.begin(), w.acc.begin() + static_cast<size_t>(rows) * D, 0.f);
+// Prefetches the rows rows[from .. to) (nullptr: none) into L2.
+inline void prefetch_rows(const uint16_t* const* rows, int from, int to, int D) {
+  for (int j = from; j < to; ++j) prefetch_row(rows[j], D);
+}
 
+// Walks unit u's keys [key_lo, key_hi) segment by segment (segment_chunks(D) chunks each,
+// the first starting at first_segment_start(u)): per segment, visible[i * G + g] = the keys
+// of the segment query i sees (bit j: the segment's key j), then segment(n, krows, vrows,
+// next_k, next_v): the segment's n chunks of key and value rows (nullptr at or past
+// key_hi), and the rows this thread reads after them (this unit's next segment, or the first
+// of next: nullptr where none), which segment prefetches while it lays the segment out.
+// Returns false on a block table entry outside [0, num_blocks).
+template <typename Segment>
+bool walk_segments(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* next,
+                   uint64_t* visible, Segment&& segment) {
+  const int D = pb.D, G = pb.G;
   const int64_t head_stride = pb.num_blocks * pb.block_size * D;
   const int32_t* table = pb.block_tables + u.seq * pb.bt_stride;
   const uint16_t* k_head = pb.k + u.h * head_stride;
   const uint16_t* v_head = pb.v + u.h * head_stride;
-  const int seg_chunks = segment_chunks(D);
-  const int seg = seg_chunks * kChunk;
+  const int seg = segment_chunks(D) * kChunk;
   constexpr int kMaxSeg = kMaxSegChunks * kChunk;
   const uint16_t* krows[kMaxSeg];
   const uint16_t* vrows[kMaxSeg];
@@ -485,14 +481,9 @@ bool bf16_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* nex
     else if (next)
       touch_segment(pb, *next, first_segment_start(*next) + ahead, seg);
     const int n = static_cast<int>(std::min<int64_t>(seg, u.key_hi - s0) + kChunk - 1) / kChunk;
-    for (int c = 0; c < n; ++c)
-      transpose_keys(krows + c * kChunk, D, w.kt.data() + static_cast<size_t>(c) * D / 2 * kChunk,
-                     next_k + c * kChunk);
-    interleave_values(vrows, n * kChunk / 2, D, w.vp.data(), next_v);
-    for (int j = n * kChunk; j < seg; ++j) {  // what the short last segment did not cover
-      prefetch_row(next_k[j], D);
-      prefetch_row(next_v[j], D);
-    }
+    // what a short last segment's layout does not reach
+    prefetch_rows(next_k, n * kChunk, seg, D);
+    prefetch_rows(next_v, n * kChunk, seg, D);
 
     for (int i = 0; i < u.nq; ++i) {
       // Query i (position p) sees keys [lo, hi) of the segment (relative to s0).
@@ -505,11 +496,41 @@ bool bf16_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* nex
         const uint64_t below_hi = hi >= 64 ? ~uint64_t{0} : (uint64_t{1} << hi) - 1;
         bits = below_hi & ~((uint64_t{1} << lo) - 1);
       }
-      std::fill(w.visible.begin() + i * G, w.visible.begin() + (i + 1) * G, bits);
+      std::fill(visible + i * G, visible + (i + 1) * G, bits);
     }
-    segment_rows(rows, n, w.visible.data(), w, score_map(pb.scale, pb.soft_cap));
+    segment(n, krows, vrows, next_k, next_v);
   }
   return true;
+}
+
+// Runs unit u on vdpbf16ps: leaves its rows' un-normalised outputs, maxima and denominators
+// in w (rows that see no key of the range keep mx = -inf, zero sums and outputs). next (or
+// nullptr): the unit this thread runs after u, whose first keys are prefetched during u's
+// last segment. Returns false on a block table entry outside [0, num_blocks).
+inline bool bf16_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* next,
+                          Bf16TileBuffers& w) {
+  const int D = pb.D, G = pb.G;
+  const int rows = u.nq * G;
+  for (int i = 0; i < u.nq; ++i)
+    for (int g = 0; g < G; ++g) {
+      const int r = i * G + g;
+      const uint16_t* src = pb.q + (u.first_token + i) * pb.q_t_stride + (u.h * G + g) * pb.q_h_stride;
+      std::copy(src, src + D, reinterpret_cast<uint16_t*>(w.q.data() + static_cast<size_t>(r) * D / 2));
+      w.mx[r] = -std::numeric_limits<float>::infinity();
+    }
+  std::fill(w.sum.begin(), w.sum.begin() + static_cast<size_t>(rows) * 16, 0.f);
+  std::fill(w.acc.begin(), w.acc.begin() + static_cast<size_t>(rows) * D, 0.f);
+  const ScoreMap map = score_map(pb.scale, pb.soft_cap);
+  return walk_segments(pb, u, next, w.visible.data(),
+                       [&](int n, const uint16_t* const* krows, const uint16_t* const* vrows,
+                           const uint16_t* const* next_k, const uint16_t* const* next_v) {
+                         for (int c = 0; c < n; ++c)
+                           transpose_keys(krows + c * kChunk, D,
+                                          w.kt.data() + static_cast<size_t>(c) * D / 2 * kChunk,
+                                          next_k + c * kChunk);
+                         interleave_values(vrows, n * kChunk / 2, D, w.vp.data(), next_v);
+                         vdp_segment_rows(rows, n, w.visible.data(), w, map);
+                       });
 }
 
 // out rows of unit u = w's outputs / denominators (every row saw a key).

@@ -22,7 +22,7 @@
 // kBf16TileQueries queries), and their one-query units (decodes) attention_decode_bf16.h's
 // loop where it beats them (decode_rows_fit), with or without amx_tiles; with amx_tiles the
 // decode loop takes its scores from AMX tiles where they fit (attention_decode_amx.h) and the
-// other units' products run on AMX tiles (attention_tiles_amx.h). That needs the avx512_bf16
+// other units run on AMX tiles (attention_prompt_amx.h). That needs the avx512_bf16
 // build on a CPU and OS granting AMX tiles (else an error); float32 and quantized-cache calls
 // compute as they do without it.
 //
@@ -32,7 +32,7 @@
 #include <torch/library.h>
 
 #include "attention_decode_bf16.h"
-#include "attention_tiles_amx.h"
+#include "attention_prompt_amx.h"
 #include "attention_tiles_bf16.h"
 #include "bf16_dot_linear.h"
 #include "cpu_common.h"
@@ -480,7 +480,7 @@ class AmxTileUse {
 
 // attention_kernel's tasks for bfloat16 with tiles (attention_tiles_bf16.h); needs
 // head_dim % 32 == 0. Every unit's rows take vdpbf16ps, or with amx AMX tiles
-// (attention_tiles_amx.h): one path for the whole call, so a query's bits never depend on
+// (attention_prompt_amx.h): one path for the whole call, so a query's bits never depend on
 // the tile it shares. Threads take jobs in order; each claims its next job when it starts
 // one, so the next job's first keys are prefetched while this one ends.
 void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
@@ -512,6 +512,7 @@ void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
     paged_core_cpu::Bf16TileBuffers buffers(max_rows, pb.D);
 #if PAGED_CORE_AMX_ATTENTION
     AmxTileUse tiles(amx);
+    paged_core_cpu::AmxPromptBuffers prompt_buffers(amx ? max_rows : 0, amx ? pb.D : 0);
 #endif
     int64_t j = __atomic_fetch_add(&next_job.value, 1, __ATOMIC_RELAXED);
     while (j < num_jobs) {
@@ -528,13 +529,11 @@ void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
 #if PAGED_CORE_AMX_ATTENTION
       else if (amx) {
         tiles.load(AmxTileUse::kPrompt);
-        ok = paged_core_cpu::bf16_unit_run(pb, job.unit, next, buffers,
-                                           paged_core_cpu::amx_segment_rows);
+        ok = paged_core_cpu::amx_unit_run(pb, job.unit, next, buffers, prompt_buffers);
       }
 #endif
       else
-        ok = paged_core_cpu::bf16_unit_run(pb, job.unit, next, buffers,
-                                           paged_core_cpu::vdp_segment_rows);
+        ok = paged_core_cpu::bf16_unit_run(pb, job.unit, next, buffers);
       if (!ok) {
         __atomic_store_n(error_flag, 2, __ATOMIC_RELAXED);
       } else if (job.slot < 0) {
