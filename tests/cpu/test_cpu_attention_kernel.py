@@ -94,6 +94,37 @@ def test_logits_soft_cap_matches_reference(step, head_dim, window, dtype, attent
                             logits_soft_cap=0.0, cpu_isa=attention_path)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_scores_climbing_along_the_keys_match_reference(head_dim, dtype, attention_path):
+    """Keys leaning ever further along the queries' direction make each row's maximum climb
+    by tens of log2 units per 64 keys, far past the AMX prompt path's lazy-rescaling margin
+    (a row's outputs are rescaled only when its maximum moves by more than 2^8), so rows are
+    rescaled segment after segment; keys leaning ever less keep the first maximum. Prompts,
+    a chunk after a prefix and decodes match the reference on every path."""
+    seq_lens, query_lens = [300, 260, 90], [300, 40, 1]
+    query, k_cache, v_cache, tables, lens, starts = _step(seq_lens, query_lens, 2, 3, head_dim,
+                                                          16, dtype, seed=9)
+    gen = torch.Generator().manual_seed(10)
+    direction = torch.randn(head_dim, generator=gen)
+    direction /= direction.norm()
+    query = (query.float() + 16 * direction).to(dtype)
+    for i, (n, slope) in enumerate(zip(seq_lens, (0.12, -0.1, 0.12))):
+        pos = torch.arange(n)
+        phys = tables[i].long()[pos // 16]
+        k_cache[:, phys, pos % 16] = (k_cache[:, phys, pos % 16].float()
+                                      + (slope * pos)[:, None] * direction).to(dtype)
+    scale = 1 / math.sqrt(head_dim)
+    expected = _reference(query, k_cache, v_cache, tables, lens, starts, scale, None)
+    logits = (query[:300, 0].double() @ k_cache[0, tables[0].long()[torch.arange(300) // 16],
+                                                 torch.arange(300) % 16].double().T) * scale
+    assert (logits[-1, 256:].max() - logits[-1, :64].max()) * math.log2(math.e) > 64
+    out = cpu_paged_attention(query, k_cache, v_cache, tables, lens, starts, scale,
+                              cpu_isa=attention_path)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
+
+
 # Few sequences with long contexts: the bf16 tiles split a tile's keys into parts across
 # threads (a lone long decode, a chunk after a long cached prefix, a window wider than a
 # part) and combine them; short ones in the same step are not split. A bf16 tile of nq
