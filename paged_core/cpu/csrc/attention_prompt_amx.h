@@ -51,8 +51,8 @@ constexpr int kSegPairs = kSegKeys / 2;                 // its key pairs
 constexpr int kTileBytes = 64;                          // a tile row
 constexpr float kLazyRescale = 8.f;                     // see the file comment
 
-// One thread's buffers for prompt units of up to max_rows query rows (blocks of 16) and head
-// dim D (a multiple of 32).
+// One thread's buffers for prompt units of up to max_rows query rows (in whole blocks of 16)
+// and head dim D (a multiple of 32).
 struct AmxPromptBuffers {
   int D;
   std::vector<uint32_t> qt;      // [blocks][D / 2][16] the queries as dim pairs: B tiles
@@ -65,11 +65,14 @@ struct AmxPromptBuffers {
   std::vector<uint32_t> probs;   // [2][kSegPairs][16] two blocks' P^T, bfloat16 pairs
 
   AmxPromptBuffers(int max_rows, int head_dim)
-      : D(head_dim), qt(static_cast<size_t>(max_rows) * head_dim / 2),
-        ot(static_cast<size_t>(max_rows) * head_dim), mx(max_rows), sum(max_rows),
+      : D(head_dim), qt(lanes(max_rows) * head_dim / 2), ot(lanes(max_rows) * head_dim),
+        mx(lanes(max_rows)), sum(lanes(max_rows)),
         kstage(static_cast<size_t>(kSegKeys) * head_dim),
         vt(static_cast<size_t>(head_dim) * kSegPairs), scores(2 * kSegKeys * kLanes),
         probs(2 * kSegPairs * kLanes) {}
+
+  // The lanes of the blocks that hold `rows` rows.
+  static size_t lanes(int rows) { return (static_cast<size_t>(rows) + kLanes - 1) / kLanes * kLanes; }
 };
 
 // Where a chunk's 16 key rows are read from: an A tile's rows, stride bytes apart.
