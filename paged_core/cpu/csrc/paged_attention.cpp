@@ -19,8 +19,8 @@
 // query_start_loc[num_seqs] (padding) are not written.
 //
 // bfloat16 caches (head_dim % 32 == 0) take attention_tiles_bf16.h's tiles (of up to
-// kBf16TileQueries queries; kAmxTileQueries on AMX tiles), and their one-query units (decodes) attention_decode_bf16.h's
-// loop where it beats them (decode_rows_fit), with or without amx_tiles; with amx_tiles the
+// kBf16TileQueries queries; on AMX tiles kAmxTileQueries for long prompts), and their
+// one-query units (decodes) attention_decode_bf16.h's loop where it beats them (decode_rows_fit), with or without amx_tiles; with amx_tiles the
 // decode loop takes its scores from AMX tiles where they fit (attention_decode_amx.h) and the
 // other units run on AMX tiles (attention_prompt_amx.h). That needs the avx512_bf16
 // build on a CPU and OS granting AMX tiles (else an error); float32 and quantized-cache calls
@@ -180,24 +180,29 @@ constexpr int64_t TILE = 16;  // queries of one sequence per task
 // prompts of 128-2048 tokens (SmolLM2's shape, both builds interleaved in one process, AMD
 // EPYC Zen 5, avx512_bf16).
 constexpr int64_t kBf16TileQueries = 32;
-// The same on AMX tiles (attention_prompt_amx.h), whose units also lay each segment's values
-// out once for all their rows: 64 against 32, a 2048-token prompt 1.07x the speed in
-// SmolLM2's shape and 1.25x in a Llama-8B-like one (8 KV heads x 4, head_dim 128), 512
-// tokens 1.1x / 1.03x, 128 tokens 0.93x (0.13 ms; each build alternately in its own process,
-// Intel(R) Xeon(R) Processor, amx_bf16, 2 threads).
+// On AMX tiles (attention_prompt_amx.h), whose units also lay each segment's values out once
+// for all their rows, sequences of at least kAmxWideFrom new tokens take tiles of
+// kAmxTileQueries: 64 against 32, a 2048-token prompt 1.07x the speed in SmolLM2's shape and
+// 1.25x in a Llama-8B-like one (8 KV heads x 4, head_dim 128), 512 tokens 1.1x / 1.03x, but
+// 128 tokens 0.93x (each build alternately in its own process, Intel(R) Xeon(R) Processor,
+// amx_bf16, 2 threads).
 constexpr int64_t kAmxTileQueries = 64;
+constexpr int64_t kAmxWideFrom = 256;
 
 struct Task {
   int64_t seq, first_query, num_queries, cost;
 };
 
-// Tasks of every sequence (tiles of up to `tile` queries), longest (most keys to read)
-// first, so the dynamic schedule does not end with one long task on one thread.
+// Tasks of every sequence (tiles of up to `narrow_tile` queries; `wide_tile` for sequences of at
+// least wide_from new tokens), longest (most keys to read) first, so the dynamic schedule does
+// not end with one long task on one thread.
 std::vector<Task> make_tasks(const int32_t* seq_lens, const int32_t* qsl, int64_t num_seqs,
-                             int64_t window, int64_t tile) {
+                             int64_t window, int64_t narrow_tile, int64_t wide_tile,
+                             int64_t wide_from) {
   std::vector<Task> tasks;
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = qsl[s + 1] - qsl[s];
+    const int64_t tile = q_len >= wide_from ? wide_tile : narrow_tile;
     for (int64_t q0 = 0; q0 < q_len; q0 += tile) {
       const int64_t nq = std::min<int64_t>(tile, q_len - q0);
       const int64_t last = seq_lens[s] - q_len + q0 + nq;  // keys of the tile's last query
@@ -667,8 +672,9 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
   if (S == 0 || Hq == 0 || D == 0) return;
   const bool bf16_tiles = !quantized && dtype != at::kFloat && PAGED_CORE_BF16_TILES && D % 32 == 0;
   const std::vector<Task> tasks =
-      make_tasks(sl, qsl, S, sliding_window,
-                 bf16_tiles ? (amx_tiles ? kAmxTileQueries : kBf16TileQueries) : TILE);
+      bf16_tiles ? make_tasks(sl, qsl, S, sliding_window, kBf16TileQueries,
+                              amx_tiles ? kAmxTileQueries : kBf16TileQueries, kAmxWideFrom)
+                 : make_tasks(sl, qsl, S, sliding_window, TILE, TILE, 0);
   int error_flag = 0;
   if (quantized && dtype == at::kFloat) {
     dispatch_quantized<float>(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
