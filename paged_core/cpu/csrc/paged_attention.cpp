@@ -20,11 +20,12 @@
 //
 // bfloat16 caches (head_dim % 32 == 0) take attention_tiles_bf16.h's tiles (of up to
 // kBf16TileQueries queries; on AMX tiles kAmxTileQueries for long prompts), and their
-// one-query units (decodes) attention_decode_bf16.h's loop where it beats them (decode_rows_fit), with or without amx_tiles; with amx_tiles the
-// decode loop takes its scores from AMX tiles where they fit (attention_decode_amx.h) and the
-// other units run on AMX tiles (attention_prompt_amx.h). That needs the avx512_bf16
-// build on a CPU and OS granting AMX tiles (else an error); float32 and quantized-cache calls
-// compute as they do without it.
+// one-query units (decodes) attention_decode_bf16.h's loop where it beats them
+// (decode_rows_fit), with or without amx_tiles; with amx_tiles the decode loop takes its
+// scores from AMX tiles where they fit (attention_decode_amx.h) and the other units run on
+// AMX tiles (attention_prompt_amx.h). That needs the avx512_bf16 build on a CPU and OS
+// granting AMX tiles (else an error); float32 and quantized-cache calls compute as they do
+// without it.
 //
 // Registered as torch.ops.paged_core_cpu_<level>.paged_attention (no pybind needed).
 #include <ATen/core/Tensor.h>
@@ -671,10 +672,10 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
   }
   if (S == 0 || Hq == 0 || D == 0) return;
   const bool bf16_tiles = !quantized && dtype != at::kFloat && PAGED_CORE_BF16_TILES && D % 32 == 0;
+  const int64_t narrow_tile = bf16_tiles ? kBf16TileQueries : TILE;
+  const int64_t wide_tile = bf16_tiles && amx_tiles ? kAmxTileQueries : narrow_tile;
   const std::vector<Task> tasks =
-      bf16_tiles ? make_tasks(sl, qsl, S, sliding_window, kBf16TileQueries,
-                              amx_tiles ? kAmxTileQueries : kBf16TileQueries, kAmxWideFrom)
-                 : make_tasks(sl, qsl, S, sliding_window, TILE, TILE, 0);
+      make_tasks(sl, qsl, S, sliding_window, narrow_tile, wide_tile, kAmxWideFrom);
   int error_flag = 0;
   if (quantized && dtype == at::kFloat) {
     dispatch_quantized<float>(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
