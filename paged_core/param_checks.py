@@ -40,6 +40,25 @@ def check_number(name: str, value: Any, allowed: str, ok: bool) -> None:
         raise ParamValidationError(f"{name} must be {allowed}, got {value}", name)
 
 
+def lone_surrogate_message(name: str, text: str) -> str | None:
+    """Why ``text`` (the value of ``name``) is not valid Unicode, or ``None`` if it is.
+
+    Python strings may hold lone surrogates (JSON's ``"\\ud800"`` without its pair); they
+    cannot be encoded as UTF-8, so neither tokenizers nor hashes can take them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"{name} is not valid Unicode: it holds a lone surrogate {text[exc.start]!r} at "
+                f"character {exc.start}; send a complete surrogate pair or plain UTF-8 text")
+    return None
+
+
+def check_utf8(name: str, text: str) -> None:
+    message = lone_surrogate_message(name, text)
+    if message is not None:
+        raise ParamValidationError(message, name)
+
+
 def check_bool(name: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise ParamValidationError(f"{name} must be true or false, got {value!r}", name)

@@ -5,21 +5,17 @@ from __future__ import annotations
 
 from typing import Any, Union
 
+from ..param_checks import lone_surrogate_message
+
 PromptInput = Union[str, list[int], dict[str, Any]]
 
 
 def check_text(name: str, text: str) -> None:
-    """Raise ``ValueError`` naming ``name`` unless ``text`` is valid Unicode (encodable as UTF-8).
-
-    Python strings may hold lone surrogates (JSON's ``"\\ud800"`` without its
-    pair); tokenizers reject them, so they are refused before tokenization.
-    """
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(
-            f"{name} is not valid Unicode: it holds a lone surrogate {text[exc.start]!r} at "
-            f"character {exc.start}; send a complete surrogate pair or plain UTF-8 text") from None
+    """Raise ``ValueError`` naming ``name`` unless ``text`` is valid Unicode (encodable as
+    UTF-8): tokenizers reject lone surrogates, so they are refused before tokenization."""
+    message = lone_surrogate_message(name, text)
+    if message is not None:
+        raise ValueError(message)
 
 
 def _encode(text: Any, tokenizer) -> list[int]:

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..beam_search.params import BeamSearchParams
 from ..exceptions import ParamValidationError
+from ..param_checks import check_utf8
 from ..sampling_params import SamplingParams
 
 PRIORITY_LIMIT = 2**31
@@ -53,6 +54,8 @@ class EngineRequest:
                                             or not self.cache_salt):
             raise ParamValidationError(
                 f"cache_salt must be a non-empty string, got {self.cache_salt!r}", "cache_salt")
+        if self.cache_salt is not None:  # it is hashed as UTF-8 with the prompt's blocks
+            check_utf8("cache_salt", self.cache_salt)
 
     @property
     def is_beam_search(self) -> bool:

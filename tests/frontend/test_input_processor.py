@@ -36,6 +36,11 @@ def test_a_prompt_dict_carries_its_cache_salt(processor):
         with pytest.raises(ParamValidationError, match="cache_salt must be a non-empty string") as e:
             processor.process("s", {"prompt_token_ids": [1, 2], "cache_salt": bad})
         assert e.value.param == "cache_salt"
+    # a salt is hashed as UTF-8 when the scheduler looks the prompt up: a lone surrogate
+    # (from JSON's "\udfff") once stopped the whole engine there; now the request is refused
+    with pytest.raises(ParamValidationError, match="cache_salt is not valid Unicode") as e:
+        processor.process("s", {"prompt_token_ids": [1, 2], "cache_salt": "a\udfffb"})
+    assert e.value.param == "cache_salt"
 
 
 def test_a_grammar_is_compiled_before_the_request_exists(processor):

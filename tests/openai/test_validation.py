@@ -41,6 +41,8 @@ def error_of(r, status: int = 400) -> dict:
     (CHAT, {"messages": [{"role": "user", "content": "\ud800"}]}, "messages", "lone surrogate"),
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]},
      "messages", "lone surrogate"),
+    (COMPLETIONS, {"prompt": "x", "cache_salt": "a\udfffb"}, "cache_salt", "lone surrogate"),
+    (CHAT, {"messages": HI, "cache_salt": "\ud800"}, "cache_salt", "lone surrogate"),
     # wrong JSON types: no silent coercion
     (COMPLETIONS, {"prompt": "x", "max_tokens": "8"}, "max_tokens", "valid integer"),
     (COMPLETIONS, {"prompt": "x", "max_tokens": True}, "max_tokens", "valid integer"),
