@@ -62,3 +62,29 @@ def check_utf8(name: str, text: str) -> None:
 def check_bool(name: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise ParamValidationError(f"{name} must be true or false, got {value!r}", name)
+
+
+MAX_ID_DIGITS = 18  # a token id's decimal string is never longer (vocabularies are far smaller)
+
+
+def as_token_biases(name: str, value: Any) -> dict[int, float] | None:
+    """``{token id: bias}`` from a mapping whose keys are token ids: integers, or their
+    decimal strings (JSON object keys, as OpenAI's ``logit_bias`` sends them); ``None`` for
+    ``None`` or an empty mapping. Each bias must be a finite number; token ids are checked
+    against the vocabulary later (``SamplingParams.verify_for_model``)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ParamValidationError(f"{name} must be a mapping of token ids to biases, got "
+                                   f"{value!r}", name)
+    biases: dict[int, float] = {}
+    for key, bias in value.items():
+        digits = key.strip() if isinstance(key, str) else ""
+        if digits.isascii() and digits.isdigit() and len(digits) <= MAX_ID_DIGITS:
+            key = int(digits)
+        if isinstance(key, bool) or not isinstance(key, int) or key < 0:
+            raise ParamValidationError(f"{name} keys must be token ids (integers >= 0, or "
+                                       f"their decimal strings), got {key!r}", name)
+        check_number(name, bias, "(the bias of token " + str(key) + ")", True)
+        biases[key] = float(bias)
+    return biases or None

@@ -16,7 +16,7 @@ from typing import Any
 
 from .beam_search.params import BeamSearchParams
 from .exceptions import ParamValidationError
-from .param_checks import as_list, check_bool, check_int, check_number
+from .param_checks import as_list, as_token_biases, check_bool, check_int, check_number
 from .structured_outputs.params import StructuredOutputsParams
 
 __all__ = ["BeamSearchParams", "RequestOutputKind", "SamplingParams"]  # BeamSearchParams: importable here, as in vLLM
@@ -45,6 +45,10 @@ class SamplingParams:
 
     ``temperature == 0`` means greedy decoding; ``top_k`` of 0 or -1 disables
     top-k; ``stop`` strings end the output and are not included in it.
+    ``logit_bias`` adds its bias to each listed token's logit (keys: token ids, or their
+    decimal strings; -100 all but bans a token), and ``allowed_token_ids`` (not empty) lets
+    only those tokens be sampled; both apply to every sampled token, after the grammar of
+    ``structured_outputs`` and before the penalties, as in vLLM.
     """
 
     n: int = 1
@@ -66,6 +70,8 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsParams | None = None  # a JSON object is accepted too
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE  # its value (0-2) too
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         if self.structured_outputs is not None:
@@ -75,6 +81,9 @@ class SamplingParams:
         if self.top_k == -1:
             self.top_k = 0
         self.output_kind = _output_kind(self.output_kind)
+        self.logit_bias = as_token_biases("logit_bias", self.logit_bias)
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = as_list("allowed_token_ids", self.allowed_token_ids)
         self._validate()
 
     @classmethod
@@ -104,16 +113,20 @@ class SamplingParams:
                          num_prompt_tokens: int) -> None:
         """The checks that need the model and the prompt; raises ``ParamValidationError`` naming the field.
 
-        Token ids must be in the vocabulary and ``top_k`` at most its size; the
+        Token ids (``stop_token_ids``, ``logit_bias``'s keys, ``allowed_token_ids``) must be
+        in the vocabulary and ``top_k`` at most its size; the
         prompt plus ``max_tokens`` (and plus ``min_tokens``) must fit in
         ``max_model_len``, as vLLM's server checks ``max_tokens``, so no request
         can ask to hold a slot for more than the model's context.
         """
-        for t in self.stop_token_ids:
-            if t >= vocab_size:
-                raise ParamValidationError(f"stop_token_ids must be token ids in [0, "
-                                           f"{vocab_size}) (the model's vocabulary), got {t}",
-                                           "stop_token_ids")
+        for name, ids in (("stop_token_ids", self.stop_token_ids),
+                          ("logit_bias", self.logit_bias or ()),
+                          ("allowed_token_ids", self.allowed_token_ids or ())):
+            for t in ids:
+                if t >= vocab_size:
+                    raise ParamValidationError(f"{name} must be token ids in [0, "
+                                               f"{vocab_size}) (the model's vocabulary), got "
+                                               f"{t}", name)
         if self.top_k > vocab_size:
             raise ParamValidationError(f"top_k must be at most the vocabulary size "
                                        f"({vocab_size}), or 0 / -1 to disable it, got "
@@ -161,6 +174,13 @@ class SamplingParams:
                 raise ParamValidationError(f"stop must hold non-empty strings, got {s!r}", "stop")
         for t in self.stop_token_ids:
             check_int("stop_token_ids", t, lo=0)
+        if self.allowed_token_ids is not None:
+            if not self.allowed_token_ids:
+                raise ParamValidationError("allowed_token_ids must name at least one token "
+                                           "(leave it out to allow every token)",
+                                           "allowed_token_ids")
+            for t in self.allowed_token_ids:
+                check_int("allowed_token_ids", t, lo=0)
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             check_bool(name, getattr(self, name))
 

@@ -23,8 +23,9 @@ from .tool_calls import forced_call_constraint, tool_choice_mode
 _PASS_THROUGH = ("n", "temperature", "top_p", "stop", "seed", "presence_penalty",
                  "frequency_penalty", "top_k", "min_p", "repetition_penalty", "min_tokens",
                  "ignore_eos", "stop_token_ids", "skip_special_tokens",
-                 "include_stop_str_in_output")
+                 "include_stop_str_in_output", "allowed_token_ids")
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a bias is [-100, 100]; vLLM clamps to it
 
 
 def request_field_names(req: SamplingFields) -> dict[str, str]:
@@ -63,14 +64,20 @@ def salted_prompts(prompts: list[Any], req: SamplingFields) -> list[Any]:
 
 
 def _common(req: SamplingFields) -> dict[str, Any]:
-    if req.logit_bias:
-        raise OpenAIError(400, "logit_bias is not supported", param="logit_bias")
     if isinstance(req.stop, list) and len(req.stop) > MAX_STOP_SEQUENCES:
         raise OpenAIError(400, f"stop holds at most {MAX_STOP_SEQUENCES} sequences, got "
                                f"{len(req.stop)}", param="stop")
     values = {name: getattr(req, name) for name in _PASS_THROUGH}
+    if req.logit_bias:  # token id strings: SamplingParams reads them and checks the keys
+        values["logit_bias"] = {token: _clamped(bias) for token, bias in req.logit_bias.items()}
     values["structured_outputs"] = structured_outputs_of(req)
     return {k: v for k, v in values.items() if v is not None}
+
+
+def _clamped(bias: float) -> float:
+    """A ``logit_bias`` value within OpenAI's [-100, 100] (vLLM clamps too); NaN stays, for
+    ``SamplingParams`` to refuse."""
+    return min(LOGIT_BIAS_LIMIT, max(-LOGIT_BIAS_LIMIT, bias)) if bias == bias else bias
 
 
 def _build(values: dict[str, Any], req: SamplingFields) -> SamplingParams:
@@ -81,14 +88,17 @@ def _build(values: dict[str, Any], req: SamplingFields) -> SamplingParams:
 
 
 _CONSTRAINT_FIELDS = ("tools", "response_format", "structured_outputs", "guided_json",
-                      "guided_regex", "guided_choice", "guided_grammar")
+                      "guided_regex", "guided_choice", "guided_grammar", "logit_bias",
+                      "allowed_token_ids")
 
 
 def _refuse_constraints_with_beams(req: SamplingFields) -> None:
-    """Beam search ranks whole continuations: it takes no grammar (structured outputs, tools)."""
+    """Beam search ranks whole continuations by their model log-probabilities: it takes no
+    grammar (structured outputs, tools) and no edit of the logits (logit_bias,
+    allowed_token_ids)."""
     for name in _CONSTRAINT_FIELDS:
         value = getattr(req, name, None)
-        if value is not None and value != [] and getattr(value, "type", None) != "text":
+        if value not in (None, [], {}) and getattr(value, "type", None) != "text":
             raise OpenAIError(400, f"use_beam_search cannot be combined with {name}; drop one "
                                    f"of them", param=name)
 

@@ -63,6 +63,7 @@ class SamplingFields(OpenAIBaseModel):
     min_tokens: int | None = None
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
+    allowed_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
     structured_outputs: dict[str, Any] | None = None

@@ -1,7 +1,8 @@
 """``Sampler``: picks one token per logits row under each row's ``SamplingParams``.
 
-Order of operations per row: the grammar bitmask of constrained rows (one
-batched pass, ``structured_outputs``); block EOS/stop tokens until ``min_tokens``;
+Order of operations per row (vLLM's): the grammar bitmask of constrained rows
+(one batched pass, ``structured_outputs``); every token but ``allowed_token_ids``
+masked; block EOS/stop tokens until ``min_tokens``; ``logit_bias`` added;
 repetition / presence / frequency penalties; log-probabilities (if asked) of
 the penalised distribution; then greedy argmax, or temperature, top-k, top-p,
 min-p and a draw.
@@ -93,8 +94,12 @@ class Sampler:
         logits = logits.float()
         self.grammar_bitmask(logits, [row.grammar for row in rows])
         for r, row in enumerate(rows):
+            if row.params.allowed_token_ids is not None:
+                _keep_only(logits[r], row.params.allowed_token_ids)
             if row.blocked_token_ids:
                 logits[r, row.blocked_token_ids] = float("-inf")
+            if row.params.logit_bias:
+                _add_biases(logits[r], row.params.logit_bias)
             if row.params.has_penalties:
                 _apply_penalties(logits[r], row)
         logprobs = self._logprobs(logits, rows)
@@ -133,10 +138,25 @@ class Sampler:
 
 def _plain_greedy(row: SamplingRow) -> bool:
     """True if ``row`` takes its logits' argmax as they are: greedy, with nothing that changes
-    the logits first (penalties, blocked tokens, a grammar) and no log-probabilities."""
+    the logits first (penalties, blocked tokens, a grammar, allowed tokens, biases) and no
+    log-probabilities."""
     p = row.params
     return (p.greedy and not p.has_penalties and not row.blocked_token_ids and row.grammar is None
-            and p.logprobs is None)
+            and p.logprobs is None and p.allowed_token_ids is None and not p.logit_bias)
+
+
+def _keep_only(logits: torch.Tensor, token_ids: list[int]) -> None:
+    """Every logit of the row but those of ``token_ids`` to -inf, in place."""
+    index = torch.tensor(token_ids, dtype=torch.long, device=logits.device)
+    kept = logits[index]
+    logits.fill_(float("-inf"))
+    logits[index] = kept
+
+
+def _add_biases(logits: torch.Tensor, biases: dict[int, float]) -> None:
+    """Each listed token's logit plus its bias, in place (the keys are distinct)."""
+    index = torch.tensor(list(biases), dtype=torch.long, device=logits.device)
+    logits[index] += torch.tensor(list(biases.values()), dtype=logits.dtype, device=logits.device)
 
 
 def _apply_penalties(logits: torch.Tensor, row: SamplingRow) -> None:

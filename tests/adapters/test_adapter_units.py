@@ -87,6 +87,18 @@ def test_triton_sampling_parameters_take_structured_outputs():
         EngineConfig(tool_call_parser="mistral")
 
 
+def test_triton_sampling_parameters_take_logit_edits():
+    """JSON object keys are strings: logit_bias's become token ids, as the OpenAI route's do."""
+    from paged_core.adapters.triton_server.request_parsing import parse_request
+
+    text = np.array([b"hello"], dtype=np.object_)
+    raw = json.dumps({"logit_bias": {"17": -100, "9": 2.5}, "allowed_token_ids": [9, 17, 30]})
+    _, _, sp, _ = parse_request(text, None, np.array([raw.encode()], dtype=np.object_))
+    assert sp.logit_bias == {17: -100.0, 9: 2.5} and sp.allowed_token_ids == [9, 17, 30]
+    with pytest.raises(ValueError, match="logit_bias keys must be token ids"):
+        parse_request(text, None, np.array([b'{"logit_bias": {"a": 1}}'], dtype=np.object_))
+
+
 def test_triton_launcher_environment(tmp_path):
     from paged_core.adapters.triton_server import launcher
 

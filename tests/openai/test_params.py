@@ -30,7 +30,8 @@ def test_completion_maps_openai_fields_and_vllm_extras():
 
 @pytest.mark.parametrize("fields,param", [
     ({"echo": True}, "echo"), ({"suffix": "s"}, "suffix"), ({"best_of": 3}, "best_of"),
-    ({"logit_bias": {"1": 2.0}}, "logit_bias"), ({"max_tokens": 0}, "max_tokens"),
+    ({"logit_bias": {"one": 2.0}}, "logit_bias"), ({"logit_bias": {"-1": 2.0}}, "logit_bias"),
+    ({"allowed_token_ids": []}, "allowed_token_ids"), ({"max_tokens": 0}, "max_tokens"),
     ({"top_p": 0}, "top_p"), ({"n": 0}, "n"), ({"logprobs": 21}, "logprobs"),
     ({"min_tokens": 9, "max_tokens": 2}, "min_tokens"),
 ])
@@ -38,6 +39,27 @@ def test_completion_rejections_name_the_field(fields, param):
     with pytest.raises(OpenAIError) as info:
         completion_params(CompletionRequest(prompt="x", **fields))
     assert (info.value.status, info.value.param) == (400, param)
+
+
+def test_logit_bias_keys_become_token_ids_and_biases_are_clamped_as_vllm_does():
+    """OpenAI sends token ids as JSON keys (strings) and allows biases in [-100, 100]; vLLM
+    clamps a bias outside that range rather than refusing it."""
+    p = completion_params(CompletionRequest(prompt="x", logit_bias={"7": 5.5, "12": -250},
+                                            allowed_token_ids=[7, 12, 30]))
+    assert p.logit_bias == {7: 5.5, 12: -100.0}
+    assert p.allowed_token_ids == [7, 12, 30]
+    chat = chat_params(ChatCompletionRequest(messages=MSG, logit_bias={"3": 150}))
+    assert chat.logit_bias == {3: 100.0}
+    assert completion_params(CompletionRequest(prompt="x", logit_bias={})).logit_bias is None
+
+
+def test_beam_search_refuses_logit_edits():
+    for fields, param in (({"logit_bias": {"1": 2.0}}, "logit_bias"),
+                          ({"allowed_token_ids": [1, 2]}, "allowed_token_ids")):
+        with pytest.raises(OpenAIError) as info:
+            completion_params(CompletionRequest(prompt="x", n=2, use_beam_search=True,
+                                                **fields))
+        assert (info.value.status, info.value.param) == (400, param)
 
 
 def test_chat_max_completion_tokens_wins_and_errors_use_its_name():

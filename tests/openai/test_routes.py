@@ -114,6 +114,37 @@ async def test_errors_are_openai_shaped_and_name_the_field(client, path, body, s
     assert error["param"] == param and error["message"]
 
 
+async def test_logit_bias_and_allowed_token_ids_steer_both_routes_as_the_engine(client, engine):
+    """OpenAI's ``logit_bias`` (token ids as JSON keys) and vLLM's ``allowed_token_ids`` give
+    the engine's own tokens for the same edits, on completions and chat."""
+    async def engine_text(prompt, **edits) -> tuple[str, list[int]]:
+        async for out in engine.generate(prompt, SamplingParams(max_tokens=8, temperature=0,
+                                                                **edits)):
+            final = out
+        return final.outputs[0].text, final.outputs[0].token_ids
+
+    plain_text, plain_ids = await engine_text(PROMPT)
+    bias = {plain_ids[0]: -100.0, plain_ids[2]: -2.0}
+    biased_text, _ = await engine_text(PROMPT, logit_bias=bias)
+    r = await client.post("/v1/completions", json={
+        **GREEDY, "prompt": PROMPT, "logit_bias": {str(t): b for t, b in bias.items()}})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == biased_text != plain_text
+
+    allowed = sorted(set(plain_ids[1:]) | set(range(1000, 1100)))
+    allowed_text, allowed_ids = await engine_text(PROMPT, allowed_token_ids=allowed)
+    r = await client.post("/v1/completions", json={**GREEDY, "prompt": PROMPT,
+                                                   "allowed_token_ids": allowed})
+    assert r.json()["choices"][0]["text"] == allowed_text and set(allowed_ids) <= set(allowed)
+
+    messages = [{"role": "user", "content": "Name a colour."}]
+    plain_chat = (await client.post("/v1/chat/completions", json={
+        **GREEDY, "messages": messages})).json()["choices"][0]["message"]["content"]
+    banned = engine.tokenizer.encode(plain_chat, add_special_tokens=False)[:1]
+    r = await client.post("/v1/chat/completions", json={
+        **GREEDY, "messages": messages, "logit_bias": {str(banned[0]): -100}})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] != plain_chat
+
+
 async def test_cache_salt_keeps_prefix_hits_within_one_salt(client, engine):
     """vLLM's ``cache_salt``: the same prompt under another salt finds nothing cached; under
     its own salt again it does (completions and chat alike); an empty salt is a 400."""

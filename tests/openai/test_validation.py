@@ -34,6 +34,13 @@ def error_of(r, status: int = 400) -> dict:
     (COMPLETIONS, {"prompt": "x", "logprobs": 2**70}, "logprobs", "[0, 20]"),
     (CHAT, {"messages": HI, "logprobs": True, "top_logprobs": 2**70}, "top_logprobs", "[0, 20]"),
     (COMPLETIONS, {"prompt": "x", "top_k": 2**70}, "top_k", "vocabulary size"),
+    (COMPLETIONS, {"prompt": "x", "logit_bias": {"99999999": 1}}, "logit_bias", "vocabulary"),
+    (CHAT, {"messages": HI, "logit_bias": {"12 tokens": 1}}, "logit_bias", "token ids"),
+    (COMPLETIONS, {"prompt": "x", "logit_bias": {"5": "up"}}, "logit_bias", "valid number"),
+    (CHAT, {"messages": HI, "allowed_token_ids": [3, 10**9]}, "allowed_token_ids",
+     "vocabulary"),
+    (COMPLETIONS, {"prompt": "x", "allowed_token_ids": []}, "allowed_token_ids",
+     "at least one token"),
     (COMPLETIONS, {"prompt": "x", "n": 2**70}, "n", "[1, 128]"),
     # strings the tokenizer rejects
     (COMPLETIONS, {"prompt": "a\ud800b"}, "prompt", "lone surrogate"),

@@ -1,7 +1,8 @@
 """Greedy speculative decoding is exact: token for token (fp32) the output of plain decoding,
 with n-gram drafts and with a draft model, in batches where some sequences have drafts and
 others not, under chunked prefill and preemption, with prefix-cache hits, and with stop
-tokens, stop strings, ``max_tokens`` landing mid-proposal, penalties and logprobs."""
+tokens, stop strings, ``max_tokens`` landing mid-proposal, penalties, logit_bias,
+allowed_token_ids and logprobs."""
 import math
 
 import pytest
@@ -82,7 +83,12 @@ def test_ngram_greedy_equals_plain_decoding_in_mixed_batches(plain, ngram):
     SamplingParams(temperature=0, max_tokens=40, repetition_penalty=1.3, presence_penalty=0.4,
                    frequency_penalty=0.3),
     SamplingParams(temperature=0, max_tokens=20, n=2, ignore_eos=True),
-], ids=["max7", "max13-logprobs", "stop-token-min-tokens", "stop-tokens", "penalties", "n2"])
+    SamplingParams(temperature=0, max_tokens=30, ignore_eos=True,
+                   logit_bias={1003: 1.5, 1011: -2.0, 1020: 0.7}),
+    SamplingParams(temperature=0, max_tokens=30, ignore_eos=True,
+                   allowed_token_ids=list(range(1000, 1016))),
+], ids=["max7", "max13-logprobs", "stop-token-min-tokens", "stop-tokens", "penalties", "n2",
+        "logit-bias", "allowed-token-ids"])
 def test_ngram_matches_plain_decoding_for_each_stop_rule(plain, ngram, params):
     _assert_same(_run(ngram, PROMPTS, params), _run(plain, PROMPTS, params),
                  logprobs=params.logprobs is not None)
