@@ -16,7 +16,8 @@ from typing import Any
 
 from .beam_search.params import BeamSearchParams
 from .exceptions import ParamValidationError
-from .param_checks import as_list, as_token_biases, check_bool, check_int, check_number
+from .param_checks import (as_list, as_token_biases, check_bool, check_int, check_number,
+                           check_utf8)
 from .structured_outputs.params import StructuredOutputsParams
 
 __all__ = ["BeamSearchParams", "RequestOutputKind", "SamplingParams"]  # BeamSearchParams: importable here, as in vLLM
@@ -46,8 +47,9 @@ class SamplingParams:
     ``temperature == 0`` means greedy decoding; ``top_k`` of 0 or -1 disables
     top-k; ``stop`` strings end the output and are not included in it.
     ``logit_bias`` adds its bias to each listed token's logit (keys: token ids, or their
-    decimal strings; -100 all but bans a token), and ``allowed_token_ids`` (not empty) lets
-    only those tokens be sampled; both apply to every sampled token, after the grammar of
+    decimal strings; -100 all but bans a token), ``allowed_token_ids`` (not empty) lets
+    only those tokens be sampled, and ``bad_words`` are words the output never completes
+    (``sample.bad_words``); all apply to every sampled token, after the grammar of
     ``structured_outputs`` and before the penalties, as in vLLM.
     """
 
@@ -72,6 +74,7 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE  # its value (0-2) too
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
 
     def __post_init__(self) -> None:
         if self.structured_outputs is not None:
@@ -84,6 +87,8 @@ class SamplingParams:
         self.logit_bias = as_token_biases("logit_bias", self.logit_bias)
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = as_list("allowed_token_ids", self.allowed_token_ids)
+        if self.bad_words is not None:
+            self.bad_words = as_list("bad_words", self.bad_words)
         self._validate()
 
     @classmethod
@@ -181,6 +186,11 @@ class SamplingParams:
                                            "allowed_token_ids")
             for t in self.allowed_token_ids:
                 check_int("allowed_token_ids", t, lo=0)
+        for word in self.bad_words or ():
+            if not isinstance(word, str) or not word.strip():
+                raise ParamValidationError(f"bad_words must hold words (non-blank strings), got "
+                                           f"{word!r}", "bad_words")
+            check_utf8("bad_words", word)
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             check_bool(name, getattr(self, name))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from ..beam_search.params import BeamSearchParams
 from ..requests.engine_io import EngineRequest
 from .prompts import PromptInput, prompt_cache_salt, tokenize_prompt
+from ..sample.bad_words import bad_words_token_ids
 from ..sampling_params import SamplingParams
 from ..structured_outputs import GrammarCompilerCache
 
@@ -47,7 +48,9 @@ class InputProcessor:
         text, token_ids = tokenize_prompt(prompt, self.tokenizer, self.vocab_size)
         self._check_room(len(token_ids))
         params.verify_for_model(self.vocab_size, self.max_model_len, len(token_ids))
-        compiled = None
+        compiled, bad_words = None, ()
+        if isinstance(params, SamplingParams) and params.bad_words:
+            bad_words = bad_words_token_ids(params.bad_words, self.tokenizer, self.vocab_size)
         if isinstance(params, BeamSearchParams):
             params.verify_kv_capacity(len(token_ids), self.num_kv_blocks, self.block_size)
         elif params.structured_outputs is not None:
@@ -55,7 +58,7 @@ class InputProcessor:
         return EngineRequest(request_id, tuple(token_ids), params, self.eos_token_ids,
                              compiled, priority=priority, tenant=tenant, deadline=deadline,
                              cache_salt=prompt_cache_salt(prompt), lora_id=lora_id,
-                             prompt=text)
+                             prompt=text, bad_words_token_ids=bad_words)
 
     def _check_room(self, prompt_len: int) -> None:
         """A prompt must leave room for at least one generated token."""

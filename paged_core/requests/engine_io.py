@@ -43,6 +43,8 @@ class EngineRequest:
     cache_salt: str | None = None  # prefix-cache hits only between requests with equal salt
     lora_id: int | None = None  # the adapter the request runs under (None: the base model)
     prompt: str | None = None  # the prompt's text, for the output processor only
+    # the token ids of each spelling of the params' bad_words (sample.bad_words)
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         priority = self.priority

@@ -20,6 +20,7 @@ import torch
 
 from ..core.group_decision import GroupDecision
 from ..core.sequence import Sequence
+from ..sample.bad_words import banned_tokens
 from ..sample.sampler import SamplingRow
 from ..sampling_params import SamplingParams
 from ..structured_outputs import SequenceGrammar
@@ -46,6 +47,7 @@ class Request(CoreRequest):
         super().__init__(source)
         self.params: SamplingParams = source.params
         self.eos_token_ids = source.eos_token_ids
+        self.bad_words = source.bad_words_token_ids
         self.max_total_tokens = max_total_tokens
         grammar = (SequenceGrammar.start(source.compiled_grammar)
                    if source.compiled_grammar is not None else None)
@@ -95,7 +97,9 @@ class Request(CoreRequest):
     def sampling_row(self, seq: Sequence, num_drafts: int = 0) -> SamplingRow:
         """The row that samples ``seq``'s next token, as if its first ``num_drafts`` draft
         tokens (speculative decoding) had been appended. Its output tokens are listed only
-        where penalties read them (a copy per step would grow with the output)."""
+        where penalties read them (a copy per step would grow with the output). Blocked: EOS
+        and stop ids while ``min_tokens`` is unmet, and the tokens that would complete a
+        ``bad_words`` spelling."""
         sample = self.sample_of(seq)
         if sample.steady_row is not None and not num_drafts:
             return sample.steady_row
@@ -106,9 +110,12 @@ class Request(CoreRequest):
         # a grammar decides alone where EOS may come (min_tokens cannot outlast its end)
         if num_output < self.params.min_tokens and sample.grammar is None:
             blocked = sorted(set(self.params.stop_token_ids) | self.eos_token_ids)
+        if self.bad_words:
+            banned = banned_tokens(self.bad_words, seq.output_token_ids + drafts)
+            blocked = sorted(set(blocked) | set(banned))
         row = SamplingRow(self.params, sample.generator, self.prompt_token_ids, output, blocked,
                           sample.grammar)
-        if not (self.params.has_penalties or blocked or drafts):  # the same from now on
+        if not (self.params.has_penalties or self.bad_words or blocked or drafts):  # steady
             sample.steady_row = row
         return row
 
@@ -150,10 +157,11 @@ class Request(CoreRequest):
     def may_schedule_ahead(self, seq: Sequence) -> bool:
         """Whether ``seq``, which sampled a token in the step just launched, may be scheduled
         again before that token reaches the host (``schedule_ahead``): not when its next
-        sampling reads its output (penalties) or a grammar's state, nor when that token is
-        its last by length (nothing would follow it)."""
+        sampling reads its output (penalties, bad words) or a grammar's state, nor when that
+        token is its last by length (nothing would follow it)."""
         p = self.params
-        return (not p.has_penalties and self.sample_of(seq).grammar is None
+        return (not p.has_penalties and not self.bad_words
+                and self.sample_of(seq).grammar is None
                 and (p.max_tokens is None or seq.num_output_tokens + 1 < p.max_tokens)
                 and seq.num_tokens + 1 < self.max_total_tokens)
 

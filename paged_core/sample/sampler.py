@@ -2,7 +2,8 @@
 
 Order of operations per row (vLLM's): the grammar bitmask of constrained rows
 (one batched pass, ``structured_outputs``); every token but ``allowed_token_ids``
-masked; block EOS/stop tokens until ``min_tokens``; ``logit_bias`` added;
+masked; block EOS/stop tokens until ``min_tokens`` and the tokens that would complete a
+``bad_words`` spelling; ``logit_bias`` added;
 repetition / presence / frequency penalties; log-probabilities (if asked) of
 the penalised distribution; then greedy argmax, or temperature, top-k, top-p,
 min-p and a draw.
@@ -37,7 +38,9 @@ class SamplingRow:
     generator: torch.Generator | None
     prompt_token_ids: list[int]
     output_token_ids: list[int]  # listed only when params.has_penalties (empty otherwise)
-    blocked_token_ids: list[int]  # EOS / stop ids while fewer than min_tokens were generated
+    # tokens the row may not take: EOS / stop ids while fewer than min_tokens were generated,
+    # the last token of each bad_words spelling its output would complete
+    blocked_token_ids: list[int]
     grammar: SequenceGrammar | None = None  # the sequence's structured-output state
 
 

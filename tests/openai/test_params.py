@@ -48,6 +48,7 @@ def test_logit_bias_keys_become_token_ids_and_biases_are_clamped_as_vllm_does():
                                             allowed_token_ids=[7, 12, 30]))
     assert p.logit_bias == {7: 5.5, 12: -100.0}
     assert p.allowed_token_ids == [7, 12, 30]
+    assert chat_params(ChatCompletionRequest(messages=MSG, bad_words=["no"])).bad_words == ["no"]
     chat = chat_params(ChatCompletionRequest(messages=MSG, logit_bias={"3": 150}))
     assert chat.logit_bias == {3: 100.0}
     assert completion_params(CompletionRequest(prompt="x", logit_bias={})).logit_bias is None
@@ -55,7 +56,8 @@ def test_logit_bias_keys_become_token_ids_and_biases_are_clamped_as_vllm_does():
 
 def test_beam_search_refuses_logit_edits():
     for fields, param in (({"logit_bias": {"1": 2.0}}, "logit_bias"),
-                          ({"allowed_token_ids": [1, 2]}, "allowed_token_ids")):
+                          ({"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
+                          ({"bad_words": ["no"]}, "bad_words")):
         with pytest.raises(OpenAIError) as info:
             completion_params(CompletionRequest(prompt="x", n=2, use_beam_search=True,
                                                 **fields))

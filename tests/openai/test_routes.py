@@ -115,8 +115,8 @@ async def test_errors_are_openai_shaped_and_name_the_field(client, path, body, s
 
 
 async def test_logit_bias_and_allowed_token_ids_steer_both_routes_as_the_engine(client, engine):
-    """OpenAI's ``logit_bias`` (token ids as JSON keys) and vLLM's ``allowed_token_ids`` give
-    the engine's own tokens for the same edits, on completions and chat."""
+    """OpenAI's ``logit_bias`` (token ids as JSON keys) and vLLM's ``allowed_token_ids`` and
+    ``bad_words`` give the engine's own tokens for the same edits, on completions and chat."""
     async def engine_text(prompt, **edits) -> tuple[str, list[int]]:
         async for out in engine.generate(prompt, SamplingParams(max_tokens=8, temperature=0,
                                                                 **edits)):
@@ -135,6 +135,12 @@ async def test_logit_bias_and_allowed_token_ids_steer_both_routes_as_the_engine(
     r = await client.post("/v1/completions", json={**GREEDY, "prompt": PROMPT,
                                                    "allowed_token_ids": allowed})
     assert r.json()["choices"][0]["text"] == allowed_text and set(allowed_ids) <= set(allowed)
+
+    words = [plain_text.split()[0]]
+    banned_text, _ = await engine_text(PROMPT, bad_words=words)
+    r = await client.post("/v1/completions", json={**GREEDY, "prompt": PROMPT,
+                                                   "bad_words": words})
+    assert r.json()["choices"][0]["text"] == banned_text != plain_text
 
     messages = [{"role": "user", "content": "Name a colour."}]
     plain_chat = (await client.post("/v1/chat/completions", json={

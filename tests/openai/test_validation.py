@@ -41,6 +41,8 @@ def error_of(r, status: int = 400) -> dict:
      "vocabulary"),
     (COMPLETIONS, {"prompt": "x", "allowed_token_ids": []}, "allowed_token_ids",
      "at least one token"),
+    (CHAT, {"messages": HI, "bad_words": ["fine", " "]}, "bad_words", "non-blank"),
+    (COMPLETIONS, {"prompt": "x", "bad_words": ["\ud800"]}, "bad_words", "lone surrogate"),
     (COMPLETIONS, {"prompt": "x", "n": 2**70}, "n", "[1, 128]"),
     # strings the tokenizer rejects
     (COMPLETIONS, {"prompt": "a\ud800b"}, "prompt", "lone surrogate"),

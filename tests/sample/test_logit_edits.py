@@ -1,7 +1,8 @@
-"""``logit_bias`` and ``allowed_token_ids`` (vLLM's ``SamplingParams`` fields): checked at
-construction and against the model, applied to every sampled token. Greedy output equals
-transformers' ``generate()`` with the same edit of the logits, token for token in float32;
-sampled tokens stay inside the allowed set and never take a token biased by -100."""
+"""``logit_bias``, ``allowed_token_ids`` and ``bad_words`` (vLLM's ``SamplingParams``
+fields): checked at construction and against the model, applied to every sampled token.
+Greedy output equals transformers' ``generate()`` with the same edit of the logits, token for
+token in float32; sampled tokens stay inside the allowed set and never take a token biased
+by -100."""
 import json
 
 import pytest
@@ -20,15 +21,18 @@ def engine_tokens(llm, prompt: list[int], **edits) -> list[int]:
     return out.outputs[0].token_ids
 
 
-def transformers_tokens(model, prompt: list[int], edit) -> list[int]:
-    """transformers' greedy continuation with ``edit(scores)`` applied at every step."""
+def transformers_tokens(model, prompt: list[int], edit, with_ids: bool = False) -> list[int]:
+    """transformers' greedy continuation with ``edit(scores)`` (``with_ids``:
+    ``edit(input_ids, scores)``) applied at every step."""
     from transformers import LogitsProcessorList
+
+    def processor(input_ids, scores):
+        return edit(input_ids, scores) if with_ids else edit(scores)
 
     ids = torch.tensor([prompt])
     return model.generate(
         ids, attention_mask=torch.ones_like(ids), eos_token_id=[], max_new_tokens=MAX_TOKENS,
-        do_sample=False, pad_token_id=0,
-        logits_processor=LogitsProcessorList([lambda input_ids, scores: edit(scores)]),
+        do_sample=False, pad_token_id=0, logits_processor=LogitsProcessorList([processor]),
     )[0, len(prompt):].tolist()
 
 
@@ -136,3 +140,57 @@ def test_an_out_of_vocabulary_edit_is_refused_and_the_engine_keeps_serving(llm_f
     assert info.value.param == "logit_bias"
     assert len(engine_tokens(llm_fp32, prompt, logit_bias={5: 1.0})) == MAX_TOKENS
     assert llm_fp32.stats()["kv_blocks_used"] == 0
+
+
+def test_bad_words_are_spelled_as_vllm_spells_them(tokenizer):
+    """A word's spellings: at the start of a text and, where different and as long, after a
+    space; a spelling is banned once its other tokens end the output."""
+    from paged_core.sample.bad_words import bad_words_token_ids, banned_tokens
+
+    def ids(text):
+        return tuple(tokenizer.encode(text, add_special_tokens=False))
+
+    spellings = bad_words_token_ids(["Paris", "  big city"], tokenizer, len(tokenizer))
+    assert spellings[0] == ids("Paris") and ids(" Paris") in spellings
+    assert ids("big city") in spellings and ids(" big city") in spellings
+    assert banned_tokens(((5,), (7, 8, 9)), []) == [5]
+    assert banned_tokens(((5,), (7, 8, 9)), [1, 7, 8]) == [5, 9]
+    assert banned_tokens(((7, 8, 9),), [8]) == []  # too short to hold the first two
+    assert banned_tokens(((7, 8, 9), (3, 9)), [7, 8, 3]) == [9]
+    assert banned_tokens(((7, 8, 9), (3, 9)), [7, 8]) == [9]
+
+
+def test_bad_words_greedy_matches_transformers(llm_fp32, hf_embedded, tokenizer):
+    """The oracle bans, from the generated tokens only (vLLM's rule), the last token of each
+    spelling whose other tokens end them."""
+    from paged_core.sample.bad_words import bad_words_token_ids
+
+    prompt = passage_token_ids(tokenizer, 30, offset=70)
+    plain = engine_tokens(llm_fp32, prompt)
+    words = [tokenizer.decode(plain[2:3]).strip(), tokenizer.decode(plain[8:11]).strip()]
+    spellings = bad_words_token_ids(words, tokenizer, hf_embedded.config.vocab_size)
+    assert any(len(s) > 1 for s in spellings)
+
+    def ban(input_ids, scores):
+        output = input_ids[0, len(prompt):].tolist()
+        scores = scores.clone()
+        for spelling in spellings:
+            before = list(spelling[:-1])
+            if len(before) <= len(output) and output[len(output) - len(before):] == before:
+                scores[:, spelling[-1]] = float("-inf")
+        return scores
+
+    tokens = engine_tokens(llm_fp32, prompt, bad_words=words)
+    assert tokens == transformers_tokens(hf_embedded, prompt, ban, with_ids=True)
+    assert tokens != plain
+
+
+@pytest.mark.parametrize("value,message", [
+    ([""], "bad_words must hold words"), (["ok", "   "], "bad_words must hold words"),
+    (["ok", 3], "bad_words must hold words"), ("word", "bad_words must be a list"),
+    (["a\udfffb"], "bad_words is not valid Unicode"),
+])
+def test_invalid_bad_words_name_the_field(value, message):
+    with pytest.raises(ValueError, match=message) as info:
+        SamplingParams(bad_words=value)
+    assert info.value.param == "bad_words"

@@ -2,7 +2,7 @@
 with n-gram drafts and with a draft model, in batches where some sequences have drafts and
 others not, under chunked prefill and preemption, with prefix-cache hits, and with stop
 tokens, stop strings, ``max_tokens`` landing mid-proposal, penalties, logit_bias,
-allowed_token_ids and logprobs."""
+allowed_token_ids, bad_words and logprobs."""
 import math
 
 import pytest
@@ -92,6 +92,16 @@ def test_ngram_greedy_equals_plain_decoding_in_mixed_batches(plain, ngram):
 def test_ngram_matches_plain_decoding_for_each_stop_rule(plain, ngram, params):
     _assert_same(_run(ngram, PROMPTS, params), _run(plain, PROMPTS, params),
                  logprobs=params.logprobs is not None)
+
+
+def test_bad_words_hold_under_drafts(plain, ngram, tokenizer):
+    """A bad word's spelling is banned at every draft position verified, as without drafts."""
+    free = _run(plain, PROMPTS, GREEDY)[1].outputs[0].token_ids
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True,
+                            bad_words=[tokenizer.decode(free[6:8]).strip()])
+    banned = _run(plain, PROMPTS, params)
+    assert banned[1].outputs[0].token_ids != free
+    _assert_same(_run(ngram, PROMPTS, params), banned)
 
 
 def test_stop_strings_cut_inside_an_accepted_run(plain, ngram, tokenizer):
