@@ -50,7 +50,8 @@ class SamplingParams:
     decimal strings; -100 all but bans a token), ``allowed_token_ids`` (not empty) lets
     only those tokens be sampled, and ``bad_words`` are words the output never completes
     (``sample.bad_words``); all apply to every sampled token, after the grammar of
-    ``structured_outputs`` and before the penalties, as in vLLM.
+    ``structured_outputs`` and before the penalties, as in vLLM. ``truncate_prompt_tokens``
+    ``k`` keeps only the prompt's last ``k`` tokens (-1: the last ``max_model_len``).
     """
 
     n: int = 1
@@ -75,6 +76,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.structured_outputs is not None:
@@ -145,6 +147,20 @@ class SamplingParams:
                     f"{max_model_len} tokens and the prompt has {num_prompt_tokens}, so at most "
                     f"{room} tokens can be generated; lower {name} or shorten the prompt", name)
 
+    def truncated_prompt(self, token_ids: list[int], max_model_len: int) -> list[int]:
+        """The prompt's last ``truncate_prompt_tokens`` tokens (-1: ``max_model_len``), or all
+        of them without it; raises ``ParamValidationError`` if it asks for more than the
+        model's context."""
+        keep = self.truncate_prompt_tokens
+        if keep is None:
+            return token_ids
+        if keep > max_model_len:
+            raise ParamValidationError(
+                f"truncate_prompt_tokens is {keep}, more than the model's context (max_model_len="
+                f"{max_model_len}); keep at most that many, or -1 for exactly that many",
+                "truncate_prompt_tokens")
+        return token_ids[-(max_model_len if keep == -1 else keep):]
+
     @property
     def has_penalties(self) -> bool:
         return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
@@ -186,6 +202,13 @@ class SamplingParams:
                                            "allowed_token_ids")
             for t in self.allowed_token_ids:
                 check_int("allowed_token_ids", t, lo=0)
+        if self.truncate_prompt_tokens is not None:
+            check_int("truncate_prompt_tokens", self.truncate_prompt_tokens, lo=-1,
+                      note="-1 keeps the model's max_model_len")
+            if self.truncate_prompt_tokens == 0:
+                raise ParamValidationError("truncate_prompt_tokens must be >= 1, or -1 for the "
+                                           "model's max_model_len, got 0",
+                                           "truncate_prompt_tokens")
         for word in self.bad_words or ():
             if not isinstance(word, str) or not word.strip():
                 raise ParamValidationError(f"bad_words must hold words (non-blank strings), got "

@@ -2,7 +2,8 @@
 ``Processor``).
 
 ``InputProcessor.process`` checks the params' type and their fit to the model, tokenizes
-the prompt, refuses one that leaves no room to generate, and compiles a structured-output
+the prompt (keeping its last ``truncate_prompt_tokens`` tokens where asked), refuses one that
+leaves no room to generate, spells ``bad_words`` in tokens, and compiles a structured-output
 grammar (cached), so the engine core only ever sees requests it can run. It raises
 ``ValueError`` saying what to change and touches no engine state; what it returns is a
 frozen ``EngineRequest``: ``AsyncEngine`` runs it
@@ -46,6 +47,8 @@ class InputProcessor:
             raise ValueError(f"sampling_params must be a SamplingParams or BeamSearchParams, "
                              f"got {type(params).__name__}")
         text, token_ids = tokenize_prompt(prompt, self.tokenizer, self.vocab_size)
+        if isinstance(params, SamplingParams):
+            token_ids = params.truncated_prompt(token_ids, self.max_model_len)
         self._check_room(len(token_ids))
         params.verify_for_model(self.vocab_size, self.max_model_len, len(token_ids))
         compiled, bad_words = None, ()

@@ -23,7 +23,8 @@ from .tool_calls import forced_call_constraint, tool_choice_mode
 _PASS_THROUGH = ("n", "temperature", "top_p", "stop", "seed", "presence_penalty",
                  "frequency_penalty", "top_k", "min_p", "repetition_penalty", "min_tokens",
                  "ignore_eos", "stop_token_ids", "skip_special_tokens",
-                 "include_stop_str_in_output", "allowed_token_ids", "bad_words")
+                 "include_stop_str_in_output", "allowed_token_ids", "bad_words",
+                 "truncate_prompt_tokens")
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a bias is [-100, 100]; vLLM clamps to it
 
@@ -89,13 +90,13 @@ def _build(values: dict[str, Any], req: SamplingFields) -> SamplingParams:
 
 _CONSTRAINT_FIELDS = ("tools", "response_format", "structured_outputs", "guided_json",
                       "guided_regex", "guided_choice", "guided_grammar", "logit_bias",
-                      "allowed_token_ids", "bad_words")
+                      "allowed_token_ids", "bad_words", "truncate_prompt_tokens")
 
 
 def _refuse_constraints_with_beams(req: SamplingFields) -> None:
     """Beam search ranks whole continuations by their model log-probabilities: it takes no
     grammar (structured outputs, tools) and no edit of the logits (logit_bias,
-    allowed_token_ids, bad_words)."""
+    allowed_token_ids, bad_words); nor does it truncate prompts."""
     for name in _CONSTRAINT_FIELDS:
         value = getattr(req, name, None)
         if value not in (None, [], {}) and getattr(value, "type", None) != "text":

@@ -65,6 +65,7 @@ class SamplingFields(OpenAIBaseModel):
     stop_token_ids: list[int] | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last k tokens
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
     structured_outputs: dict[str, Any] | None = None

@@ -57,7 +57,8 @@ def test_logit_bias_keys_become_token_ids_and_biases_are_clamped_as_vllm_does():
 def test_beam_search_refuses_logit_edits():
     for fields, param in (({"logit_bias": {"1": 2.0}}, "logit_bias"),
                           ({"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
-                          ({"bad_words": ["no"]}, "bad_words")):
+                          ({"bad_words": ["no"]}, "bad_words"),
+                          ({"truncate_prompt_tokens": 5}, "truncate_prompt_tokens")):
         with pytest.raises(OpenAIError) as info:
             completion_params(CompletionRequest(prompt="x", n=2, use_beam_search=True,
                                                 **fields))

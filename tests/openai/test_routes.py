@@ -151,6 +151,19 @@ async def test_logit_bias_and_allowed_token_ids_steer_both_routes_as_the_engine(
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] != plain_chat
 
 
+async def test_truncate_prompt_tokens_serves_a_prompt_from_its_end(client):
+    long = {**GREEDY, "prompt": "hello " * 600}  # more than the context (512 tokens)
+    assert (await client.post("/v1/completions", json=long)).status_code == 400
+    r = await client.post("/v1/completions", json={**long, "truncate_prompt_tokens": 100})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 100
+    chat = {**GREEDY, "messages": [{"role": "user", "content": "hello " * 600}],
+            "truncate_prompt_tokens": -1}  # the context's last 512 tokens leave no room
+    assert (await client.post("/v1/chat/completions", json=chat)).status_code == 400
+    chat["truncate_prompt_tokens"] = 64
+    r = await client.post("/v1/chat/completions", json=chat)
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 64
+
+
 async def test_cache_salt_keeps_prefix_hits_within_one_salt(client, engine):
     """vLLM's ``cache_salt``: the same prompt under another salt finds nothing cached; under
     its own salt again it does (completions and chat alike); an empty salt is a 400."""

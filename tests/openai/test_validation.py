@@ -42,6 +42,10 @@ def error_of(r, status: int = 400) -> dict:
     (COMPLETIONS, {"prompt": "x", "allowed_token_ids": []}, "allowed_token_ids",
      "at least one token"),
     (CHAT, {"messages": HI, "bad_words": ["fine", " "]}, "bad_words", "non-blank"),
+    (COMPLETIONS, {"prompt": "x", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens",
+     ">= 1, or -1"),
+    (CHAT, {"messages": HI, "truncate_prompt_tokens": 10**6}, "truncate_prompt_tokens",
+     "max_model_len=512"),
     (COMPLETIONS, {"prompt": "x", "bad_words": ["\ud800"]}, "bad_words", "lone surrogate"),
     (COMPLETIONS, {"prompt": "x", "n": 2**70}, "n", "[1, 128]"),
     # strings the tokenizer rejects
