@@ -88,16 +88,16 @@ def _build(values: dict[str, Any], req: SamplingFields) -> SamplingParams:
         raise bad_request(exc, rename=request_field_names(req)) from None
 
 
-_CONSTRAINT_FIELDS = ("tools", "response_format", "structured_outputs", "guided_json",
-                      "guided_regex", "guided_choice", "guided_grammar", "logit_bias",
-                      "allowed_token_ids", "bad_words", "truncate_prompt_tokens")
+# Fields beam search cannot honour: it ranks whole continuations by their model
+# log-probabilities, under no grammar and no edit of the logits, over the whole prompt.
+_NOT_WITH_BEAMS = ("tools", "response_format", "structured_outputs", "guided_json",
+                   "guided_regex", "guided_choice", "guided_grammar", "logit_bias",
+                   "allowed_token_ids", "bad_words", "truncate_prompt_tokens")
 
 
-def _refuse_constraints_with_beams(req: SamplingFields) -> None:
-    """Beam search ranks whole continuations by their model log-probabilities: it takes no
-    grammar (structured outputs, tools) and no edit of the logits (logit_bias,
-    allowed_token_ids, bad_words); nor does it truncate prompts."""
-    for name in _CONSTRAINT_FIELDS:
+def _refuse_with_beams(req: SamplingFields) -> None:
+    """A 400 naming the first of ``_NOT_WITH_BEAMS`` the request sets."""
+    for name in _NOT_WITH_BEAMS:
         value = getattr(req, name, None)
         if value not in (None, [], {}) and getattr(value, "type", None) != "text":
             raise OpenAIError(400, f"use_beam_search cannot be combined with {name}; drop one "
@@ -115,7 +115,7 @@ def completion_params(req: CompletionRequest) -> SamplingParams | BeamSearchPara
         raise OpenAIError(400, "best_of must equal n (best_of ranking is not supported; "
                                "use_beam_search returns the n best beams)", param="best_of")
     if req.use_beam_search:
-        _refuse_constraints_with_beams(req)
+        _refuse_with_beams(req)
         return beam_search_params(req, req.max_tokens, request_field_names(req))
     values = _common(req)
     values["max_tokens"] = req.max_tokens
@@ -129,7 +129,7 @@ def chat_params(req: ChatCompletionRequest) -> SamplingParams | BeamSearchParams
     ``tool_choice`` "required" or a named function becomes the output's grammar;
     ``BeamSearchParams`` with ``use_beam_search`` (no tools or response_format then)."""
     if req.use_beam_search:
-        _refuse_constraints_with_beams(req)
+        _refuse_with_beams(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
             else req.max_tokens
         return beam_search_params(req, max_tokens, request_field_names(req))
