@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.encoders import jsonable_encoder
 
+from paged_core.exceptions import ParamValidationError
 from paged_core.frontend.prompts import tokenize_prompt
 
 from .chat import chat_job
@@ -63,6 +64,11 @@ async def _rendered(job: Job, body: CompletionRequest | ChatCompletionRequest
             lambda: [tokenize_prompt(p, tokenizer, None)[1] for p in job.prompts])
     except ValueError as exc:
         raise OpenAIError(400, str(exc), param="prompt") from None
+    try:  # the tokens the engine keeps (truncate_prompt_tokens), which it caches and routers match
+        token_ids = [job.params.truncated_prompt(ids, job.engine.max_model_len)
+                     for ids in token_ids]
+    except ParamValidationError as exc:
+        raise OpenAIError(400, str(exc), param=exc.param) from None
     params = jsonable_encoder(asdict(job.params))
     single = len(token_ids) == 1
     return [{"request_id": job.response_id if single else f"{job.response_id}-{i}",

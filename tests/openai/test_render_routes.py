@@ -29,6 +29,20 @@ async def test_completion_render_gives_the_prompt_tokens_generation_uses(client,
     assert first["sampling_params"]["temperature"] == 0.5
 
 
+async def test_render_gives_the_tokens_truncate_prompt_tokens_keeps(client):
+    """What the engine keeps is what it caches, and what a KV-aware router must match."""
+    render = {"model": MODEL, "prompt": PROMPT}
+    full = (await client.post("/v1/completions/render", json=render)).json()[0]
+    cut = (await client.post("/v1/completions/render",
+                             json={**render, "truncate_prompt_tokens": 3})).json()[0]
+    assert cut["token_ids"] == full["token_ids"][-3:]
+    assert cut["sampling_params"]["truncate_prompt_tokens"] == 3
+    too_many = await client.post("/v1/completions/render",
+                                 json={**render, "truncate_prompt_tokens": 10**6})
+    assert too_many.status_code == 400
+    assert too_many.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
 async def test_chat_render_gives_the_templated_tokens(client, engine):
     messages = [{"role": "user", "content": "Name a color."}]
     r = await client.post("/v1/chat/completions/render", json={"model": MODEL,
