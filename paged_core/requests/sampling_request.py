@@ -97,25 +97,26 @@ class Request(CoreRequest):
     def sampling_row(self, seq: Sequence, num_drafts: int = 0) -> SamplingRow:
         """The row that samples ``seq``'s next token, as if its first ``num_drafts`` draft
         tokens (speculative decoding) had been appended. Its output tokens are listed only
-        where penalties read them (a copy per step would grow with the output). Blocked: EOS
-        and stop ids while ``min_tokens`` is unmet, and the tokens that would complete a
-        ``bad_words`` spelling."""
+        where penalties or bad words read them (a copy per step would grow with the output).
+        Blocked: EOS and stop ids while ``min_tokens`` is unmet, and the tokens that would
+        complete a ``bad_words`` spelling."""
         sample = self.sample_of(seq)
         if sample.steady_row is not None and not num_drafts:
             return sample.steady_row
         drafts = seq.spec_token_ids[:num_drafts]
         num_output = seq.num_output_tokens + len(drafts)
-        output = seq.output_token_ids + drafts if self.params.has_penalties else []
+        reads_output = self.params.has_penalties or bool(self.bad_words)
+        output = seq.output_token_ids + drafts if reads_output else []
         blocked: list[int] = []
         # a grammar decides alone where EOS may come (min_tokens cannot outlast its end)
         if num_output < self.params.min_tokens and sample.grammar is None:
             blocked = sorted(set(self.params.stop_token_ids) | self.eos_token_ids)
         if self.bad_words:
-            banned = banned_tokens(self.bad_words, seq.output_token_ids + drafts)
+            banned = banned_tokens(self.bad_words, output)
             blocked = sorted(set(blocked) | set(banned))
         row = SamplingRow(self.params, sample.generator, self.prompt_token_ids, output, blocked,
                           sample.grammar)
-        if not (self.params.has_penalties or self.bad_words or blocked or drafts):  # steady
+        if not (reads_output or blocked or drafts):  # the same from now on
             sample.steady_row = row
         return row
 

@@ -37,7 +37,7 @@ class SamplingRow:
     params: SamplingParams
     generator: torch.Generator | None
     prompt_token_ids: list[int]
-    output_token_ids: list[int]  # listed only when params.has_penalties (empty otherwise)
+    output_token_ids: list[int]  # listed only for penalties or bad words (empty otherwise)
     # tokens the row may not take: EOS / stop ids while fewer than min_tokens were generated,
     # the last token of each bad_words spelling its output would complete
     blocked_token_ids: list[int]
