@@ -43,9 +43,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <vector>
+
+#include <strings.h>
 
 namespace {
 
@@ -459,9 +463,25 @@ double single_thread_us(const std::vector<Task>& tasks, int64_t num_kv_heads, in
   return bytes / 15e3 + flops / 250e3;
 }
 
-// Steps estimated below this run on the calling thread alone: waking the others costs
-// tens of microseconds when they sleep between parallel regions (OMP_WAIT_POLICY=PASSIVE).
-constexpr double kWakeWorthUs = 20;
+// Steps estimated below wake_worth_us() run on the calling thread alone: waking the others
+// costs tens of microseconds where they sleep between parallel regions (OMP_WAIT_POLICY=PASSIVE
+// with no GOMP_SPINCOUNT: torch loaded before paged_core, see paged_core/cpu/openmp_spin.py),
+// a microsecond or two where they spin (libgomp's default, or the spin count paged_core sets).
+// Spinning, a one-sequence decode of ~160 keys took 0.41 ms a step on two threads against
+// 0.53-0.56 on one (30 SmolLM2 layers in W4A16; Intel(R) Xeon(R) Processor, amx_bf16).
+constexpr double kSleepingWakeUs = 20;
+constexpr double kSpinningWakeUs = 2;
+
+// libgomp's rule, read once: its threads sleep between regions only under a passive wait
+// policy without a spin count.
+double wake_worth_us() {
+  static const double us = [] {
+    const char* policy = std::getenv("OMP_WAIT_POLICY");
+    const bool passive = policy != nullptr && strcasecmp(policy, "passive") == 0;
+    return passive && std::getenv("GOMP_SPINCOUNT") == nullptr ? kSleepingWakeUs : kSpinningWakeUs;
+  }();
+  return us;
+}
 
 #if PAGED_CORE_AMX_ATTENTION
 // A thread's AMX tile configuration in bf16_tile_kernel (none without amx): prompt units'
@@ -490,6 +510,27 @@ class AmxTileUse {
 };
 #endif
 
+// What each thread of one bf16_tile_kernel call allocates: buffers for `rows` query rows
+// (the call's widest job, in whole blocks of 16), and AMX prompt buffers only where a job
+// takes them. Sized for the widest tile any call may have (kAmxTileQueries * G rows, ~200
+// KiB a thread, zeroed), a decode step's call spent more time allocating and zeroing them
+// than attending (one sequence of 16 keys in SmolLM2's shape: 10.1 us a call).
+struct CallBuffers {
+  int rows;
+  bool amx_prompts;
+};
+
+CallBuffers call_buffers(const std::vector<Bf16Job>& jobs, int G, bool decode, bool amx) {
+  constexpr int kBlockRows = 16;
+  int widest = 0;
+  bool prompts = false;
+  for (const Bf16Job& job : jobs) {
+    widest = std::max(widest, job.unit.nq * G);
+    prompts = prompts || !(job.unit.nq == 1 && decode);
+  }
+  return {(widest + kBlockRows - 1) / kBlockRows * kBlockRows, amx && prompts};
+}
+
 // attention_kernel's tasks for bfloat16 with tiles (attention_tiles_bf16.h); needs
 // head_dim % 32 == 0. Every unit's rows take vdpbf16ps, or with amx AMX tiles
 // (attention_prompt_amx.h): one path for the whole call, so a query's bits never depend on
@@ -498,13 +539,12 @@ class AmxTileUse {
 void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
                       const int32_t* seq_lens, const int32_t* qsl, int64_t num_kv_heads,
                       bool amx, bool decode_loop, int* error_flag) {
-  const int nthreads = single_thread_us(tasks, num_kv_heads, pb.G, pb.D) < kWakeWorthUs
+  const int nthreads = single_thread_us(tasks, num_kv_heads, pb.G, pb.D) < wake_worth_us()
                            ? 1 : std::max(1, at::get_num_threads());
   std::vector<Bf16Split> splits;
   size_t partial_floats = 0;
   const std::vector<Bf16Job> jobs = make_bf16_jobs(tasks, seq_lens, qsl, num_kv_heads, pb.window,
                                                    pb.G, pb.D, decode_loop, splits, partial_floats);
-  const int max_rows = static_cast<int>(amx ? kAmxTileQueries : kBf16TileQueries) * pb.G;
   // One-query units take the decode loop (attention_decode_bf16.h), with amx too (a decode's
   // G query rows would fill G of a tile's 16 rows: 30 SmolLM2 layers, 11 decodes of 250
   // tokens, 5.1 against 6.4 ms on the tiles, 2-core Xeon with AMX; with amx its scores come
@@ -515,16 +555,18 @@ void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
   // tiles cut alike (batch-invariant mode: a prompt's last token comes alone in one schedule
   // and inside a chunk in another, and must give the same bits).
   const bool decode = decode_loop && paged_core_cpu::decode_rows_fit(pb.G, pb.D, pb.block_size);
+  const CallBuffers sizes = call_buffers(jobs, pb.G, decode, amx);
   // Every slot is written before it is read: no need to zero the buffer.
   const std::unique_ptr<float[]> partials(partial_floats ? new float[partial_floats] : nullptr);
   const int64_t num_jobs = static_cast<int64_t>(jobs.size());
   struct alignas(64) Counter { int64_t value = 0; } next_job;  // a cache line of its own
 #pragma omp parallel num_threads(nthreads)
   {
-    paged_core_cpu::Bf16TileBuffers buffers(max_rows, pb.D);
+    paged_core_cpu::Bf16TileBuffers buffers(sizes.rows, pb.D);
 #if PAGED_CORE_AMX_ATTENTION
     AmxTileUse tiles(amx);
-    paged_core_cpu::AmxPromptBuffers prompt_buffers(amx ? max_rows : 0, amx ? pb.D : 0);
+    std::optional<paged_core_cpu::AmxPromptBuffers> prompt_buffers;
+    if (sizes.amx_prompts) prompt_buffers.emplace(sizes.rows, pb.D);
 #endif
     int64_t j = __atomic_fetch_add(&next_job.value, 1, __ATOMIC_RELAXED);
     while (j < num_jobs) {
@@ -541,7 +583,7 @@ void bf16_tile_kernel(const Bf16Problem& pb, const std::vector<Task>& tasks,
 #if PAGED_CORE_AMX_ATTENTION
       else if (amx) {
         tiles.load(AmxTileUse::kPrompt);
-        ok = paged_core_cpu::amx_unit_run(pb, job.unit, next, buffers, prompt_buffers);
+        ok = paged_core_cpu::amx_unit_run(pb, job.unit, next, buffers, *prompt_buffers);
       }
 #endif
       else
