@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from .llm_process import LlmProcess
 
@@ -28,7 +29,10 @@ def tree_label(tree: Path) -> str:
 
 
 class PagedCoreTree(LlmProcess):
-    def __init__(self, tree: str, dtype: str, threads: int, kv_cache_memory: int) -> None:
+    def __init__(self, tree: str, dtype: str, threads: int, kv_cache_memory: int,
+                 engine_args: dict[str, Any] | None = None) -> None:
+        """``engine_args``: the in-process system's other ``LLM`` settings (``max_num_seqs``),
+        so that both engines run the same batches."""
         path = Path(tree).resolve()
         if not (path / "paged_core" / "__init__.py").is_file():
             raise SystemExit(f"--paged-core-tree {tree}: no paged_core package in that folder")
@@ -38,5 +42,5 @@ class PagedCoreTree(LlmProcess):
         env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(builds),
                    PYTHONPATH=os.pathsep.join(filter(None, [str(path), os.environ.get("PYTHONPATH")])))
         super().__init__(f"paged-core@{label}", sys.executable, "paged_core", dtype, threads,
-                         {"kv_cache_memory": kv_cache_memory}, env,
+                         {"kv_cache_memory": kv_cache_memory, **(engine_args or {})}, env,
                          version_key="paged_core_version")

