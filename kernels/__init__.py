@@ -43,7 +43,12 @@ Functions
 - :func:`copy_blocks` copies whole blocks (copy-on-write).
 - :mod:`paged_core.kernels.reference` holds plain-torch versions of all three.
 """
-from .cache_ops import copy_blocks, write_kv_cache
-from .attention import choose_num_splits, paged_attention
+from ._top_level_name import hand_over_to_installed_kernels
 
-__all__ = ["copy_blocks", "write_kv_cache", "paged_attention", "choose_num_splits"]
+if hand_over_to_installed_kernels(__name__):
+    pass  # imported as the top-level `kernels`: sys.modules["kernels"] is the installed package
+else:
+    from .cache_ops import copy_blocks, write_kv_cache
+    from .attention import choose_num_splits, paged_attention
+
+    __all__ = ["copy_blocks", "write_kv_cache", "paged_attention", "choose_num_splits"]
