@@ -45,9 +45,9 @@ Functions
 """
 from ._top_level_name import hand_over_to_installed_kernels
 
-if hand_over_to_installed_kernels(__name__):
-    pass  # imported as the top-level `kernels`: sys.modules["kernels"] is the installed package
-else:
+# Imported as the top-level `kernels` where Hugging Face's is installed, sys.modules["kernels"]
+# is now that package and this one defines nothing.
+if not hand_over_to_installed_kernels(__name__):
     from .cache_ops import copy_blocks, write_kv_cache
     from .attention import choose_num_splits, paged_attention
 

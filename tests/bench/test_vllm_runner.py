@@ -79,8 +79,6 @@ def test_worker_failure_raises_with_its_stderr(fake_vllm_path):
 def test_another_paged_core_tree_runs_in_its_own_process_from_its_own_source(tmp_path):
     """``PagedCoreTree`` imports the tree it is given, not this one: a stand-in tree whose
     ``paged_core`` is a minimal vLLM-style ``LLM`` answers through the real worker."""
-    import sys
-
     from paged_core.bench.paged_core_tree import PagedCoreTree
 
     (tmp_path / "paged_core").mkdir()
@@ -100,8 +98,6 @@ def test_another_paged_core_tree_runs_in_its_own_process_from_its_own_source(tmp
 def test_another_paged_core_tree_takes_the_runs_engine_settings(tmp_path):
     """``--max-num-seqs 8`` reaches the other tree's ``LLM`` too: its engine runs the same
     batches as this one's, or a before/after comparison compares two batch sizes."""
-    import sys
-
     from paged_core.bench.paged_core_tree import PagedCoreTree
 
     (tmp_path / "paged_core").mkdir()
