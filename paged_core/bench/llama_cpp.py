@@ -36,7 +36,7 @@ import httpx
 
 from paged_core.adapters._process import free_port, popen_session, stop_child, wait_ready
 
-from .llama_cpp_build import LLAMA_CPP_PYTHON_VERSION, ensure_llama_server
+from .llama_cpp_build import LLAMA_CPP_PYTHON_VERSION, SERVER, ensure_binary
 from .llama_cpp_models import gguf_path
 from .systems import RunResult, make_result
 from .workload import WARMUP, BenchRequest, corpus_text, embedded_tokenizer
@@ -52,7 +52,7 @@ def start_llama_cpp(kinds: list[str], threads: int, ctx_size: int, stack: contex
     GGUF files first where needed), each closed by ``stack``; and what the result file
     records about them: version, build, ggml's CPU features, GGUF file, and whether
     llama.cpp tokenizes the sample text into the ids paged-core's tokenizer gives."""
-    binary = ensure_llama_server(jobs=os.cpu_count() or 1)
+    binary = ensure_binary(SERVER, jobs=os.cpu_count() or 1)
     sample = corpus_text()[:TOKENIZER_SAMPLE_CHARS]
     expected = embedded_tokenizer().encode(sample, add_special_tokens=False)
     systems, info = [], {}

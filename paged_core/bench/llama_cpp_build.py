@@ -1,4 +1,4 @@
-"""llama.cpp's ``llama-server``, built from source once into the paged-core cache.
+"""llama.cpp's ``llama-server`` and ``llama-quantize``, built from source once into the paged-core cache.
 
 The source is the llama.cpp that the ``llama-cpp-python`` sdist vendors
 (``vendor/llama.cpp``), fetched with ``pip download`` (package registries are the
@@ -6,7 +6,8 @@ only network this project assumes). Layout under ``<cache>/llama.cpp/<version>/`
 
 - ``src/``: the unpacked sdist (its ``vendor/llama.cpp`` also holds
   ``convert_hf_to_gguf.py`` and ``gguf-py``, see ``llama_cpp_models``);
-- ``build-<cpu key>/bin/llama-server``: a Release build with ``GGML_NATIVE=ON``,
+- ``build-<cpu key>/bin/llama-server`` and ``llama-quantize`` (``TARGETS``, which
+  ``llama_cpp_models`` makes the K-quant file with): a Release build with ``GGML_NATIVE=ON``,
   so it uses every vector extension of the CPU it was built on. The folder is
   keyed by this CPU's ISA flags and the build's compiler flags: a cache shared
   with another machine class never runs a binary built for instructions that
@@ -17,9 +18,10 @@ configuration: its ``ldtilecfg`` intrinsic names only 8 bytes of the 64-byte
 operand, so with dead-store elimination (GCC 12, -O2) ggml's AMX kernels died of
 SIGILL on the first tile instruction of an AMX CPU (an Intel Xeon here).
 
-Invariant: ``built_llama_server()`` returns a path only once its build finished
-(a stamp file is written after cmake succeeded, so a killed build is redone); builds
-take turns through an flock on the version folder.
+Invariant: ``built_binary(name)`` returns a path only once a build of every target finished
+(a stamp file is written after cmake succeeded, so a killed build is redone; a folder built
+before a target joined ``TARGETS`` builds the missing one); builds take turns through an flock
+on the version folder.
 """
 from __future__ import annotations
 
@@ -37,7 +39,9 @@ from typing import Iterator, TextIO
 from paged_core.models.embedded_model import cache_dir
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
-SERVER_TARGET = "llama-server"
+SERVER = "llama-server"
+QUANTIZE = "llama-quantize"
+TARGETS = (SERVER, QUANTIZE)
 BUILT_STAMP = ".built"
 COMPILER_FLAGS = "-fno-tree-dse -fno-dse"  # see the module doc
 
@@ -63,10 +67,12 @@ def build_dir(version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:
     return version_dir(version) / f"build-{cpu_key()}"
 
 
-def built_llama_server(version: str = LLAMA_CPP_PYTHON_VERSION) -> Path | None:
-    """The cached ``llama-server`` for this CPU, or None when it was never built here."""
+def built_binary(name: str, version: str = LLAMA_CPP_PYTHON_VERSION) -> Path | None:
+    """The cached binary ``name`` (one of ``TARGETS``) for this CPU, or None until a build of
+    every target finished here."""
     build = build_dir(version)
-    return build / "bin" / SERVER_TARGET if (build / BUILT_STAMP).is_file() else None
+    done = (build / BUILT_STAMP).is_file() and all((build / "bin" / t).is_file() for t in TARGETS)
+    return build / "bin" / name if done else None
 
 
 def find_cmake() -> str:
@@ -91,30 +97,30 @@ def configure_command(cmake: str, source: Path, build: Path) -> list[str]:
 
 
 def build_command(cmake: str, build: Path, jobs: int) -> list[str]:
-    return [cmake, "--build", str(build), "--target", SERVER_TARGET, "-j", str(jobs)]
+    return [cmake, "--build", str(build), "--target", *TARGETS, "-j", str(jobs)]
 
 
-def ensure_llama_server(jobs: int, log: TextIO = sys.stderr,
-                        version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:
-    """The cached ``llama-server``, building it first if needed (minutes; output to ``log``)."""
-    binary = built_llama_server(version)
+def ensure_binary(name: str, jobs: int, log: TextIO = sys.stderr,
+                  version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:
+    """The cached binary ``name`` (one of ``TARGETS``), building every target first if needed
+    (minutes; output to ``log``)."""
+    binary = built_binary(name, version)
     if binary is not None:
         return binary
     cmake = find_cmake()
     source = ensure_source(log, version)
     with _build_lock(version):
-        binary = built_llama_server(version)
-        if binary is None:  # nobody built it while we waited for the lock
+        if built_binary(name, version) is None:  # nobody built it while we waited for the lock
             build = build_dir(version)
-            print(f"building {SERVER_TARGET} (llama-cpp-python {version}) in {build}", file=log)
+            print(f"building {', '.join(TARGETS)} (llama-cpp-python {version}) in {build}", file=log)
             for command in (configure_command(cmake, source, build),
                             build_command(cmake, build, jobs)):
                 run_logged(command, log)
-            if not (build / "bin" / SERVER_TARGET).is_file():
-                raise RuntimeError(f"cmake finished but {build}/bin/{SERVER_TARGET} is missing")
+            missing = [t for t in TARGETS if not (build / "bin" / t).is_file()]
+            if missing:
+                raise RuntimeError(f"cmake finished but {build}/bin lacks {', '.join(missing)}")
             (build / BUILT_STAMP).touch()
-            binary = build / "bin" / SERVER_TARGET
-    return binary
+    return build_dir(version) / "bin" / name
 
 
 def ensure_source(log: TextIO = sys.stderr, version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:

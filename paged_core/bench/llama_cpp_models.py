@@ -7,19 +7,24 @@
   (``embedded_model_folder()``: the Q4_1 file dequantized), so llama.cpp's BF16
   run computes with the values paged-core's bf16 run does. Its vocabulary and
   merges are those of the Q4_1 file. Made once, cached under the llama.cpp
-  version folder; the file appears whole or not at all.
+  version folder; the file appears whole or not at all;
+- ``q4_k_m``: that BF16 file quantized by the same llama.cpp's ``llama-quantize`` to
+  ``Q4_K_M``, what users download most: where a row's 576 features are not whole
+  256-weight super-blocks, llama.cpp falls back to Q5_0 for Q4_K (and Q8_0 for Q6_K),
+  so only the 1536-feature down projections hold K-quants. Cached the same way.
 """
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import TextIO
+from typing import Callable, TextIO
 
-from .llama_cpp_build import ensure_source, run_logged, version_dir
+from .llama_cpp_build import QUANTIZE, ensure_binary, ensure_source, run_logged, version_dir
 
-GGUF_KINDS = ("q4_1", "bf16")
+GGUF_KINDS = ("q4_1", "bf16", "q4_k_m")
 
 
 def gguf_path(kind: str, log: TextIO = sys.stderr) -> Path:
@@ -30,6 +35,8 @@ def gguf_path(kind: str, log: TextIO = sys.stderr) -> Path:
         return Path(embedded_gguf_path())
     if kind == "bf16":
         return _converted_bf16(Path(embedded_model_folder()), log)
+    if kind == "q4_k_m":
+        return _quantized(_converted_bf16(Path(embedded_model_folder()), log), "Q4_K_M", log)
     raise ValueError(f"unknown GGUF kind {kind!r}; choose from {', '.join(GGUF_KINDS)}")
 
 
@@ -39,17 +46,38 @@ def convert_command(source: Path, hf_folder: Path, outfile: Path) -> list[str]:
 
 
 def _converted_bf16(hf_folder: Path, log: TextIO) -> Path:
-    target = version_dir() / "gguf" / f"{hf_folder.name}.bf16.gguf"
+    def convert(outfile: Path) -> list[str]:
+        # The converter imports sentencepiece before it looks for a tokenizer.model (there is none).
+        if importlib.util.find_spec("sentencepiece") is None:
+            raise RuntimeError("llama.cpp's convert_hf_to_gguf.py needs sentencepiece: "
+                               "`pip install sentencepiece` (the `bench` extra)")
+        return convert_command(ensure_source(log), hf_folder, outfile)
+
+    return _made_once(version_dir() / "gguf" / f"{hf_folder.name}.bf16.gguf", convert, log)
+
+
+def quantize_command(binary: Path, source: Path, outfile: Path, file_type: str) -> list[str]:
+    return [str(binary), str(source), str(outfile), file_type]
+
+
+def _quantized(source: Path, file_type: str, log: TextIO) -> Path:
+    """``source`` (a BF16 GGUF file) quantized to llama.cpp's ``file_type`` (``Q4_K_M``, ...)."""
+    def quantize(outfile: Path) -> list[str]:
+        binary = ensure_binary(QUANTIZE, jobs=os.cpu_count() or 1, log=log)
+        return quantize_command(binary, source, outfile, file_type)
+
+    target = source.with_name(source.name.replace(".bf16.gguf", f".{file_type}.gguf"))
+    return _made_once(target, quantize, log)
+
+
+def _made_once(target: Path, command_for: Callable[[Path], list[str]], log: TextIO) -> Path:
+    """``target``, made first if missing by the command ``command_for(outfile)`` gives,
+    writing a scratch file beside it that is renamed into place (whole or not at all)."""
     if target.is_file():
         return target
-    # The converter imports sentencepiece before it looks for a tokenizer.model (there is none).
-    if importlib.util.find_spec("sentencepiece") is None:
-        raise RuntimeError("llama.cpp's convert_hf_to_gguf.py needs sentencepiece: "
-                           "`pip install sentencepiece` (the `bench` extra)")
-    source = ensure_source(log)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".converting-", dir=target.parent) as tmp:
+    with tempfile.TemporaryDirectory(prefix=".making-", dir=target.parent) as tmp:
         outfile = Path(tmp) / target.name
-        run_logged(convert_command(source, hf_folder, outfile), log)
+        run_logged(command_for(outfile), log)
         outfile.rename(target)
     return target

@@ -19,8 +19,9 @@ import tempfile
 import torch
 
 # The embedded model's weights as each quantized system serves them: its own GGUF file's
-# Q4_1 projections, or a compressed-tensors scheme (groups of 64: 576 features = 9 groups)
-QUANTIZED_KINDS = ("gguf-q4_1", "w4a16", "w8a16", "w8a8")
+# Q4_1 projections, llama.cpp's Q4_K_M file of it (``llama_cpp_models``: built with llama.cpp
+# on first use, minutes), or a compressed-tensors scheme (groups of 64: 576 features = 9 groups)
+QUANTIZED_KINDS = ("gguf-q4_1", "gguf-q4_k_m", "w4a16", "w8a16", "w8a8")
 _SCHEMES = {"w4a16": ("W4A16", 64, None), "w8a16": ("W8A16", None, "channel"),
             "w8a8": ("W8A8", None, None)}
 
@@ -32,6 +33,9 @@ def quantized_engine_args(kind: str) -> dict:
 
     if kind == "gguf-q4_1":
         return {"quantization": "gguf"}
+    if kind == "gguf-q4_k_m":
+        from .llama_cpp_models import gguf_path
+        return {"model": str(gguf_path("q4_k_m")), "quantization": "gguf"}
     scheme, group_size, strategy = _SCHEMES[kind]
     out = os.path.join(cache_dir(), "quantized", kind)
     checkpoint = os.path.join(out, scheme)

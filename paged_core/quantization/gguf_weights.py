@@ -16,12 +16,18 @@ embedding lookup keeps the loader's dense copy):
   float16 ``d``, 6-bit levels ``q`` (4 low bits in ``ql``, 2 high ones in ``qh``):
   ``w = d * sc * (q - 32)``, an ``Int8Weight`` group of 16 with levels ``q - 32`` and
   ``scale = d * sc`` (exact in float32).
+- Q5_0: blocks of 32 weights, a float16 ``d``, 4 bytes ``qh`` (bit ``j`` of the little-endian
+  word: weight ``j``'s fifth bit), then 16 bytes of nibbles as Q4_0's: ``w = d * (q - 16)``,
+  an ``Int8Weight`` group of 32 with levels ``q - 16`` (5-bit levels in 8-bit ones, exactly;
+  llama.cpp writes Q5_0 where a K-quant's 256-weight super-blocks do not divide a row, as
+  for the embedded model's 576 features in a Q4_K_M file).
 
 Served dense (widened to the model dtype by the loader, from the safetensors copy that
-transformers converted the file to): Q5_0, Q5_1 and Q5_K (5-bit levels fit no 4-bit group),
-Q2_K, Q3_K, the IQ types and plain floats. ``log_served`` logs one line counting, per type,
-the projections served quantized and dense (a quantized part of a fused q/k/v or gate/up
-projection whose sibling is dense is served dense with it).
+transformers converted the file to): Q5_1 and Q5_K (a minimum per block: 8-bit groups have
+no offsets, and 5-bit levels fit no 4-bit group), Q2_K, Q3_K, the IQ types and plain floats.
+``log_served`` logs one line counting, per type, the projections served quantized and dense
+(a quantized part of a fused q/k/v or gate/up projection whose sibling is dense is served
+dense with it).
 
 llama.cpp stores Llama's q and k projections with the rows of each head interleaved for its
 rotary layout; whatever their type, they are put back in Hugging Face's order, as
@@ -93,6 +99,8 @@ def decode(raw: np.ndarray, rows: int, width: int, kind: str) -> Int4Weight | In
         return _q4_k(raw.reshape(rows, width // 256, 144))
     if kind == "Q6_K":
         return _q6_k(raw.reshape(rows, width // 256, 210))
+    if kind == "Q5_0":
+        return _q5_0(raw.reshape(rows, width // 32, 22))
     return None
 
 
@@ -159,6 +167,16 @@ def _q6_k(blocks: np.ndarray) -> Int8Weight:
     sc = torch.from_numpy(blocks[..., 192:208].view(np.int8).astype(np.float32))
     scales = _f16(blocks[..., 208:210])[..., None] * sc
     return Int8Weight(torch.from_numpy(q), scales.reshape(rows, -1), 16)
+
+
+def _q5_0(blocks: np.ndarray) -> Int8Weight:
+    """Q5_0 blocks ``[rows, width / 32, 22]``: ``d``, ``qh`` (4 bytes, bit ``j`` weight
+    ``j``'s fifth), then 16 bytes of nibbles (low nibbles weights 0-15, high ones 16-31)."""
+    rows = blocks.shape[0]
+    high = np.unpackbits(blocks[..., 2:6], axis=-1, bitorder="little")  # [rows, blocks, 32]
+    low = _fields(blocks[..., 6:22], 4).reshape(high.shape)
+    q = (low | high << 4).astype(np.int8) - 16
+    return Int8Weight(torch.from_numpy(q.reshape(rows, -1)), _f16(blocks[..., 0:2]), 32)
 
 
 def _unpermute(rows: int, heads: int) -> torch.Tensor:

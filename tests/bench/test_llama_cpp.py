@@ -39,7 +39,7 @@ def test_build_commands_ask_for_a_native_release_server_with_nothing_fetched(tmp
                  "-DCMAKE_CXX_FLAGS=-fno-tree-dse -fno-dse"):  # ggml's AMX tile config kept
         assert flag in configure
     assert llama_cpp_build.build_command("cmake", build, 2) == [
-        "cmake", "--build", str(build), "--target", "llama-server", "-j", "2"]
+        "cmake", "--build", str(build), "--target", "llama-server", "llama-quantize", "-j", "2"]
 
 
 def test_a_build_counts_only_once_it_finished(tmp_path, monkeypatch):
@@ -49,9 +49,44 @@ def test_a_build_counts_only_once_it_finished(tmp_path, monkeypatch):
     assert build.name == f"build-{llama_cpp_build.cpu_key()}"
     (build / "bin").mkdir(parents=True)
     (build / "bin" / "llama-server").write_text("")  # linked, but cmake not done: not built
-    assert llama_cpp_build.built_llama_server() is None
+    assert llama_cpp_build.built_binary("llama-server") is None
+    (build / llama_cpp_build.BUILT_STAMP).touch()  # a build from before llama-quantize joined
+    assert llama_cpp_build.built_binary("llama-server") is None
+    (build / "bin" / "llama-quantize").write_text("")
+    for name in llama_cpp_build.TARGETS:
+        assert llama_cpp_build.built_binary(name) == build / "bin" / name
+
+
+def test_the_q4_k_m_file_is_llama_quantize_of_the_bf16_one_written_whole(tmp_path, monkeypatch):
+    """``gguf_path("q4_k_m")`` runs the cached llama-quantize on the cached BF16 file once,
+    into a scratch name renamed into place (here a stand-in binary that logs its arguments)."""
+    from paged_core.bench import llama_cpp_models
+    from paged_core.models.embedded_model import embedded_model_folder
+
+    monkeypatch.setenv("PAGED_CORE_CACHE_DIR", str(tmp_path))
+    bf16 = llama_cpp_build.version_dir() / "gguf" / f"{Path(embedded_model_folder()).name}.bf16.gguf"
+    bf16.parent.mkdir(parents=True)
+    bf16.write_text("bf16 weights")
+    build = llama_cpp_build.build_dir()
+    (build / "bin").mkdir(parents=True)
     (build / llama_cpp_build.BUILT_STAMP).touch()
-    assert llama_cpp_build.built_llama_server() == build / "bin" / "llama-server"
+    (build / "bin" / "llama-server").write_text("")
+    calls = tmp_path / "calls.txt"
+    quantize = build / "bin" / "llama-quantize"
+    quantize.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import shutil, sys
+        open({str(calls)!r}, "a").write(" ".join(sys.argv[1:]) + "\\n")
+        shutil.copy(sys.argv[1], sys.argv[2])
+    """))
+    quantize.chmod(quantize.stat().st_mode | stat.S_IXUSR)
+    path = llama_cpp_models.gguf_path("q4_k_m")
+    assert path == bf16.with_name(bf16.name.replace(".bf16.gguf", ".Q4_K_M.gguf"))
+    assert path.read_text() == "bf16 weights"
+    assert llama_cpp_models.gguf_path("q4_k_m") == path  # cached: quantized once
+    (source, outfile, file_type), = (line.split() for line in calls.read_text().splitlines())
+    assert (source, file_type) == (str(bf16), "Q4_K_M")
+    assert Path(outfile).parent != path.parent and not Path(outfile).exists()  # renamed
 
 
 def test_missing_cmake_says_how_to_get_it(monkeypatch, tmp_path):
@@ -265,7 +300,7 @@ def test_paged_core_one_at_a_time_never_batches_and_times_its_decode(tiny_paged_
 
 @pytest.mark.extended
 @pytest.mark.slow
-@pytest.mark.skipif(llama_cpp_build.built_llama_server() is None,
+@pytest.mark.skipif(llama_cpp_build.built_binary("llama-server") is None,
                     reason="llama-server not built in the cache: run `paged-core bench throughput "
                            "--concurrency 1 --llama-cpp q4_1,bf16 --quick` once (builds it, ~5 min)")
 def test_real_lone_user_comparison_with_llama_cpp(tmp_path):
