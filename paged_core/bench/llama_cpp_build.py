@@ -1,4 +1,4 @@
-"""llama.cpp's ``llama-server`` and ``llama-quantize``, built from source once into the paged-core cache.
+"""llama.cpp's ``llama-server`` and ``llama-quantize``, built from source once into the cache.
 
 The source is the llama.cpp that the ``llama-cpp-python`` sdist vendors
 (``vendor/llama.cpp``), fetched with ``pip download`` (package registries are the
@@ -112,7 +112,8 @@ def ensure_binary(name: str, jobs: int, log: TextIO = sys.stderr,
     with _build_lock(version):
         if built_binary(name, version) is None:  # nobody built it while we waited for the lock
             build = build_dir(version)
-            print(f"building {', '.join(TARGETS)} (llama-cpp-python {version}) in {build}", file=log)
+            print(f"building {', '.join(TARGETS)} (llama-cpp-python {version}) in {build}",
+                  file=log)
             for command in (configure_command(cmake, source, build),
                             build_command(cmake, build, jobs)):
                 run_logged(command, log)

@@ -9,7 +9,7 @@
   merges are those of the Q4_1 file. Made once, cached under the llama.cpp
   version folder; the file appears whole or not at all;
 - ``q4_k_m``: that BF16 file quantized by the same llama.cpp's ``llama-quantize`` to
-  ``Q4_K_M``, what users download most: where a row's 576 features are not whole
+  ``Q4_K_M``, the usual download: where a row's 576 features are not whole
   256-weight super-blocks, llama.cpp falls back to Q5_0 for Q4_K (and Q8_0 for Q6_K),
   so only the 1536-feature down projections hold K-quants. Cached the same way.
 """

@@ -64,7 +64,8 @@ def test_the_q4_k_m_file_is_llama_quantize_of_the_bf16_one_written_whole(tmp_pat
     from paged_core.models.embedded_model import embedded_model_folder
 
     monkeypatch.setenv("PAGED_CORE_CACHE_DIR", str(tmp_path))
-    bf16 = llama_cpp_build.version_dir() / "gguf" / f"{Path(embedded_model_folder()).name}.bf16.gguf"
+    name = Path(embedded_model_folder()).name
+    bf16 = llama_cpp_build.version_dir() / "gguf" / f"{name}.bf16.gguf"
     bf16.parent.mkdir(parents=True)
     bf16.write_text("bf16 weights")
     build = llama_cpp_build.build_dir()
