@@ -13,8 +13,9 @@ A bfloat16 linear at the ``avx512_bf16`` level keeps its levels in column groups
 outputs instead (``column_pack``; ``cpu/csrc/quantized_column_linear.cpp``): its decode
 kernel multiplies the bfloat16 rows as they are with ``vdpbf16ps``, or, on a CPU with AMX
 tiles, from ``COLUMN_AMX_MIN_ROWS`` rows, on the tiles (``quantized_column_amx.cpp``; the
-same float32 sums); 8-bit levels on a CPU with AMX-INT8 go to the tiles unwidened, the rows
-cut into 8-bit digits instead, for calls of up to ``INT8_TILE_ROWS`` rows
+same float32 sums; groups of a multiple of 32 features only: others take the many-rows path
+early, ``COLUMN_UNTILED_DENSE_ROWS``); 8-bit levels on a CPU with AMX-INT8 go to the tiles
+unwidened, the rows cut into 8-bit digits instead, for calls of up to ``INT8_TILE_ROWS`` rows
 (``int8_tile_kernel``); its many-rows path widens the weight straight into
 ``Bf16DotLinear``'s layout for that GEMM (AMX where the CPU has it). ``column_outputs`` says
 which layout a linear keeps.
@@ -51,6 +52,14 @@ DENSE_ROWS_SETTING = "PAGED_CORE_QUANTIZED_DENSE_ROWS"
 # decode steps of the embedded model in W8A16, 2 sequences 13.5 against 14.3 ms).
 COLUMN_AMX_DENSE_ROWS = 64
 COLUMN_AMX_MIN_ROWS = 2
+# Groups that are not whole tile steps (group_size % 32: GGUF Q6_K's groups of 16) keep the
+# column kernel on vdpbf16ps, which widens the levels again for every 4 rows, while the dense
+# path's GEMM still takes the tiles: there the dense path starts at 4 rows (30 SmolLM2 layers x
+# 4 projections, groups of 16, Intel(R) Xeon(R) Processor, amx_bf16: 8-bit, column kernel
+# against dense path, 3 rows 7.9 / 9.3 ms, 4 rows 9.2 / 8.7, 8 rows 15.8 / 9.5, 16 rows
+# 29.6 / 11.3, 48 rows 82.5 / 14.1; 4-bit 2 rows 5.1 / 7.3, 4 rows 7.1 / 7.4, 8 rows 12.2 /
+# 8.0, 16 rows 22.1 / 8.0).
+COLUMN_UNTILED_DENSE_ROWS = 4
 # The column layout on vdpbf16ps: the column kernel widens the levels again for every 4 rows
 # (fetching the next column group's levels line by line as it reads its own); the dense path
 # widens one column group at a time into L1 (the next group's levels fetched meanwhile), then
@@ -155,9 +164,11 @@ class QuantizedLinear(nn.Module):
 
         self.column_outputs = self.out_features
         self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING, COLUMN_DENSE_ROWS[self.bits]))
-        if bf16_amx_min_rows() > 0:  # AMX tiles selected and granted
+        if bf16_amx_min_rows() > 0:  # AMX tiles selected and granted (the dense path's too)
             self.amx_min_rows = COLUMN_AMX_MIN_ROWS
-            self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING, COLUMN_AMX_DENSE_ROWS))
+            tiled = self.group_size % 32 == 0  # the column kernel takes them as well
+            self.dense_rows = int(os.environ.get(
+                DENSE_ROWS_SETTING, COLUMN_AMX_DENSE_ROWS if tiled else COLUMN_UNTILED_DENSE_ROWS))
         levels, *packed = self.kernels.column_pack(q, per_group)
         return [levels, *(narrowed_factors(t) for t in packed)]
 

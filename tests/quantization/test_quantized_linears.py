@@ -321,3 +321,39 @@ def test_gate_ups_dense_path_fuses_silu_and_mul_bit_for_bit(monkeypatch, kernel,
     fused = layer.dense_silu_and_mul(x)
     assert fused is not None and torch.equal(fused.view(torch.int16), expected.view(torch.int16))
     assert layer.dense_silu_and_mul(x[:layer.dense_rows - 1]) is None  # the column kernels' rows
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_groups_that_amx_tiles_cannot_take_go_dense_early_where_the_tiles_run(monkeypatch, kind):
+    """With AMX tiles granted, a column-layout linear whose groups are whole tile steps keeps
+    its tile kernel up to COLUMN_AMX_DENSE_ROWS rows; groups of 16 (GGUF Q6_K), which the
+    column kernel multiplies on vdpbf16ps, widening its levels again every 4 rows, take the
+    dense path (AMX GEMM) from COLUMN_UNTILED_DENSE_ROWS; without tiles both keep the
+    vdpbf16ps threshold. Each still equals the dequantized product on both sides of it."""
+    from paged_core.cpu.extension import cpu_extension_available
+    from paged_core.quantization import quantized_linear as ql
+
+    if not cpu_extension_available("avx512_bf16"):
+        pytest.skip("the column layout needs the avx512_bf16 kernels (AVX512-BF16): this CPU "
+                    "lacks them")
+    monkeypatch.setenv("PAGED_CORE_CPU_ISA", "avx512_bf16")
+    gen = torch.Generator().manual_seed(5)
+    make = (lambda g: Int4Linear(int4_weight(40, 128, g, gen), False, torch.bfloat16)) \
+        if kind == "int4" else (lambda g: Int8Linear(int8_weight(40, 128, g, gen), False,
+                                                     torch.bfloat16))
+    vdpbf16ps_rows = ql.COLUMN_DENSE_ROWS[8 if kind == "int8" else 4]
+    for amx_rows, expected in ((2, {32: ql.COLUMN_AMX_DENSE_ROWS,
+                                    16: ql.COLUMN_UNTILED_DENSE_ROWS}),
+                               (0, {32: vdpbf16ps_rows, 16: vdpbf16ps_rows})):
+        monkeypatch.setattr("paged_core.models.cpu_linear.bf16_amx_min_rows", lambda: amx_rows)
+        for group_size, dense_rows in expected.items():
+            layer = make(group_size)
+            assert layer.column_outputs and layer.dense_rows == dense_rows
+            if amx_rows == 0 or not layer.kernels.bf16_amx_ready():
+                continue
+            weight = layer.dequantized_weight()
+            for rows in (dense_rows - 1, dense_rows):
+                x = torch.randn(rows, 128, generator=gen).bfloat16()
+                expected_y = F.linear(x.float(), weight.bfloat16().float())
+                y = layer(x).float()
+                assert (y - expected_y).abs().max() <= 1e-2 * expected_y.abs().max()
