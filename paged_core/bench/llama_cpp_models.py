@@ -11,7 +11,9 @@
 - ``q4_k_m``: that BF16 file quantized by the same llama.cpp's ``llama-quantize`` to
   ``Q4_K_M``, the usual download: where a row's 576 features are not whole
   256-weight super-blocks, llama.cpp falls back to Q5_0 for Q4_K (and Q8_0 for Q6_K),
-  so only the 1536-feature down projections hold K-quants. Cached the same way.
+  so only the 1536-feature down projections hold K-quants. Cached the same way;
+- ``q5_k_m``: the same with ``Q5_K_M``: Q5_1 where Q5_K does not fit a row (all but the
+  down projections), Q5_K / Q6_K in the down projections.
 """
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ from typing import Callable, TextIO
 
 from .llama_cpp_build import QUANTIZE, ensure_binary, ensure_source, run_logged, version_dir
 
-GGUF_KINDS = ("q4_1", "bf16", "q4_k_m")
+# the kinds llama.cpp's llama-quantize makes from the BF16 file, by its file type
+_QUANTIZED_TYPES = {"q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M"}
+GGUF_KINDS = ("q4_1", "bf16", *_QUANTIZED_TYPES)
 
 
 def gguf_path(kind: str, log: TextIO = sys.stderr) -> Path:
@@ -35,8 +39,9 @@ def gguf_path(kind: str, log: TextIO = sys.stderr) -> Path:
         return Path(embedded_gguf_path())
     if kind == "bf16":
         return _converted_bf16(Path(embedded_model_folder()), log)
-    if kind == "q4_k_m":
-        return _quantized(_converted_bf16(Path(embedded_model_folder()), log), "Q4_K_M", log)
+    if kind in _QUANTIZED_TYPES:
+        return _quantized(_converted_bf16(Path(embedded_model_folder()), log),
+                          _QUANTIZED_TYPES[kind], log)
     raise ValueError(f"unknown GGUF kind {kind!r}; choose from {', '.join(GGUF_KINDS)}")
 
 

@@ -19,9 +19,10 @@ import tempfile
 import torch
 
 # The embedded model's weights as each quantized system serves them: its own GGUF file's
-# Q4_1 projections, llama.cpp's Q4_K_M file of it (``llama_cpp_models``: built with llama.cpp
-# on first use, minutes), or a compressed-tensors scheme (groups of 64: 576 features = 9 groups)
-QUANTIZED_KINDS = ("gguf-q4_1", "gguf-q4_k_m", "w4a16", "w8a16", "w8a8")
+# Q4_1 projections, llama.cpp's Q4_K_M or Q5_K_M file of it (``llama_cpp_models``: built with
+# llama.cpp on first use, minutes), or a compressed-tensors scheme (groups of 64: 576 features
+# = 9 groups)
+QUANTIZED_KINDS = ("gguf-q4_1", "gguf-q4_k_m", "gguf-q5_k_m", "w4a16", "w8a16", "w8a8")
 _SCHEMES = {"w4a16": ("W4A16", 64, None), "w8a16": ("W8A16", None, "channel"),
             "w8a8": ("W8A8", None, None)}
 
@@ -33,9 +34,9 @@ def quantized_engine_args(kind: str) -> dict:
 
     if kind == "gguf-q4_1":
         return {"quantization": "gguf"}
-    if kind == "gguf-q4_k_m":
+    if kind in ("gguf-q4_k_m", "gguf-q5_k_m"):
         from .llama_cpp_models import gguf_path
-        return {"model": str(gguf_path("q4_k_m")), "quantization": "gguf"}
+        return {"model": str(gguf_path(kind.removeprefix("gguf-"))), "quantization": "gguf"}
     scheme, group_size, strategy = _SCHEMES[kind]
     out = os.path.join(cache_dir(), "quantized", kind)
     checkpoint = os.path.join(out, scheme)
@@ -51,8 +52,10 @@ def quantized_engine_args(kind: str) -> dict:
 def compressed_tensors_checkpoint(source: str, scheme_name: str, out: str,
                                   group_size: int | None = None, strategy: str | None = None,
                                   quantize_lm_head: bool = False) -> tuple[str, str]:
-    """``(checkpoint, twin)`` folders for ``source`` quantized with preset ``scheme_name``;
-    ``group_size`` / ``strategy`` override the preset's weight arguments. The LM head stays
+    """``(checkpoint, twin)`` folders for ``source`` quantized with preset ``scheme_name``
+    (or ``<preset>_ASYM`` where compressed-tensors has no such preset: the preset's weights
+    with zero points, e.g. ``W8A16_ASYM``); ``group_size`` / ``strategy`` override the
+    preset's weight arguments. The LM head stays
     dense (llmcompressor's usual ``ignore=["lm_head"]``) unless ``quantize_lm_head`` (an
     untied head only: a tied one is the embedding too)."""
     from compressed_tensors.compressors import ModelCompressor
@@ -65,7 +68,13 @@ def compressed_tensors_checkpoint(source: str, scheme_name: str, out: str,
     checkpoint, twin = os.path.join(out, scheme_name), os.path.join(out, f"{scheme_name}-twin")
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     twin_model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-    scheme = preset_name_to_scheme(scheme_name, ["Linear"])
+    from compressed_tensors.quantization.quant_scheme import PRESET_SCHEMES
+
+    asymmetric = scheme_name not in PRESET_SCHEMES and scheme_name.endswith("_ASYM")
+    scheme = preset_name_to_scheme(scheme_name.removesuffix("_ASYM") if asymmetric
+                                   else scheme_name, ["Linear"])
+    if asymmetric:
+        scheme.weights.symmetric = False
     if strategy is not None:
         scheme.weights.strategy = strategy
         scheme.weights.group_size = group_size

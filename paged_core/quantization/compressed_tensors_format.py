@@ -9,7 +9,8 @@ groups, each a scheme for the modules its ``targets`` name (``Linear``, a module
   ``[out, groups]`` (``group``), ``[out, 1]`` (``channel``) or ``[1]`` (``tensor``); an
   asymmetric scheme adds ``weight_zero_point`` packed the same way along the *output*
   rows. ``w = scale * (level - zero_point)``. 4-bit → ``Int4Weight`` (ATen's level is the
-  stored nibble; ``zero = -zero_point * scale``), 8-bit → ``Int8Weight`` (symmetric only).
+  stored nibble; ``zero = -zero_point * scale``), 8-bit → ``Int8Weight`` (with zeros
+  ``-zero_point * scale`` where asymmetric).
 - ``int-quantized`` / ``naive-quantized``: int8 ``weight`` with its scale; with dynamic
   per-token int8 input activations (W8A8) → ``W8A8Linear``'s weights (``Int8Weight`` with
   ``activations_int8``).
@@ -100,12 +101,15 @@ class CompressedTensorsFormat:
             zeros = torch.zeros_like(scale) if zero_point is None else \
                 -_zero_points(zero_point, bits, out, scheme.format) * scale
             return Int4Weight(levels.to(torch.uint8), scale, zeros, group_size)
-        if bits == 8 and zero_point is None:
+        if bits == 8 and (zero_point is None or activations is None):
+            zeros = None if zero_point is None else \
+                -_zero_points(zero_point, bits, out, scheme.format) * scale
             return Int8Weight((levels - 128).to(torch.int8), scale, group_size,
-                              activations_int8=activations is not None)
+                              activations_int8=activations is not None, zeros=zeros)
         raise ValueError(f"{module}: {bits}-bit {'asymmetric ' if zero_point is not None else ''}"
                          f"weights{' with int8 activations' if activations else ''} are not "
-                         f"served (4-bit weight-only, 8-bit symmetric)")
+                         f"served (4-bit and 8-bit weight-only, 8-bit symmetric with int8 "
+                         f"activations)")
 
     def _scheme_of(self, module: str) -> _Scheme:
         for scheme in self.schemes:

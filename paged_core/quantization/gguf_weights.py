@@ -21,10 +21,17 @@ embedding lookup keeps the loader's dense copy):
   an ``Int8Weight`` group of 32 with levels ``q - 16`` (5-bit levels in 8-bit ones, exactly;
   llama.cpp writes Q5_0 where a K-quant's 256-weight super-blocks do not divide a row, as
   for the embedded model's 576 features in a Q4_K_M file).
+- Q5_1: Q5_0's block with a float16 minimum ``m`` after ``d``: ``w = d * q + m``, an
+  ``Int8Weight`` group of 32 with levels ``q`` (0..31) and zeros ``m`` (llama.cpp's fallback
+  for Q5_K rows that are not whole super-blocks, so most of a 576-feature model's Q5_K_M).
+- Q5_K: Q4_K's super-blocks with a fifth bit per weight (``qh``: bit ``j`` of byte ``l``,
+  sub-block ``j``'s weight ``l``): ``w = d * sc * q - dmin * mn``, an ``Int8Weight`` group of
+  32 with levels ``q`` (0..31), ``scale = d * sc`` and zeros ``-dmin * mn``.
+The column layout (``avx512_bf16``) keeps every 5- and 6-bit type's levels biased in bytes,
+7-bit style (``Int8Linear``), and takes the zeros; the row layout adds them per group.
 
 Served dense (widened to the model dtype by the loader, from the safetensors copy that
-transformers converted the file to): Q5_1 and Q5_K (a minimum per block: 8-bit groups have
-no offsets, and 5-bit levels fit no 4-bit group), Q2_K, Q3_K, the IQ types and plain floats.
+transformers converted the file to): Q2_K, Q3_K, the IQ types and plain floats.
 ``log_served`` logs one line counting, per type, the projections served quantized and dense
 (a quantized part of a fused q/k/v or gate/up projection whose sibling is dense is served
 dense with it).
@@ -101,6 +108,10 @@ def decode(raw: np.ndarray, rows: int, width: int, kind: str) -> Int4Weight | In
         return _q6_k(raw.reshape(rows, width // 256, 210))
     if kind == "Q5_0":
         return _q5_0(raw.reshape(rows, width // 32, 22))
+    if kind == "Q5_1":
+        return _q5_1(raw.reshape(rows, width // 32, 24))
+    if kind == "Q5_K":
+        return _q5_k(raw.reshape(rows, width // 256, 176))
     return None
 
 
@@ -169,14 +180,45 @@ def _q6_k(blocks: np.ndarray) -> Int8Weight:
     return Int8Weight(torch.from_numpy(q), scales.reshape(rows, -1), 16)
 
 
+def _five_bits(qh: np.ndarray, nibbles: np.ndarray) -> np.ndarray:
+    """Q5_0 / Q5_1 levels 0..31 ``[rows, blocks, 32]`` (int8) from each block's ``qh`` (4
+    bytes, bit ``j`` weight ``j``'s fifth) and 16 bytes of nibbles (low nibbles weights
+    0-15, high ones 16-31)."""
+    high = np.unpackbits(qh, axis=-1, bitorder="little")
+    return (_fields(nibbles, 4).reshape(high.shape) | high << 4).astype(np.int8)
+
+
 def _q5_0(blocks: np.ndarray) -> Int8Weight:
-    """Q5_0 blocks ``[rows, width / 32, 22]``: ``d``, ``qh`` (4 bytes, bit ``j`` weight
-    ``j``'s fifth), then 16 bytes of nibbles (low nibbles weights 0-15, high ones 16-31)."""
+    """Q5_0 blocks ``[rows, width / 32, 22]``: ``d``, ``qh``, then the nibbles."""
     rows = blocks.shape[0]
-    high = np.unpackbits(blocks[..., 2:6], axis=-1, bitorder="little")  # [rows, blocks, 32]
-    low = _fields(blocks[..., 6:22], 4).reshape(high.shape)
-    q = (low | high << 4).astype(np.int8) - 16
+    q = _five_bits(blocks[..., 2:6], blocks[..., 6:22]) - 16
     return Int8Weight(torch.from_numpy(q.reshape(rows, -1)), _f16(blocks[..., 0:2]), 32)
+
+
+def _q5_1(blocks: np.ndarray) -> Int8Weight:
+    """Q5_1 blocks ``[rows, width / 32, 24]``: ``d``, ``m``, ``qh``, then the nibbles."""
+    rows = blocks.shape[0]
+    q = _five_bits(blocks[..., 4:8], blocks[..., 8:24])
+    return Int8Weight(torch.from_numpy(q.reshape(rows, -1)), _f16(blocks[..., 0:2]), 32,
+                      zeros=_f16(blocks[..., 2:4]))
+
+
+def _q5_k(blocks: np.ndarray) -> Int8Weight:
+    """Q5_K super-blocks ``[rows, width / 256, 176]``: ``d``, ``dmin``, 12 bytes of packed
+    6-bit ``sc`` / ``mn`` (as Q4_K's), 32 bytes ``qh`` (bit ``j`` of byte ``l``: sub-block
+    ``j``'s weight ``l``), then 128 bytes of nibbles (as Q4_K's)."""
+    from gguf.quants import Q4_K
+
+    rows, supers = blocks.shape[:2]
+    sc, mn = (torch.from_numpy(a.reshape(rows, supers, 8).astype(np.float32))
+              for a in Q4_K.get_scale_min(blocks[..., 4:16].reshape(-1, 12)))
+    scales = _f16(blocks[..., 0:2])[..., None] * sc
+    zeros = -(_f16(blocks[..., 2:4])[..., None] * mn)
+    low = _fields(blocks[..., 48:].reshape(rows, supers, 4, 32), 4).reshape(rows, supers, 8, 32)
+    high = _fields(blocks[..., 16:48], 1)  # [rows, supers, 8 sub-blocks, 32]
+    q = (low | high << 4).astype(np.int8)
+    return Int8Weight(torch.from_numpy(q.reshape(rows, -1)), scales.reshape(rows, -1), 32,
+                      zeros=zeros.reshape(rows, -1))
 
 
 def _unpermute(rows: int, heads: int) -> torch.Tensor:

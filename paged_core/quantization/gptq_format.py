@@ -16,12 +16,13 @@ gptqmodel writes it; a zero point 0 borrows from the next field): added back the
 stored zero points are used as they are, ``sym`` or not.
 
 Served: 4-bit → ``Int4Weight`` (level as stored, ``zero = (8 - zero_point) * scale``,
-exact in float32 for 16-bit scales); 8-bit symmetric → ``Int8Weight`` (``level - 128``).
+exact in float32 for 16-bit scales); 8-bit → ``Int8Weight`` (``level - 128``; asymmetric
+with ``zero = (128 - zero_point) * scale``, exact the same way).
 Groups the int4 kernel does not take (``group_size`` -1, 512, ...) are split into ones it
 does (``packed_ints.regroup``). Act-order (``desc_act``) ``g_idx`` gives an
 ``act_order.ActOrderWeight``. Per-module overrides of ``dynamic`` (``+:regex`` or
-``regex`` → bits / group_size) are followed. Refused, naming the module: 2/3-bit and
-asymmetric 8-bit weights, groups that do not split; and any other ``checkpoint_format``
+``regex`` → bits / group_size) are followed. Refused, naming the module: 2/3-bit
+weights, groups that do not split; and any other ``checkpoint_format``
 (marlin, planar ``gptq_p``...) or a ``pack_dtype`` other than int32.
 """
 from __future__ import annotations
@@ -69,8 +70,8 @@ class GptqFormat:
         params = self._params(module)
         bits = int(params["bits"])
         if bits not in (4, 8):
-            raise ValueError(f"{module}: {bits}-bit GPTQ weights are not served (4-bit, or "
-                             f"8-bit symmetric)")
+            raise ValueError(f"{module}: {bits}-bit GPTQ weights are not served (4- or "
+                             f"8-bit)")
         qweight = tensors["qweight"]
         if qweight.dtype != torch.int32:
             raise ValueError(f"{module}: qweight is {qweight.dtype}, GPTQ packs int32 words")
@@ -89,13 +90,12 @@ class GptqFormat:
             zeros = (8 - zero_points) * scales
             scales, zeros, size = regroup(scales, zeros, group_size, width, module)
             weight = Int4Weight(levels.to(torch.uint8), scales, zeros, size)
-        elif bool((zero_points == 128).all()):  # symmetric
+        else:  # symmetric where every zero point is 128: no zeros
+            zeros = None if bool((zero_points == 128).all()) else (128 - zero_points) * scales
             if group_size < width:
-                scales, _, group_size = regroup(scales, None, group_size, width, module)
-            weight = Int8Weight((levels - 128).to(torch.int8), scales, min(group_size, width))
-        else:
-            raise ValueError(f"{module}: asymmetric 8-bit GPTQ weights are not served (8-bit "
-                             f"must be sym, zero point 128)")
+                scales, zeros, group_size = regroup(scales, zeros, group_size, width, module)
+            weight = Int8Weight((levels - 128).to(torch.int8), scales, min(group_size, width),
+                                zeros=zeros)
         return weight if order is None else ActOrderWeight(weight, order, module)
 
     def _params(self, module: str) -> dict:

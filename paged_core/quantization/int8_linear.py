@@ -1,15 +1,21 @@
-"""``Int8Weight`` and ``Int8Linear``: symmetric 8-bit weights with a float scale per group.
+"""``Int8Weight`` and ``Int8Linear``: 8-bit weights with a float scale (and zero) per group.
 
 A weight ``[out, in]`` is stored as signed levels ``q`` in ``-128..127`` and one scale per
-group of ``group_size`` consecutive input features of a row:
+group of ``group_size`` consecutive input features of a row, and optionally one zero:
 
-    w[o, i] = scale[o, g] * q[o, i],   g = i // group_size
+    w[o, i] = scale[o, g] * q[o, i] (+ zero[o, g]),   g = i // group_size
 
 ``group_size == in`` is one scale per output channel (compressed-tensors' W8A16 ``channel``
-strategy); GGUF Q8_0 has groups of 32, Q6_K groups of 16. Every 8-bit layout served here is
-symmetric. ``activations_int8`` marks W8A8 weights, whose inputs are quantized too (``W8A8Linear``).
-``Int8Linear`` keeps the levels as they are, or the column layout (``quantized_linear``'s
-module doc).
+strategy); GGUF Q8_0 and Q5_0 have groups of 32, Q6_K groups of 16 (all symmetric); GGUF
+Q5_1 and Q5_K have zeros (their minimums), levels ``0..31``. ``activations_int8`` marks W8A8
+weights, whose inputs are quantized too (``W8A8Linear``; symmetric only).
+
+``Int8Linear`` keeps the levels as they are (the row layout), or the column layout
+(``quantized_linear``'s module doc): there levels within ``-64..63`` (the 5- and 6-bit GGUF
+types) are stored biased, ``q + 64`` (``column_pack(..., int7=True)``), which widens to
+bfloat16 with a zero extension and an or, where full-range levels take two conversions
+through float32, and which takes zeros; a weight with zeros whose levels leave that range
+keeps the row layout.
 """
 from __future__ import annotations
 
@@ -27,6 +33,11 @@ class Int8Weight:
     scales: torch.Tensor  # [out, in / group_size] float32
     group_size: int
     activations_int8: bool = False  # W8A8: inputs quantized per token at run time
+    zeros: torch.Tensor | None = None  # [out, in / group_size] float32, added per group
+
+    def __post_init__(self) -> None:
+        if self.zeros is not None and self.activations_int8:
+            raise ValueError("W8A8 weights are symmetric: zeros cannot be given")
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -36,22 +47,39 @@ class Int8Weight:
         """The float32 weight these levels stand for."""
         out, width = self.q.shape
         groups = self.q.float().view(out, width // self.group_size, self.group_size)
-        return (groups * self.scales[..., None]).view(out, width)
+        w = groups * self.scales[..., None]
+        return (w if self.zeros is None else w + self.zeros[..., None]).view(out, width)
 
     def rows(self, index) -> "Int8Weight":
         return Int8Weight(self.q[index], self.scales[index], self.group_size,
-                          self.activations_int8)
+                          self.activations_int8, _part(self.zeros, index))
 
     def columns(self, start: int, stop: int) -> "Int8Weight":
         """Input features ``start:stop`` (whole groups)."""
         g = self.group_size
-        return Int8Weight(self.q[:, start:stop], self.scales[:, start // g:stop // g], g,
-                          self.activations_int8)
+        groups = (slice(None), slice(start // g, stop // g))
+        return Int8Weight(self.q[:, start:stop], self.scales[groups], g,
+                          self.activations_int8, _part(self.zeros, groups))
 
     @staticmethod
     def cat(parts: list["Int8Weight"]) -> "Int8Weight":
+        """The rows of ``parts`` stacked (a fused projection); zeros where any part has them
+        (0 for the parts without)."""
+        zeros = None
+        if any(p.zeros is not None for p in parts):
+            zeros = torch.cat([p.zeros if p.zeros is not None else torch.zeros_like(p.scales)
+                               for p in parts])
         return Int8Weight(torch.cat([p.q for p in parts]), torch.cat([p.scales for p in parts]),
-                          parts[0].group_size, parts[0].activations_int8)
+                          parts[0].group_size, parts[0].activations_int8, zeros)
+
+
+def _part(zeros: torch.Tensor | None, index) -> torch.Tensor | None:
+    return None if zeros is None else zeros[index]
+
+
+def within_int7(q: torch.Tensor) -> bool:
+    """Whether every level lies in ``-64..63`` (the column layout's biased 7-bit levels)."""
+    return q.numel() == 0 or (int(q.min()) >= -64 and int(q.max()) <= 63)
 
 
 class Int8Linear(QuantizedLinear):
@@ -67,19 +95,29 @@ class Int8Linear(QuantizedLinear):
                              f"the input features ({self.in_features}), got {weight.group_size}")
         self.group_size = weight.group_size
         q, scales = weight.q.to(torch.int8).contiguous(), weight.scales.float().contiguous()
+        zeros = None if weight.zeros is None else weight.zeros.float().contiguous()
+        int7 = within_int7(q)
         # W8A8's inputs are float32 levels: those keep the row layout's float32 kernels
-        packed = None if weight.activations_int8 else self._column_layout(q, [scales])
-        self.levels, self.scales = packed if packed is not None else (q, scales)
+        factors = [scales] + ([] if zeros is None else [zeros])
+        packed = None
+        if self._keeps_column_layout() and not weight.activations_int8 and (int7 or zeros is None):
+            tiles = zeros is None and int8_tile_kernel(self.kernels, self.group_size,
+                                                       amx_selected=self._amx_selected())
+            packed = self._column_layout(q, factors, int7=int7 and not tiles)
+            self.int8_tile_rows = INT8_TILE_ROWS if tiles else 0
+        self.levels, *factors = packed if packed is not None else [q, *factors]
+        self.scales = factors[0]
+        # 8-bit offsets are the zeros in either layout (y takes zero * sum(x) per group)
+        self.offsets = self.zeros = factors[1] if len(factors) > 1 else None
         if packed is None and not weight.activations_int8:  # W8A8 sums its levels exactly
             self._row_layout()
-        if packed is not None and int8_tile_kernel(self.kernels, self.group_size,
-                                                   amx_selected=self.amx_min_rows > 0):
-            self.int8_tile_rows = INT8_TILE_ROWS
 
     def quantized_product(self, rows: torch.Tensor) -> torch.Tensor:
-        return self.kernels.int8_gemm(rows, self.levels, self.scales, self.group_size)
+        return self.kernels.int8_gemm(rows, self.levels, self.scales, self.offsets,
+                                      self.group_size)
 
     def row_layout_weight(self) -> torch.Tensor:
         if self.kernels is not None:
-            return self.kernels.int8_dequantize(self.levels, self.scales, self.group_size)
-        return Int8Weight(self.levels, self.scales, self.group_size).dequantize()
+            return self.kernels.int8_dequantize(self.levels, self.scales, self.zeros,
+                                                self.group_size)
+        return Int8Weight(self.levels, self.scales, self.group_size, zeros=self.zeros).dequantize()

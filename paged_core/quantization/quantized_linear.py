@@ -16,9 +16,10 @@ tiles, from ``COLUMN_AMX_MIN_ROWS`` rows, on the tiles (``quantized_column_amx.c
 same float32 sums; groups of a multiple of 32 features only: others take the many-rows path
 early, ``COLUMN_UNTILED_DENSE_ROWS``); 8-bit levels on a CPU with AMX-INT8 go to the tiles
 unwidened, the rows cut into 8-bit digits instead, for calls of up to ``INT8_TILE_ROWS`` rows
-(``int8_tile_kernel``); its many-rows path widens the weight straight into
-``Bf16DotLinear``'s layout for that GEMM (AMX where the CPU has it). ``column_outputs`` says
-which layout a linear keeps.
+(``int8_tile_kernel``), 8-bit levels within -64..63 (GGUF's 5- and 6-bit types) are kept
+biased, 7-bit style, and take zeros (``Int8Linear``); its many-rows path widens the weight
+straight into ``Bf16DotLinear``'s layout for that GEMM (AMX where the CPU has it).
+``column_outputs`` says which layout a linear keeps.
 
 Invariants: the output has the input's dtype (the ``dtype`` the linear was built for);
 ``bias`` is a parameter of that dtype under the dense layer's name, loaded with the
@@ -149,27 +150,39 @@ class QuantizedLinear(nn.Module):
         self.row_dense = False  # the many-rows path widens the row layout (row_layout_dense)
         self.amx_min_rows = 0  # the column layout's kernels: AMX tiles from these rows (0: none)
         self.int8_tile_rows = 0  # 8-bit column layout: calls of up to this many rows on AMX-INT8
-        self.offsets = self.zeros = None  # 4-bit weights' (zero - 8 scale, zero) per group
+        self.offsets = self.zeros = None  # per group, for the layout's kernels (subclasses')
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype),
                                  requires_grad=False) if has_bias else None
 
-    def _column_layout(self, q: torch.Tensor, per_group: list[torch.Tensor]) -> list | None:
-        """``column_pack``'s levels and per-group tensors where this linear keeps the column
-        layout (bfloat16 throughout, the ``avx512_bf16`` kernels), else ``None``. Each
-        per-group tensor is float16 where that holds every value exactly, else float32
-        (``narrowed_factors``)."""
-        if not (self.level == "avx512_bf16" and self.dtype == self.dense_dtype == torch.bfloat16):
-            return None
+    def _keeps_column_layout(self) -> bool:
+        """Whether this linear can keep the column layout: bfloat16 throughout, the
+        ``avx512_bf16`` kernels."""
+        return self.level == "avx512_bf16" and self.dtype == self.dense_dtype == torch.bfloat16
+
+    @staticmethod
+    def _amx_selected() -> bool:
+        """Whether AMX tiles are selected and granted (the dense path's and the column
+        kernels')."""
         from ..models.cpu_linear import bf16_amx_min_rows
 
+        return bf16_amx_min_rows() > 0
+
+    def _column_layout(self, q: torch.Tensor, per_group: list[torch.Tensor],
+                       int7: bool = False) -> list | None:
+        """``column_pack``'s levels and per-group tensors where this linear keeps the column
+        layout (``_keeps_column_layout``), else ``None``; ``int7``: int8 levels within
+        -64..63 stored biased (``Int8Linear``). Each per-group tensor is float16 where that
+        holds every value exactly, else float32 (``narrowed_factors``)."""
+        if not self._keeps_column_layout():
+            return None
         self.column_outputs = self.out_features
         self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING, COLUMN_DENSE_ROWS[self.bits]))
-        if bf16_amx_min_rows() > 0:  # AMX tiles selected and granted (the dense path's too)
+        if self._amx_selected():  # AMX tiles selected and granted (the dense path's too)
             self.amx_min_rows = COLUMN_AMX_MIN_ROWS
             tiled = self.group_size % 32 == 0  # the column kernel takes them as well
             self.dense_rows = int(os.environ.get(
                 DENSE_ROWS_SETTING, COLUMN_AMX_DENSE_ROWS if tiled else COLUMN_UNTILED_DENSE_ROWS))
-        levels, *packed = self.kernels.column_pack(q, per_group)
+        levels, *packed = self.kernels.column_pack(q, per_group, int7)
         return [levels, *(narrowed_factors(t) for t in packed)]
 
     def _row_layout(self) -> None:

@@ -57,9 +57,12 @@ def test_a_build_counts_only_once_it_finished(tmp_path, monkeypatch):
         assert llama_cpp_build.built_binary(name) == build / "bin" / name
 
 
-def test_the_q4_k_m_file_is_llama_quantize_of_the_bf16_one_written_whole(tmp_path, monkeypatch):
-    """``gguf_path("q4_k_m")`` runs the cached llama-quantize on the cached BF16 file once,
-    into a scratch name renamed into place (here a stand-in binary that logs its arguments)."""
+@pytest.mark.parametrize("kind", ["q4_k_m", "q5_k_m"])
+def test_k_quant_files_are_llama_quantize_of_the_bf16_one_written_whole(tmp_path, monkeypatch,
+                                                                         kind):
+    """``gguf_path("q4_k_m")`` (``"q5_k_m"``) runs the cached llama-quantize on the cached
+    BF16 file once, into a scratch name renamed into place (here a stand-in binary that logs
+    its arguments)."""
     from paged_core.bench import llama_cpp_models
     from paged_core.models.embedded_model import embedded_model_folder
 
@@ -81,12 +84,12 @@ def test_the_q4_k_m_file_is_llama_quantize_of_the_bf16_one_written_whole(tmp_pat
         shutil.copy(sys.argv[1], sys.argv[2])
     """))
     quantize.chmod(quantize.stat().st_mode | stat.S_IXUSR)
-    path = llama_cpp_models.gguf_path("q4_k_m")
-    assert path == bf16.with_name(bf16.name.replace(".bf16.gguf", ".Q4_K_M.gguf"))
+    path = llama_cpp_models.gguf_path(kind)
+    assert path == bf16.with_name(bf16.name.replace(".bf16.gguf", f".{kind.upper()}.gguf"))
     assert path.read_text() == "bf16 weights"
-    assert llama_cpp_models.gguf_path("q4_k_m") == path  # cached: quantized once
+    assert llama_cpp_models.gguf_path(kind) == path  # cached: quantized once
     (source, outfile, file_type), = (line.split() for line in calls.read_text().splitlines())
-    assert (source, file_type) == (str(bf16), "Q4_K_M")
+    assert (source, file_type) == (str(bf16), kind.upper())
     assert Path(outfile).parent != path.parent and not Path(outfile).exists()  # renamed
 
 

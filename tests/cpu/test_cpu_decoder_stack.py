@@ -108,12 +108,12 @@ def test_models_the_stack_cannot_serve_keep_the_python_layers(tmp_path, tokenize
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("scheme", ["W4A16", "W4A16_ASYM", "W8A16"])
+@pytest.mark.parametrize("scheme", ["W4A16", "W4A16_ASYM", "W8A16", "W8A16_ASYM"])
 def test_stack_matches_the_python_layers_with_quantized_weights(scheme, dtype, tokenizer,
                                                                 tmp_path, cpu_isa, monkeypatch):
-    """Weight-only 4- and 8-bit projections run in the stack by the same kernels: decode
-    steps (fewer rows than ``dense_rows``) on the levels (AMX tiles too, on a CPU with them),
-    prefill chunks densely."""
+    """Weight-only 4- and 8-bit projections (8-bit with zeros too) run in the stack by the
+    same kernels: decode steps (fewer rows than ``dense_rows``) on the levels (AMX tiles too,
+    on a CPU with them), prefill chunks densely."""
     pytest.importorskip("compressed_tensors")
     from paged_core.bench.quantized_models import compressed_tensors_checkpoint
     from paged_core.quantization.int4_linear import Int4Linear
@@ -126,5 +126,7 @@ def test_stack_matches_the_python_layers_with_quantized_weights(scheme, dtype, t
     checkpoint, _ = compressed_tensors_checkpoint(folder, scheme, str(tmp_path / scheme), 32, None)
     llm = _generate_through_both_paths(checkpoint, dtype, cpu_isa)
     projection = llm.engine.core.executor.runner.model.layers[0].mlp.down_proj
-    assert type(projection) is (Int8Linear if scheme == "W8A16" else Int4Linear)
+    assert type(projection) is (Int8Linear if scheme.startswith("W8A16") else Int4Linear)
+    if scheme.startswith("W8A16"):
+        assert (projection.zeros is not None) == scheme.endswith("_ASYM")
     assert 1 < projection.dense_rows < 48  # both the kernels and the dense path ran

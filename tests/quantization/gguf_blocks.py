@@ -1,10 +1,10 @@
 """Writing GGUF blocks and files for the tests.
 
 ``quantize`` is ``gguf.quants.quantize`` where the ``gguf`` package implements it (Q4_0, Q4_1,
-Q8_0, Q5_0, Q5_1); it does not for the K-quants, so Q4_K and Q6_K blocks are written here by
-a plain min/max (Q6_K: absolute maximum) rounding (llama.cpp searches its scales harder, the
-layout is the same): ``dequantize`` by ``gguf.quants`` reads them back close to the input,
-which ``test_k_quant_writers_are_close_to_their_input`` checks.
+Q8_0, Q5_0, Q5_1); it does not for the K-quants, so Q4_K, Q5_K and Q6_K blocks are written
+here by a plain min/max (Q6_K: absolute maximum) rounding (llama.cpp searches its scales
+harder, the layout is the same): ``dequantize`` by ``gguf.quants`` reads them back close to
+the input, which ``test_k_quant_writers_are_close_to_their_input`` checks.
 
 ``requantized_copy`` writes a copy of a GGUF file with some layer tensors re-quantized to
 other types (metadata and the other tensors unchanged), as ``gguf_new_metadata`` copies one.
@@ -18,30 +18,33 @@ def quantize(data: np.ndarray, kind: str) -> np.ndarray:
     """``[rows, width]`` float32 -> ``[rows, bytes]`` uint8 blocks of type ``kind``."""
     from gguf import GGMLQuantizationType, quants
 
-    if kind == "Q4_K":
-        return _q4_k(data)
+    if kind in ("Q4_K", "Q5_K"):
+        return _min_max_k(data, bits=4 if kind == "Q4_K" else 5)
     if kind == "Q6_K":
         return _q6_k(data)
     return quants.quantize(data, GGMLQuantizationType[kind])
 
 
-def _q4_k(data: np.ndarray) -> np.ndarray:
-    rows = data.shape[0]
+def _min_max_k(data: np.ndarray, bits: int) -> np.ndarray:
+    """Q4_K (``bits`` 4) or Q5_K (5: the fifth bits in ``qh`` before the nibbles) blocks."""
+    rows, top = data.shape[0], (1 << bits) - 1
     x = data.astype(np.float32).reshape(rows, -1, 8, 32)  # super-blocks of 8 sub-blocks
     low = np.minimum(x.min(-1), 0)
-    scale, mn = (x.max(-1) - low) / 15, -low
+    scale, mn = (x.max(-1) - low) / top, -low
     d = (scale.max(-1, keepdims=True) / 63).astype(np.float16)
     dmin = (mn.max(-1, keepdims=True) / 63).astype(np.float16)
     sc = np.clip(np.round(_div(scale, d.astype(np.float32))), 0, 63).astype(np.uint8)
     m = np.clip(np.round(_div(mn, dmin.astype(np.float32))), 0, 63).astype(np.uint8)
     step = d.astype(np.float32) * sc
     offset = dmin.astype(np.float32) * m
-    q = np.clip(np.round(_div(x + offset[..., None], step[..., None])), 0, 15).astype(np.uint8)
+    q = np.clip(np.round(_div(x + offset[..., None], step[..., None])), 0, top).astype(np.uint8)
     packed_scales = np.concatenate([
         sc[..., :4] | (sc[..., 4:] >> 4) << 6, m[..., :4] | (m[..., 4:] >> 4) << 6,
         (sc[..., 4:] & 0x0F) | (m[..., 4:] & 0x0F) << 4], axis=-1)
-    qs = _pack(q.reshape(*q.shape[:2], 4, 2, 32), 4).reshape(*q.shape[:2], 128)
-    blocks = np.concatenate([d.view(np.uint8), dmin.view(np.uint8), packed_scales, qs], axis=-1)
+    qs = _pack(q.reshape(*q.shape[:2], 4, 2, 32) & 0x0F, 4).reshape(*q.shape[:2], 128)
+    qh = [_pack(q >> 4, 1)] if bits == 5 else []  # bit j of byte l: sub-block j's weight l
+    blocks = np.concatenate([d.view(np.uint8), dmin.view(np.uint8), packed_scales, *qh, qs],
+                            axis=-1)
     return blocks.reshape(rows, -1)
 
 

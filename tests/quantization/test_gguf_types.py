@@ -1,7 +1,8 @@
-"""GGUF tensor types beyond Q4_0/Q4_1: Q8_0, Q4_K, Q6_K and Q5_0 served quantized, exactly
-(decoded blocks equal ``gguf.quants.dequantize``), Q5_1 and Q5_K dense; q/k rows back in
-Hugging Face order whatever the type; an engine on a GGUF file mixing Q8_0, Q4_K, Q6_K, Q4_1,
-Q5_0 and Q5_1 projections stays greedy-close to transformers reading the same file."""
+"""GGUF tensor types beyond Q4_0/Q4_1: Q8_0, Q4_K, Q6_K, Q5_0, Q5_1 and Q5_K served
+quantized, exactly (decoded blocks equal ``gguf.quants.dequantize``), Q2_K dense; q/k rows
+back in Hugging Face order whatever the type; an engine on a GGUF file mixing Q8_0, Q4_K,
+Q6_K, Q4_1, Q5_0, Q5_1, Q5_K and Q2_K projections stays greedy-close to transformers reading
+the same file."""
 import logging
 import re
 
@@ -23,7 +24,8 @@ from .gguf_blocks import quantize, requantized_copy
 
 # type -> (weight, group size)
 QUANTIZED = {"Q4_0": (Int4Weight, 32), "Q4_1": (Int4Weight, 32), "Q8_0": (Int8Weight, 32),
-             "Q4_K": (Int4Weight, 32), "Q6_K": (Int8Weight, 16), "Q5_0": (Int8Weight, 32)}
+             "Q4_K": (Int4Weight, 32), "Q6_K": (Int8Weight, 16), "Q5_0": (Int8Weight, 32),
+             "Q5_1": (Int8Weight, 32), "Q5_K": (Int8Weight, 32)}
 
 
 def _dequantized(raw: np.ndarray, kind: str) -> torch.Tensor:
@@ -58,9 +60,21 @@ def test_any_q5_0_bytes_decode_to_what_gguf_dequantizes():
     assert torch.equal(weight.dequantize(), _dequantized(raw.reshape(4, -1), "Q5_0"))
 
 
+@pytest.mark.parametrize("kind, blocks, size", [("Q5_1", 16, 24), ("Q5_K", 2, 176)])
+def test_any_q5_1_and_q5_k_bytes_decode_to_what_gguf_dequantizes(kind, blocks, size):
+    """Every bit of ``qh``, the nibbles (and Q5_K's packed 6-bit scales and minimums): levels
+    0..31 with zeros, the minimums."""
+    raw = np.random.default_rng(5).integers(0, 256, (4, blocks, size), dtype=np.uint8)
+    raw[..., 0:4] = np.float16([0.01, -0.02]).view(np.uint8)  # finite d and m / dmin
+    weight = decode(raw.reshape(4, -1), 4, 512, kind)
+    assert weight.q.min() == 0 and weight.q.max() == 31 and weight.zeros is not None
+    assert torch.equal(weight.dequantize(), _dequantized(raw.reshape(4, -1), kind))
+
+
 # the largest and mean error of the test writers' K-quant blocks on standard normal weights
 @pytest.mark.parametrize("kind, largest, mean", [
     ("Q4_K", 0.35, 0.1),  # 16 levels over a ~6-sigma range
+    ("Q5_K", 0.18, 0.05),  # 32 levels over the same range
     ("Q6_K", 0.08, 0.025),  # 64 levels over twice a sub-block of 16's largest magnitude
 ])
 def test_k_quant_writers_are_close_to_their_input(kind, largest, mean):
@@ -69,7 +83,7 @@ def test_k_quant_writers_are_close_to_their_input(kind, largest, mean):
     assert error.max() < largest and error.mean() < mean
 
 
-@pytest.mark.parametrize("kind", ["Q5_1", "Q5_K", "F16"])
+@pytest.mark.parametrize("kind", ["Q2_K", "Q3_K", "F16"])
 def test_types_that_fit_no_kernel_group_are_left_dense(kind):
     assert decode(np.zeros((4, 256), np.uint8), 4, 256, kind) is None
 
@@ -139,9 +153,10 @@ def test_the_lm_head_is_the_output_tensor_or_else_the_token_embedding(tmp_path):
 
 def _kinds(num_layers: int = 30) -> dict[str, str]:
     """Down projections (the only input width, 1536, that is whole super-blocks of 256) Q6_K
-    in every third layer from 0, as llama.cpp's Q4_K_M gives some of them more bits, Q4_K in
-    the others; even layers all-Q8_0 attention; odd layers Q8_0 q beside Q4_1 k/v (one linear
-    per kind) and Q8_0 gate beside Q4_1 up; layer 1's v Q5_1, so its q/k/v is served dense;
+    in every third layer from 0, as llama.cpp's Q4_K_M gives some of them more bits, Q5_K in
+    layer 1, Q4_K in the others; even layers all-Q8_0 attention; odd layers Q8_0 q beside
+    Q4_1 k/v (one linear per kind) and Q8_0 gate beside Q4_1 up; layer 1's v Q5_1 (zeros,
+    beside its Q8_0 q in one int8 linear); layer 5's v F16, so its q/k/v is served dense;
     layer 2's o and layer 4's k (beside Q8_0 q and v: one int8 linear) Q5_0."""
     kinds = {}
     for i in range(num_layers):
@@ -150,6 +165,8 @@ def _kinds(num_layers: int = 30) -> dict[str, str]:
             else ("attn_q", "ffn_gate")
         kinds.update({f"blk.{i}.{n}.weight": "Q8_0" for n in names})
     kinds["blk.1.attn_v.weight"] = "Q5_1"
+    kinds["blk.1.ffn_down.weight"] = "Q5_K"
+    kinds["blk.5.attn_v.weight"] = "F16"
     kinds["blk.2.attn_output.weight"] = kinds["blk.4.attn_k.weight"] = "Q5_0"
     return kinds
 
@@ -177,13 +194,15 @@ def test_mixed_gguf_engine_is_close_to_transformers(mixed_gguf, tokenizer, dtype
     expected = [hf_greedy_top_logprobs(reference, p, 16, 5) for p in prompts]
     with caplog.at_level(logging.INFO, logger="paged_core.quantization.gguf_weights"):
         llm = LLM(model=mixed_gguf, dtype=dtype, quantization="gguf", num_kv_blocks=64)
-    assert "Q4_K 20 quantized / 0 dense" in caplog.text
+    assert "Q4_K 19 quantized / 0 dense" in caplog.text
+    assert "Q5_K 1 quantized / 0 dense" in caplog.text
     assert "Q6_K 10 quantized / 0 dense" in caplog.text
     assert "Q5_0 2 quantized / 0 dense" in caplog.text
-    assert "Q5_1 0 quantized / 1 dense" in caplog.text
-    # layer 1's q (Q8_0) and k (Q4_1) are served dense with its Q5_1 v
+    assert "Q5_1 1 quantized / 0 dense" in caplog.text
+    # layer 5's q (Q8_0) and k (Q4_1) are served dense with its F16 v
+    assert "F16 0 quantized / 1 dense" in caplog.text
     assert "Q8_0 88 quantized / 1 dense" in caplog.text  # the LM head (token_embd) too
-    assert "Q4_1 88 quantized / 1 dense" in caplog.text
+    assert "Q4_1 87 quantized / 1 dense" in caplog.text
     layers = llm.engine.core.executor.runner.model.layers
     assert type(layers[0].self_attn.qkv_proj) is Int8Linear
     assert type(layers[4].self_attn.qkv_proj) is Int8Linear  # Q8_0 q and v, Q5_0 k
@@ -191,9 +210,12 @@ def test_mixed_gguf_engine_is_close_to_transformers(mixed_gguf, tokenizer, dtype
         (Int8Linear, 32)  # Q5_0
     assert type(layers[0].mlp.down_proj) is Int8Linear  # Q6_K: groups of 16
     assert layers[0].mlp.down_proj.group_size == 16
-    assert type(layers[1].mlp.down_proj) is Int4Linear  # Q4_K
+    assert type(layers[2].mlp.down_proj) is Int4Linear  # Q4_K
+    assert (type(layers[1].mlp.down_proj), layers[1].mlp.down_proj.zeros is not None) == \
+        (Int8Linear, True)  # Q5_K: levels 0..31 and zeros
+    assert type(layers[1].self_attn.qkv_proj) is ConcatLinear  # Q8_0 and Q5_1 q/v, Q4_1 k
     assert type(layers[3].self_attn.qkv_proj) is ConcatLinear
-    assert not isinstance(layers[1].self_attn.qkv_proj, (Int8Linear, Int4Linear, ConcatLinear))
+    assert not isinstance(layers[5].self_attn.qkv_proj, (Int8Linear, Int4Linear, ConcatLinear))
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=5)
     for out, (tokens, tops) in zip(llm.generate(prompts, params, use_tqdm=False), expected):
         completion = out.outputs[0]
@@ -205,24 +227,28 @@ def test_mixed_gguf_engine_is_close_to_transformers(mixed_gguf, tokenizer, dtype
 @pytest.mark.skipif(built_binary("llama-quantize") is None,
                     reason="llama-quantize not built in the cache: run `paged-core bench "
                            "throughput --concurrency 1 --llama-cpp q4_k_m --quick` once (~5 min)")
-def test_llama_cpps_own_q4_k_m_file_is_served_quantized_close_to_transformers(tokenizer, caplog):
-    """The file users download: llama.cpp's Q4_K_M of the embedded model holds Q5_0 wherever
-    576 features are not whole super-blocks (q, k, o, gate, up, half the v), Q8_0 for the other
-    v, K-quants only in the down projections; every projection is served quantized."""
+@pytest.mark.parametrize("kind, served", [
+    ("q4_k_m", {"Q5_0": (166, 0), "Q8_0": (15, 0), "Q4_K": (16, 0), "Q6_K": (14, 0)}),
+    ("q5_k_m", {"Q5_1": (166, 0), "Q8_0": (15, 0), "Q5_K": (16, 0), "Q6_K": (14, 0)})])
+def test_llama_cpps_own_k_quant_files_are_served_quantized_close_to_transformers(
+        tokenizer, caplog, kind, served):
+    """The files users download: llama.cpp's Q4_K_M (Q5_K_M) of the embedded model holds Q5_0
+    (Q5_1) wherever 576 features are not whole super-blocks (q, k, o, gate, up, half the v),
+    Q8_0 for the other v, K-quants only in the down projections; every projection is served
+    quantized."""
     from transformers import AutoModelForCausalLM
 
     from paged_core.bench.llama_cpp_models import gguf_path
 
-    path = str(gguf_path("q4_k_m"))
+    path = str(gguf_path(kind))
     reference = AutoModelForCausalLM.from_pretrained(converted_folder_for(path),
                                                      dtype=torch.float32).eval()
     prompts = [passage_token_ids(tokenizer, n, offset=5 * i) for i, n in enumerate([9, 33])]
     expected = [hf_greedy_top_logprobs(reference, p, 16, 5) for p in prompts]
     with caplog.at_level(logging.INFO, logger="paged_core.quantization.gguf_weights"):
         llm = LLM(model=path, dtype="float32", num_kv_blocks=64)
-    served = {kind: (int(quantized), int(dense)) for kind, quantized, dense
-              in re.findall(r"(\w+) (\d+) quantized / (\d+) dense", caplog.text)}
-    assert served == {"Q5_0": (166, 0), "Q8_0": (15, 0), "Q4_K": (16, 0), "Q6_K": (14, 0)}
+    assert served == {type_: (int(quantized), int(dense)) for type_, quantized, dense
+                      in re.findall(r"(\w+) (\d+) quantized / (\d+) dense", caplog.text)}
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=5)
     for out, (tokens, tops) in zip(llm.generate(prompts, params, use_tqdm=False), expected):
         completion = out.outputs[0]

@@ -1,6 +1,10 @@
 """The weight-only quantized linears: the C++ kernels of every CPU level this machine runs,
 the many-rows dense path and the plain-torch path all equal the product with the
-dequantized weight; W8A8 equals its integer arithmetic done in float64."""
+dequantized weight; W8A8 equals its integer arithmetic done in float64.
+
+Kinds of weight: ``int4``; ``int8`` (levels over the whole range); ``int8-narrow`` (levels
+within -64..63, as GGUF Q5_0 and Q6_K: the column layout keeps them biased, 7-bit style);
+``int8-zeros`` (levels 0..31 and a zero per group, as GGUF Q5_1 and Q5_K)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,9 +24,23 @@ def int4_weight(out, width, group_size, gen):
     return Int4Weight(q, scales, zeros, group_size)
 
 
-def int8_weight(out, width, group_size, gen):
-    q = torch.randint(-128, 128, (out, width), generator=gen, dtype=torch.int8)
-    return Int8Weight(q, torch.rand(out, width // group_size, generator=gen) * 0.01, group_size)
+def int8_weight(out, width, group_size, gen, low=-128, high=128, zeros=False):
+    q = torch.randint(low, high, (out, width), generator=gen, dtype=torch.int8)
+    scales = torch.rand(out, width // group_size, generator=gen) * 0.01
+    zero = -torch.rand(out, width // group_size, generator=gen) * 0.3 if zeros else None
+    return Int8Weight(q, scales, group_size, zeros=zero)
+
+
+WEIGHTS = {"int4": int4_weight, "int8": int8_weight,
+           "int8-narrow": lambda *args: int8_weight(*args, low=-64, high=64),
+           "int8-zeros": lambda *args: int8_weight(*args, low=0, high=32, zeros=True)}
+LINEARS = {"int4": Int4Linear, "int8": Int8Linear, "int8-narrow": Int8Linear,
+           "int8-zeros": Int8Linear}
+
+
+def weight_and_linear(kind):
+    """The maker of a random weight of ``kind`` (``out, width, group_size, gen``) and its linear."""
+    return WEIGHTS[kind], LINEARS[kind]
 
 
 def test_nibbles_pack_and_unpack_exactly():
@@ -36,11 +54,13 @@ def test_nibbles_pack_and_unpack_exactly():
 # out 40: not a multiple of the threads' row split; groups of 16 (GGUF Q6_K), 32, 64, one per
 # channel; rows below and past the dense threshold; float32 and bfloat16 inputs
 @pytest.mark.parametrize("kind,group_size", [("int4", 32), ("int4", 64), ("int4", 16),
-                                             ("int8", 16), ("int8", 32), ("int8", 128)])
+                                             ("int8", 16), ("int8", 32), ("int8", 128),
+                                             ("int8-narrow", 16), ("int8-zeros", 32),
+                                             ("int8-zeros", 128)])
 @pytest.mark.parametrize("rows", [1, 3, 5, 9])
 def test_kernels_equal_the_dequantized_product(cpu_isa, monkeypatch, kind, group_size, rows):
     gen = torch.Generator().manual_seed(rows)
-    make, linear = (int4_weight, Int4Linear) if kind == "int4" else (int8_weight, Int8Linear)
+    make, linear = weight_and_linear(kind)
     weight = make(40, 128, group_size, gen)
     x = torch.randn(rows, 128, generator=gen)
     expected = F.linear(x, weight.dequantize())
@@ -64,7 +84,9 @@ def test_kernels_equal_the_dequantized_product(cpu_isa, monkeypatch, kind, group
 # then 43; int8 groups of 256: one scale per output channel
 @pytest.mark.parametrize("kind,group_size,out", [("int4", 16, 40), ("int4", 32, 70),
                                                  ("int4", 128, 40), ("int8", 32, 40),
-                                                 ("int8", 256, 70)])
+                                                 ("int8", 256, 70), ("int8-narrow", 16, 40),
+                                                 ("int8-narrow", 32, 70), ("int8-zeros", 32, 40),
+                                                 ("int8-zeros", 64, 70)])
 @pytest.mark.parametrize("rows", [1, 2, 7, 13, 40, 48, 75])
 def test_bf16_column_kernels_equal_the_dequantized_product(cpu_isa, kind, group_size, out, rows):
     """At the avx512_bf16 level a bfloat16 Int4Linear / Int8Linear keeps column_pack's layout:
@@ -73,7 +95,7 @@ def test_bf16_column_kernels_equal_the_dequantized_product(cpu_isa, kind, group_
     AMX_MIN_ROWS included) multiplies by that weight in bfloat16; below that level the row
     kernels keep the row layout, and W8A8 keeps it everywhere."""
     gen = torch.Generator().manual_seed(rows + group_size)
-    make, linear = (int4_weight, Int4Linear) if kind == "int4" else (int8_weight, Int8Linear)
+    make, linear = weight_and_linear(kind)
     weight = make(out, 256, group_size, gen)
     layer = linear(weight, False, torch.bfloat16)
     assert bool(layer.column_outputs) == (cpu_isa == "avx512_bf16")
@@ -83,6 +105,7 @@ def test_bf16_column_kernels_equal_the_dequantized_product(cpu_isa, kind, group_
     per_channel.activations_int8 = True
     assert W8A8Linear(per_channel, False, torch.bfloat16).column_outputs == 0
     assert layer.levels.shape == ((out + 31) // 32, 128, 32 if kind == "int4" else 64)
+    assert (layer.levels.dtype is torch.uint8) == (kind != "int8")  # int8-*: biased bytes
     assert torch.equal(layer.dequantized_weight(), weight.dequantize())
     x = torch.randn(rows, 256, generator=gen).bfloat16()
     # below the dense threshold (set here; by default 40 rows for 4 bits, 12 for 8) every call
@@ -120,30 +143,36 @@ def test_bf16_column_kernels_equal_the_dequantized_product(cpu_isa, kind, group_
 
 def float16_exact_weight(kind, out, width, group_size, gen):
     """Factors as GGUF stores them: float16 scales d (and, for 4 bits, Q4_1's float16 minimum
-    m: zero = m + 8 d, so the kernels' offset zero - 8 d is m again)."""
-    weight = (int4_weight if kind == "int4" else int8_weight)(out, width, group_size, gen)
+    m: zero = m + 8 d, so the kernels' offset zero - 8 d is m again; Q5_1's zero m, the
+    offset itself for 8 bits)."""
+    weight = WEIGHTS[kind](out, width, group_size, gen)
     weight.scales = weight.scales.half().float()
     if kind == "int4":
         weight.zeros = weight.zeros.half().float() + 8 * weight.scales
+    elif weight.zeros is not None:
+        weight.zeros = weight.zeros.half().float()
     return weight
 
 
-@pytest.mark.parametrize("kind,group_size", [("int4", 32), ("int8", 32), ("int8", 64)])
+@pytest.mark.parametrize("kind,group_size", [("int4", 32), ("int8", 32), ("int8", 64),
+                                             ("int8-zeros", 32)])
 def test_column_layout_keeps_exact_factors_in_float16_with_the_same_bits(cpu_isa, kind, group_size):
     """Factors that float16 holds exactly are kept in float16 (half the bytes a decode step
     reads besides the levels), others in float32; every path reads either to the same bits:
     the column kernels (vdpbf16ps and AMX tiles), AMX-INT8 tiles (8 bits), the dense path and
     the dequantized weight."""
     gen = torch.Generator().manual_seed(group_size)
-    linear = Int4Linear if kind == "int4" else Int8Linear
+    linear = LINEARS[kind]
     layer = linear(float16_exact_weight(kind, 70, 256, group_size, gen), False, torch.bfloat16)
     if not layer.column_outputs:
         pytest.skip(f"the column layout is the avx512_bf16 level's; this run is {cpu_isa}")
     assert layer.scales.dtype is torch.float16
-    assert linear((int4_weight if kind == "int4" else int8_weight)(70, 256, group_size, gen),
+    assert linear(WEIGHTS[kind](70, 256, group_size, gen),
                   False, torch.bfloat16).scales.dtype is torch.float32  # random: not exact
     if kind == "int4":
         assert layer.offsets.dtype is torch.float16
+    elif kind == "int8-zeros":  # the offsets are the zeros
+        assert layer.offsets is layer.zeros and layer.zeros.dtype is torch.float16
     wide = linear(float16_exact_weight(kind, 70, 256, group_size,
                                        torch.Generator().manual_seed(group_size)),
                   False, torch.bfloat16)
@@ -166,12 +195,12 @@ def test_column_layout_keeps_exact_factors_in_float16_with_the_same_bits(cpu_isa
                            k.int8_tile_gemm(x[:5], wide.levels, wide.scales, group_size, 70))
 
 
-@pytest.mark.parametrize("kind", ["int4", "int8"])
+@pytest.mark.parametrize("kind", ["int4", "int8", "int8-zeros"])
 def test_the_dense_path_widens_each_group_for_every_block_of_rows(cpu_isa, kind):
     """300 rows: two blocks of 256 rows, each widening every column group into the thread's
     buffer again; every row as it would be alone, and the dequantized weight's product."""
     gen = torch.Generator().manual_seed(7)
-    make, linear = (int4_weight, Int4Linear) if kind == "int4" else (int8_weight, Int8Linear)
+    make, linear = weight_and_linear(kind)
     weight = make(70, 256, 32, gen)
     layer = linear(weight, False, torch.bfloat16)
     if not layer.column_outputs or layer.amx_min_rows:
@@ -190,7 +219,7 @@ def test_the_dense_path_widens_each_group_for_every_block_of_rows(cpu_isa, kind)
 # 32, 128 and one per channel; 30 rows: one row block; 300: two, each widening every group
 @pytest.mark.parametrize("kind,group_size,out", [("int4", 16, 70), ("int4", 32, 40),
                                                  ("int4", 128, 70), ("int8", 32, 70),
-                                                 ("int8", 256, 40)])
+                                                 ("int8", 256, 40), ("int8-zeros", 32, 70)])
 @pytest.mark.parametrize("rows", [30, 300])
 def test_the_row_layouts_dense_path_multiplies_bfloat16_weights_on_bf16_dot(cpu_isa, kind,
                                                                            group_size, out,
@@ -201,7 +230,7 @@ def test_the_row_layouts_dense_path_multiplies_bfloat16_weights_on_bf16_dot(cpu_
     else in between; a row alone gives the same bits. float32 linears and W8A8 (exact
     integer sums) keep the float32 dense product."""
     gen = torch.Generator().manual_seed(rows + group_size + out)
-    make, linear = (int4_weight, Int4Linear) if kind == "int4" else (int8_weight, Int8Linear)
+    make, linear = weight_and_linear(kind)
     weight = make(out, 256, group_size, gen)
     layer = linear(weight, False, torch.bfloat16)
     assert layer.row_dense == (cpu_isa in ("avx2", "avx512"))
@@ -291,7 +320,8 @@ def test_group_sizes_the_kernels_cannot_take_are_refused():
 
 
 @pytest.mark.parametrize("kernel", ["bf16_dot", "amx"])
-@pytest.mark.parametrize("kind,width", [("int4", 64), ("int8", 64), ("int4", 48)])
+@pytest.mark.parametrize("kind,width", [("int4", 64), ("int8", 64), ("int4", 48),
+                                        ("int8-zeros", 64)])
 @pytest.mark.parametrize("rows", [70, 300])
 def test_gate_ups_dense_path_fuses_silu_and_mul_bit_for_bit(monkeypatch, kernel, kind, width,
                                                           rows):
@@ -308,7 +338,7 @@ def test_gate_ups_dense_path_fuses_silu_and_mul_bit_for_bit(monkeypatch, kernel,
     monkeypatch.setenv("PAGED_CORE_CPU_ISA", "avx512_bf16")
     monkeypatch.setenv(LINEAR_SETTING, kernel)
     gen = torch.Generator().manual_seed(rows + width)
-    make, linear = (int4_weight, Int4Linear) if kind == "int4" else (int8_weight, Int8Linear)
+    make, linear = weight_and_linear(kind)
     try:
         layer = linear(make(2 * width, 256, 32, gen), False, torch.bfloat16)
     except RuntimeError as error:  # amx where the CPU or OS gives no tiles

@@ -66,7 +66,8 @@ struct LoRASlots {
 struct QuantizedWeight {
   int64_t bits;  // 4 or 8
   at::Tensor levels, scales;
-  at::Tensor offsets, zeros;  // 4-bit: zero - 8 * scale, and zero, per group
+  at::Tensor offsets, zeros;  // per group, as the layout's kernels take them (4-bit; 8-bit
+                              // where the weight has zeros): Int4Linear's / Int8Linear's
   int64_t group_size;
   int64_t dense_rows;          // calls of this many rows take one dense GEMM
   at::ScalarType dense_dtype;  // what that GEMM multiplies in
@@ -82,8 +83,7 @@ struct QuantizedWeight {
 #if defined(__AVX512BF16__)
     if (column_outputs > 0 && rows.size(0) >= dense_rows && rows.scalar_type() == at::kBFloat16)
       return paged_core_cpu::column_dense_silu_and_mul(
-          rows, levels, scales, zeros.defined() ? std::optional<at::Tensor>(zeros) : std::nullopt,
-          group_size, column_outputs, amx_min_rows);
+          rows, levels, scales, given(zeros), group_size, column_outputs, amx_min_rows);
 #endif
     (void)rows;
     return std::nullopt;
@@ -97,25 +97,25 @@ struct QuantizedWeight {
 #if PAGED_CORE_BF16_DOT
       if (row_dense)
         return paged_core_cpu::row_layout_dense(
-            rows, levels, scales, zeros.defined() ? std::optional<at::Tensor>(zeros) : std::nullopt,
-            group_size);
+            rows, levels, scales, given(zeros), group_size);
 #endif
       const at::Tensor w = bits == 4
           ? paged_core_cpu::int4_dequantize(levels, scales, zeros, group_size)
-          : paged_core_cpu::int8_dequantize(levels, scales, group_size);
+          : paged_core_cpu::int8_dequantize(levels, scales, given(zeros), group_size);
       return at::linear(rows.to(dense_dtype), w.to(dense_dtype));
     }
     const at::Tensor x = rows.to(at::kFloat).contiguous();
     return bits == 4 ? paged_core_cpu::int4_gemm(x, levels, scales, offsets, group_size)
-                     : paged_core_cpu::int8_gemm(x, levels, scales, group_size);
+                     : paged_core_cpu::int8_gemm(x, levels, scales, given(offsets), group_size);
   }
 
  private:
+  static std::optional<at::Tensor> given(const at::Tensor& t) {
+    return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+  }
+
   at::Tensor column_product(const at::Tensor& x, at::ScalarType out) const {
 #if defined(__AVX512BF16__)
-    const auto given = [](const at::Tensor& t) {
-      return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
-    };
     const std::optional<at::ScalarType> rounded =
         out == at::kBFloat16 ? std::optional<at::ScalarType>(out) : std::nullopt;
     if (x.size(0) <= int8_tile_rows && x.size(0) < dense_rows)
@@ -318,7 +318,8 @@ class DecoderStack : public torch::CustomClassHolder {
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
   // Make projection `projection` (0 qkv, 1 o, 2 gate_up, 3 down) of layer `layer` multiply
-  // by weight-only levels of `bits` (QuantizedWeight; offsets and zeros for 4 bits only;
+  // by weight-only levels of `bits` (QuantizedWeight; offsets and zeros for 4 bits, and for 8
+  // where the weight has zeros;
   // column_outputs > 0: column_pack's layout, its many-rows GEMM on AMX from amx_min_rows
   // rows, its calls of up to int8_tile_rows rows on AMX-INT8 tiles) instead of the weight
   // add_layer gave it; its bias stays.
@@ -329,6 +330,7 @@ class DecoderStack : public torch::CustomClassHolder {
                      int64_t int8_tile_rows, bool row_dense) {
     TORCH_CHECK(bits == 8 || (bits == 4 && offsets && zeros),
                 "quantized projections are 8-bit, or 4-bit with offsets and zeros");
+    TORCH_CHECK(offsets.has_value() == zeros.has_value(), "give offsets and zeros together");
     TORCH_CHECK(levels.is_contiguous() && scales.is_contiguous() && group_size > 0 &&
                     (scales.scalar_type() == at::kFloat ||
                      (column_outputs > 0 && scales.scalar_type() == at::kHalf)),

@@ -1,5 +1,5 @@
 // The column layout of the weight-only 4- and 8-bit linears for bfloat16 rows (see
-// quantized_column_linear.cpp for the layout and the sums): the two kinds of levels, how a
+// quantized_column_linear.cpp for the layout and the sums): the three kinds of levels, how a
 // k pair of 32 outputs widens to bfloat16, and the per-group sums of x the offsets take.
 // Shared by the vdpbf16ps kernel (quantized_column_linear.cpp) and the AMX one
 // (quantized_column_amx.cpp); the avx512_bf16 build only.
@@ -61,48 +61,40 @@ inline __m512 output_pairs(__m256 eight) {
   return _mm512_permutexvar_ps(_mm512_load_si512(kPairLanes), _mm512_castps256_ps512(eight));
 }
 
-// 4-bit levels (see the file comment): what sets them apart from 8-bit ones.
-struct Int4Levels {
-  static constexpr int64_t kPairBytes = 32;
-  static constexpr bool kOffsets = true;  // W = s * q + o: y also takes o * sum(x)
-  // The AMX kernel's last 33-48 rows in two passes, each widening the levels again: cheap
-  // for 4 bits, where one pass on three row tiles (TripleTiles) took 1.02-1.07x as long
-  // at 33-46 rows, 0.88x at 48 (30 SmolLM2 layers x 4 projections, groups of 64, one
-  // process alternating both; Intel(R) Xeon(R) Processor, amx_bf16).
-  static constexpr bool kTriplePass = false;
-  // widen gives 128 + q: bfloat16 bits 0x4300 | q, exact (128..143 are whole bfloat16
-  // numbers), with no table lookup (vpermw runs on one port; this took 11-16% off a row's
-  // product of 30 layers, in and out of cache). The offsets take 128 s * sum(x) back.
+// Biased levels (4-bit, and 8-bit ones within -64..63: Int4Levels, Int7Levels): level u is
+// stored as a byte's bits, widened to 128 + u (bfloat16 bits 0x4300 | u: exact, as 128..255
+// are whole bfloat16 numbers) with no table lookup (vpermw runs on one port; for 4 bits this
+// took 11-16% off a row's product of 30 layers, in and out of cache). Per group W = s (u -
+// kMid) + zero, so y = s * sums + (o - kOffsetBias s) * sum(x) with the offsets o: 4-bit
+// zero - 8 s (kOffsetBias 128), 7-bit the zeros themselves (kOffsetBias 192 = 128 + kMid;
+// absent: zero = 0, a symmetric weight), whose float16 copy then serves both. L: the levels
+// type (its widen).
+template <typename L, int Mid>
+struct BiasedLevels {
   static constexpr float kLevelBias = 128.f;
+  static constexpr float kMid = Mid;
 
-  // A pair's bfloat16 pairs of outputs 0..15 (lo) and 16..31 (hi), plus kLevelBias.
-  static void widen(const uint8_t* pair, __m512bh& lo, __m512bh& hi) {
-    const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pair)));
-    const __m512i bias = _mm512_set1_epi16(0x4300);  // 128.0 in bfloat16
-    constexpr int kAndOr = 0xEA;                      // vpternlog: (a & b) | c
-    lo = (__m512bh)_mm512_ternarylogic_epi32(bytes, _mm512_set1_epi16(0x0F), bias, kAndOr);
-    hi = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(bytes, 4), bias);
-  }
-  // One group's factors of its dense weights s (q - 8) + zero = s (128 + q) + (zero - 136 s),
-  // per 16 outputs: s and zero - 136 s.
+  // One group's factors of its dense weights s (u - kMid) + zero = s (128 + u) + shift with
+  // shift = zero - (128 + kMid) s, per 16 outputs (zeros absent: zero = 0).
   struct DenseGroup {
     __m512 s[2], shift[2];
     DenseGroup(const Factors& scales, const Factors& zeros, int64_t at) {
       for (int h = 0; h < 2; ++h) {
         s[h] = scales.load16(at + 16 * h);
-        shift[h] = _mm512_fnmadd_ps(_mm512_set1_ps(kLevelBias + 8.f), s[h], zeros.load16(at + 16 * h));
+        const __m512 zero = zeros.present() ? zeros.load16(at + 16 * h) : _mm512_setzero_ps();
+        shift[h] = _mm512_fnmadd_ps(_mm512_set1_ps(kLevelBias + kMid), s[h], zero);
       }
     }
   };
   // A pair's 64 weights, rounded to bfloat16, into dst in bf16_dot_linear's packed layout
-  // (output j's two k at 2j, 2j + 1): one fma each on 128 + q (widen), read as float32 by a
-  // shift (each pair's first k) or a mask (its second), the halves interleaved back by vpermw.
+  // (output j's two k at 2j, 2j + 1): one fma each on 128 + u (L::widen), read as float32 by
+  // a shift (each pair's first k) or a mask (its second), the halves interleaved back by vpermw.
   static void widen_weights(const uint8_t* pair, const DenseGroup& group, uint16_t* dst) {
     alignas(64) static const int16_t kInterleave[32] = {
         0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
         8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
     __m512bh half[2];  // outputs 0-15, 16-31
-    widen(pair, half[0], half[1]);
+    L::widen(pair, half[0], half[1]);
     for (int h = 0; h < 2; ++h) {
       const __m512i bits = (__m512i)half[h];
       const __m512 first = _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
@@ -115,13 +107,58 @@ struct Int4Levels {
     }
   }
   static float weight(int level, float s, float zero) {
-    return (static_cast<float>(level) - 8.f) * s + zero;
+    return (static_cast<float>(level) - kMid) * s + zero;
   }
+};
+
+// 4-bit levels (see the file comment): what sets them apart from 8-bit ones.
+struct Int4Levels : BiasedLevels<Int4Levels, 8> {
+  static constexpr int64_t kPairBytes = 32;
+  static constexpr bool kOffsets = true;  // y also takes (o - 128 s) * sum(x)
+  static constexpr float kOffsetBias = kLevelBias;
+  // The AMX kernel's last 33-48 rows in two passes, each widening the levels again: cheap
+  // for 4 bits, where one pass on three row tiles (TripleTiles) took 1.02-1.07x as long
+  // at 33-46 rows, 0.88x at 48 (30 SmolLM2 layers x 4 projections, groups of 64, one
+  // process alternating both; Intel(R) Xeon(R) Processor, amx_bf16).
+  static constexpr bool kTriplePass = false;
+
+  // A pair's bfloat16 pairs of outputs 0..15 (lo) and 16..31 (hi), plus kLevelBias.
+  static void widen(const uint8_t* pair, __m512bh& lo, __m512bh& hi) {
+    const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pair)));
+    const __m512i bias = _mm512_set1_epi16(0x4300);  // 128.0 in bfloat16
+    constexpr int kAndOr = 0xEA;                      // vpternlog: (a & b) | c
+    lo = (__m512bh)_mm512_ternarylogic_epi32(bytes, _mm512_set1_epi16(0x0F), bias, kAndOr);
+    hi = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(bytes, 4), bias);
+  }
+  static int level_of(uint8_t stored) { return stored; }
   static int level(const uint8_t* pair, int64_t j, int64_t e) {
     return j < 16 ? pair[2 * j + e] & 15 : pair[2 * (j - 16) + e] >> 4;
   }
   static void put(uint8_t* pair, int64_t j, int64_t e, int level) {
     pair[2 * (j % 16) + e] |= static_cast<uint8_t>((level & 15) << (j < 16 ? 0 : 4));
+  }
+};
+
+// 8-bit levels within -64..63 (GGUF Q5_0, Q5_1, Q5_K, Q6_K), stored as u = q + 64 in
+// Int8Levels' byte order: widened by a zero extension and an or per 16 outputs, where
+// Int8Levels' full range takes two conversions through float32. W = s q + zero: the offsets
+// are the zeros, absent for a symmetric weight.
+struct Int7Levels : BiasedLevels<Int7Levels, 64> {
+  static constexpr int64_t kPairBytes = 64;
+  static constexpr bool kOffsets = true;
+  static constexpr float kOffsetBias = kLevelBias + kMid;
+  static constexpr bool kTriplePass = false;  // as 4 bits: widening is as cheap (not timed)
+
+  static void widen(const uint8_t* pair, __m512bh& lo, __m512bh& hi) {
+    const __m512i bias = _mm512_set1_epi16(0x4300);
+    const auto* halves = reinterpret_cast<const __m256i*>(pair);
+    lo = (__m512bh)_mm512_or_si512(_mm512_cvtepu8_epi16(_mm256_loadu_si256(halves)), bias);
+    hi = (__m512bh)_mm512_or_si512(_mm512_cvtepu8_epi16(_mm256_loadu_si256(halves + 1)), bias);
+  }
+  static int level_of(uint8_t stored) { return static_cast<int8_t>(stored) + 64; }
+  static int level(const uint8_t* pair, int64_t j, int64_t e) { return pair[2 * j + e]; }
+  static void put(uint8_t* pair, int64_t j, int64_t e, int level) {
+    pair[2 * j + e] = static_cast<uint8_t>(level);
   }
 };
 
@@ -165,6 +202,7 @@ struct Int8Levels {
     }
   }
   static float weight(int level, float s, float) { return static_cast<float>(level) * s; }
+  static int level_of(uint8_t stored) { return static_cast<int8_t>(stored); }
   static int level(const uint8_t* pair, int64_t j, int64_t e) {
     return static_cast<int8_t>(pair[2 * j + e]);
   }
@@ -239,9 +277,11 @@ struct GroupFactors {
   GroupFactors(const ColumnGroup& col, int64_t g) {
     for (int h = 0; h < 2; ++h) {
       scale[h] = col.scales.load16(g * kColumns + 16 * h);
-      if constexpr (L::kOffsets)
-        offset[h] = _mm512_fnmadd_ps(_mm512_set1_ps(L::kLevelBias), scale[h],
-                                     col.offsets.load16(g * kColumns + 16 * h));
+      if constexpr (L::kOffsets) {  // offsets absent (Int7Levels only): 0
+        const __m512 o = col.offsets.present() ? col.offsets.load16(g * kColumns + 16 * h)
+                                               : _mm512_setzero_ps();
+        offset[h] = _mm512_fnmadd_ps(_mm512_set1_ps(L::kOffsetBias), scale[h], o);
+      }
     }
   }
   // total + the group's part of y, from its sums of x . widened levels and its sum of x.

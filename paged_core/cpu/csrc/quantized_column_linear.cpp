@@ -5,19 +5,24 @@
 // (quantization/int4_linear.py, int8_linear.py):
 //   4-bit: q in 0..15, offset o = zero - 8 s and zero per group too;
 //          W = s * q + o (products), (q - 8) * s + zero (column_dequantize);
-//   8-bit: q in -128..127, W = s * q.
+//   8-bit: q in -128..127, W = s * q;
+//   7-bit (8-bit levels within -64..63: Int7Levels): u = q + 64 in 0..127, W = s q + zero
+//          = (u - 64) * s + zero, the offsets being the zeros themselves (both absent for a
+//          symmetric weight).
 // column_pack lays the levels out in column groups of 32 outputs, one k pair at a time:
 //   4-bit: uint8 [ceil(N / 32), K / 2, 32]: byte 2j + e of (group c, pair p) holds, in its low
 //          nibble, q[32 c + j][2 p + e] and, in its high nibble, q[32 c + 16 + j][2 p + e];
 //   8-bit: int8 [ceil(N / 32), K / 2, 64]: byte 2j + e holds q[32 c + j][2 p + e] (j < 32);
+//   7-bit: uint8 [ceil(N / 32), K / 2, 64], the 8-bit order, byte 2j + e holding u;
 //   scales (offsets, zeros) [ceil(N / 32), K / G, 32] float32 (outputs past N: zeros), each
 //   float16 instead where it holds every value exactly (Factors in quantized_column_layout.h).
 // So one load holds a k pair of 32 outputs. Widening it to bfloat16 is exact (4-bit: 128 + q,
 // whose bfloat16 bits are 0x4300 | q, by a mask or a shift and an or per 16 outputs, no
-// shuffle; 8-bit: to float32, then bfloat16); each row then adds x's pair times them with one
-// vdpbf16ps per 16 outputs. A group's sums of x . (q + bias) are exact products added in
-// float32; then y += s * sums (+ (o - bias s) * the group's sum of x). Rows are taken up to 4
-// at a time (their sums and the widened levels stay in registers; more rows widen the levels
+// shuffle; 7-bit: 128 + u the same way, by an or; 8-bit: to float32, then bfloat16); each row
+// then adds x's pair times them with one vdpbf16ps per 16 outputs. A group's sums of x . (q +
+// bias) are exact products added in float32; then y += s * sums (+ (o - bias' s) * the
+// group's sum of x: BiasedLevels in quantized_column_layout.h). Rows are taken up to 4 at a
+// time (their sums and the widened levels stay in registers; more rows widen the levels
 // again, from L1); a row's sums run in one order whatever the rows beside it. While a thread's
 // first row tile runs a column group, the next group's levels and scales are fetched into L1
 // (30 SmolLM2 layers, one row, one process alternating: int4 8.1 -> 6.3 ms, int8 12.2 -> 9.0
@@ -72,17 +77,34 @@ using namespace paged_core_cpu::column_layout;
 constexpr int kRowTile = 4;       // rows per pass over a column group
 constexpr int kChains = 2;        // sums per row and 16 outputs: even and odd pairs
 
-bool is_int4(const at::Tensor& levels) { return levels.scalar_type() == at::kByte; }
+// The kind of column_pack's levels: uint8 pairs of 32 bytes (4-bit) or 64 (7-bit), int8 (8-bit).
+enum class Kind { kInt4, kInt7, kInt8 };
+
+Kind kind_of(const at::Tensor& levels) {
+  if (levels.scalar_type() == at::kChar) return Kind::kInt8;
+  return levels.dim() == 3 && levels.size(2) == Int7Levels::kPairBytes ? Kind::kInt7 : Kind::kInt4;
+}
+bool is_int4(const at::Tensor& levels) { return kind_of(levels) == Kind::kInt4; }
+
+// Calls f(L{}) with the Levels type of levels' kind.
+template <typename F>
+decltype(auto) with_levels(const at::Tensor& levels, F&& f) {
+  switch (kind_of(levels)) {
+    case Kind::kInt4: return f(Int4Levels{});
+    case Kind::kInt7: return f(Int7Levels{});
+    default: return f(Int8Levels{});
+  }
+}
 
 // Checks levels and a per-group tensor against column_pack's layout; returns K.
 int64_t check_layout(const at::Tensor& levels, const at::Tensor& per_group, int64_t group_size,
                      int64_t N, const char* name) {
   const int64_t pair_bytes = is_int4(levels) ? Int4Levels::kPairBytes : Int8Levels::kPairBytes;
-  TORCH_CHECK((is_int4(levels) || levels.scalar_type() == at::kChar) && levels.dim() == 3 &&
-                  levels.is_contiguous() && levels.size(2) == pair_bytes &&
+  TORCH_CHECK((levels.scalar_type() == at::kByte || levels.scalar_type() == at::kChar) &&
+                  levels.dim() == 3 && levels.is_contiguous() && levels.size(2) == pair_bytes &&
                   levels.size(0) == (N + kColumns - 1) / kColumns,
               "levels must be column_pack's [ceil(N / 32), K / 2, 32] uint8 (4-bit) or "
-              "[ceil(N / 32), K / 2, 64] int8 (8-bit)");
+              "[ceil(N / 32), K / 2, 64] int8 (8-bit) or uint8 (7-bit)");
   const int64_t K = levels.size(1) * 2;
   TORCH_CHECK(group_size > 0 && group_size % 2 == 0 && K % group_size == 0,
               "group_size must be even and divide the input features");
@@ -90,6 +112,19 @@ int64_t check_layout(const at::Tensor& levels, const at::Tensor& per_group, int6
                   per_group.is_contiguous() &&
                   per_group.sizes() == at::IntArrayRef({levels.size(0), K / group_size, kColumns}),
               name, " must be column_pack's [ceil(N / 32), K / group_size, 32] float32 or float16");
+  return K;
+}
+
+// Checks scales and the optional offsets or zeros (`name`) against levels: 4-bit levels need
+// them, 8-bit ones take none, 7-bit ones either; returns K.
+int64_t check_factors(const at::Tensor& levels, const at::Tensor& scales,
+                      const std::optional<at::Tensor>& extra, const char* name,
+                      int64_t group_size, int64_t N) {
+  const int64_t K = check_layout(levels, scales, group_size, N, "scales");
+  const Kind kind = kind_of(levels);
+  TORCH_CHECK(kind == Kind::kInt7 || extra.has_value() == (kind == Kind::kInt4),
+              "4-bit levels need ", name, ", 8-bit ones take none");
+  if (extra) check_layout(levels, *extra, group_size, N, name);
   return K;
 }
 
@@ -241,13 +276,11 @@ struct DenseCall {
             const std::optional<at::Tensor>& zeros, int64_t group_size, int64_t out_features,
             int64_t amx_min_rows)
       : rows(x.to(at::kBFloat16).contiguous()), K2(levels.size(1)) {
-    check_layout(levels, scales, group_size, out_features, "scales");
-    TORCH_CHECK(zeros.has_value() == is_int4(levels), "4-bit levels need zeros, 8-bit none");
-    if (zeros) check_layout(levels, *zeros, group_size, out_features, "zeros");
+    check_factors(levels, scales, zeros, "zeros", group_size, out_features);
     TORCH_CHECK(rows.dim() == 2 && rows.size(1) == K2 * 2, "x must be [M, K]");
-    widened = is_int4(levels)
-                  ? widened_weights<Int4Levels>(levels, factors_of(scales), factors_of(zeros), group_size)
-                  : widened_weights<Int8Levels>(levels, factors_of(scales), Factors{}, group_size);
+    widened = with_levels(levels, [&](auto l) {
+      return widened_weights<decltype(l)>(levels, factors_of(scales), factors_of(zeros), group_size);
+    });
     M = rows.size(0);
     amx = paged_core_cpu::bf16_amx_takes(M, K2, amx_min_rows);
   }
@@ -284,7 +317,7 @@ at::Tensor pack_levels(const at::Tensor& q) {
   auto* dst = static_cast<uint8_t*>(levels.data_ptr());
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k) {
-      const int level = L::kOffsets ? src[n * K + k] : static_cast<int8_t>(src[n * K + k]);
+      const int level = L::level_of(src[n * K + k]);
       L::put(dst + (n / kColumns * (K / 2) + k / 2) * L::kPairBytes, n % kColumns, k % 2, level);
     }
   return levels;
@@ -294,15 +327,22 @@ at::Tensor pack_levels(const at::Tensor& q) {
 
 namespace paged_core_cpu {
 
-std::vector<at::Tensor> column_pack(const at::Tensor& q, const std::vector<at::Tensor>& per_group) {
+std::vector<at::Tensor> column_pack(const at::Tensor& q, const std::vector<at::Tensor>& per_group,
+                                    bool int7) {
   TORCH_CHECK((q.scalar_type() == at::kByte || q.scalar_type() == at::kChar) && q.dim() == 2 &&
                   q.size(1) % 2 == 0,
               "q must be [N, K] levels, K even: uint8 (4-bit, 0..15) or int8 (8-bit)");
+  TORCH_CHECK(!int7 || (q.scalar_type() == at::kChar && (q.numel() == 0 ||
+                                                         (q.min().item<int>() >= -64 &&
+                                                          q.max().item<int>() <= 63))),
+              "int7 packs int8 levels within -64..63");
   TORCH_CHECK(!per_group.empty(), "give the scales (then, for 4 bits, offsets and zeros)");
   const int64_t N = q.size(0), K = q.size(1), groups = per_group[0].size(-1);
   TORCH_CHECK(groups > 0 && K % groups == 0 && (K / groups) % 2 == 0,
               "K must be whole groups of an even number of features");
-  std::vector<at::Tensor> packed{is_int4(q) ? pack_levels<Int4Levels>(q) : pack_levels<Int8Levels>(q)};
+  std::vector<at::Tensor> packed{q.scalar_type() == at::kByte ? pack_levels<Int4Levels>(q)
+                                 : int7 ? pack_levels<Int7Levels>(q).view(at::kByte)
+                                        : pack_levels<Int8Levels>(q)};
   const int64_t C = packed[0].size(0);
   for (const at::Tensor& t : per_group) {
     TORCH_CHECK(t.scalar_type() == at::kFloat && t.dim() == 2 && t.size(0) == N && t.size(1) == groups,
@@ -318,9 +358,7 @@ at::Tensor column_gemm(const at::Tensor& x, const at::Tensor& levels, const at::
                        const std::optional<at::Tensor>& offsets, int64_t group_size,
                        int64_t out_features, int64_t amx_min_rows,
                        std::optional<at::ScalarType> out_dtype) {
-  const int64_t K = check_layout(levels, scales, group_size, out_features, "scales");
-  TORCH_CHECK(offsets.has_value() == is_int4(levels), "4-bit levels need offsets, 8-bit none");
-  if (offsets) check_layout(levels, *offsets, group_size, out_features, "offsets");
+  const int64_t K = check_factors(levels, scales, offsets, "offsets", group_size, out_features);
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.size(1) == K && x.is_contiguous(),
               "x must be contiguous bfloat16 [M, ", K, "]");
   const at::ScalarType dtype = out_dtype.value_or(at::kFloat);
@@ -334,10 +372,9 @@ at::Tensor column_gemm(const at::Tensor& x, const at::Tensor& levels, const at::
                        factors_of(offsets), group_size};
   const RowsOut out{rounded ? nullptr : y.data_ptr<float>(),
                     rounded ? static_cast<uint16_t*>(y.data_ptr()) : nullptr, out_features};
-  if (is_int4(levels))
-    column_gemm_of<Int4Levels>(xp, M, K, w, levels.size(0), out_features, amx_min_rows, out);
-  else
-    column_gemm_of<Int8Levels>(xp, M, K, w, levels.size(0), out_features, amx_min_rows, out);
+  with_levels(levels, [&](auto l) {
+    column_gemm_of<decltype(l)>(xp, M, K, w, levels.size(0), out_features, amx_min_rows, out);
+  });
   return y;
 }
 
@@ -380,20 +417,17 @@ at::Tensor column_dense_silu_and_mul(const at::Tensor& x, const at::Tensor& leve
 at::Tensor column_dequantize(const at::Tensor& levels, const at::Tensor& scales,
                              const std::optional<at::Tensor>& zeros, int64_t group_size,
                              int64_t out_features) {
-  check_layout(levels, scales, group_size, out_features, "scales");
-  TORCH_CHECK(zeros.has_value() == is_int4(levels), "4-bit levels need zeros, 8-bit none");
-  if (zeros) check_layout(levels, *zeros, group_size, out_features, "zeros");
-  return is_int4(levels)
-             ? dequantize_of<Int4Levels>(levels, factors_of(scales), factors_of(zeros), group_size,
-                                         out_features, scales.options().dtype(at::kFloat))
-             : dequantize_of<Int8Levels>(levels, factors_of(scales), Factors{}, group_size,
-                                         out_features, scales.options().dtype(at::kFloat));
+  check_factors(levels, scales, zeros, "zeros", group_size, out_features);
+  return with_levels(levels, [&](auto l) {
+    return dequantize_of<decltype(l)>(levels, factors_of(scales), factors_of(zeros), group_size,
+                                      out_features, scales.options().dtype(at::kFloat));
+  });
 }
 
 }  // namespace paged_core_cpu
 
 PAGED_CORE_LIBRARY_FRAGMENT(m) {
-  m.def("column_pack(Tensor q, Tensor[] per_group) -> Tensor[]");
+  m.def("column_pack(Tensor q, Tensor[] per_group, bool int7=False) -> Tensor[]");
   m.def("column_gemm(Tensor x, Tensor levels, Tensor scales, Tensor? offsets, int group_size, "
         "int out_features, int amx_min_rows=0, ScalarType? out_dtype=None) -> Tensor");
   m.def("column_dense(Tensor x, Tensor levels, Tensor scales, Tensor? zeros, int group_size, "

@@ -7,7 +7,8 @@
 //   feature g*G + j in its low nibble and of feature g*G + G/2 + j in its high nibble:
 //   W[n, k] = (level - 8) * scale[n, g] + zero[n, g]   (quantization.Int4Weight's formula),
 //   so row n's product is sum_g scale * dot(x_g, level_g) + (zero - 8 scale) * sum(x_g).
-// int8: levels int8 [N, K]; W[n, k] = level * scale[n, g].
+// int8: levels int8 [N, K]; W[n, k] = level * scale[n, g] (+ zero[n, g] where W has zeros:
+//   then the offsets are the zeros, y taking zero * sum(x_g) per group as for int4).
 // x: float32 [M, K] contiguous; the result is float32 [M, N]. Rows of W are split between
 // threads. Sums run in a different order than a dense GEMM's (the usual float rounding).
 // int4_dequantize / int8_dequantize: W itself, float32 [N, K] (for many rows at once, where
@@ -168,7 +169,7 @@ at::Tensor quantized_gemm(const at::Tensor& x, const at::Tensor& levels, const a
   std::vector<float> xsum;  // [M, groups]: sum of each group of x, for the offsets
   const float* op = nullptr;
   if (offsets.has_value()) {
-    op = offsets->data_ptr<float>();  // zero - 8 * scale, [N, groups]
+    op = offsets->data_ptr<float>();  // [N, groups]: 4-bit zero - 8 * scale, 8-bit zero
     xsum.assign(M * groups, 0.f);
     for (int64_t m = 0; m < M; ++m)
       for (int64_t g = 0; g < groups; ++g)
@@ -212,7 +213,7 @@ at::Tensor dequantize(const at::Tensor& levels, const at::Tensor& scales,
   at::Tensor w = at::empty({N, K}, scales.options());
   const uint8_t* lp = static_cast<const uint8_t*>(levels.data_ptr());
   const float* sp = scales.data_ptr<float>();
-  const float* zp = kInt4 ? zeros->data_ptr<float>() : nullptr;
+  const float* zp = zeros ? zeros->data_ptr<float>() : nullptr;
   float* wp = w.data_ptr<float>();
   at::parallel_for(0, N, row_grain(K, 1), [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
@@ -231,6 +232,8 @@ at::Tensor dequantize(const at::Tensor& levels, const at::Tensor& scales,
           const int8_t* b = reinterpret_cast<const int8_t*>(lp) + n * K + g * G;
 #pragma omp simd
           for (int64_t j = 0; j < G; ++j) out[j] = static_cast<float>(b[j]) * scale;
+          if (zp != nullptr)
+            for (int64_t j = 0; j < G; ++j) out[j] += zp[n * groups + g];
         }
       }
     }
@@ -248,8 +251,8 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Te
 }
 
 at::Tensor int8_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
-                     int64_t group_size) {
-  return quantized_gemm<false>(x, levels, scales, c10::nullopt, group_size);
+                     const std::optional<at::Tensor>& offsets, int64_t group_size) {
+  return quantized_gemm<false>(x, levels, scales, offsets, group_size);
 }
 
 at::Tensor int4_dequantize(const at::Tensor& levels, const at::Tensor& scales,
@@ -258,8 +261,8 @@ at::Tensor int4_dequantize(const at::Tensor& levels, const at::Tensor& scales,
 }
 
 at::Tensor int8_dequantize(const at::Tensor& levels, const at::Tensor& scales,
-                           int64_t group_size) {
-  return dequantize<false>(levels, scales, c10::nullopt, group_size);
+                           const std::optional<at::Tensor>& zeros, int64_t group_size) {
+  return dequantize<false>(levels, scales, zeros, group_size);
 }
 
 }  // namespace paged_core_cpu
@@ -267,11 +270,11 @@ at::Tensor int8_dequantize(const at::Tensor& levels, const at::Tensor& scales,
 PAGED_CORE_LIBRARY_FRAGMENT(m) {
   using namespace paged_core_cpu;
   m.def("int4_dequantize(Tensor levels, Tensor scales, Tensor zeros, int group_size) -> Tensor");
-  m.def("int8_dequantize(Tensor levels, Tensor scales, int group_size) -> Tensor");
+  m.def("int8_dequantize(Tensor levels, Tensor scales, Tensor? zeros, int group_size) -> Tensor");
   m.impl("int4_dequantize", c10::DispatchKey::CPU, TORCH_FN(int4_dequantize));
   m.impl("int8_dequantize", c10::DispatchKey::CPU, TORCH_FN(int8_dequantize));
   m.def("int4_gemm(Tensor x, Tensor levels, Tensor scales, Tensor offsets, int group_size) -> Tensor");
-  m.def("int8_gemm(Tensor x, Tensor levels, Tensor scales, int group_size) -> Tensor");
+  m.def("int8_gemm(Tensor x, Tensor levels, Tensor scales, Tensor? offsets, int group_size) -> Tensor");
   m.impl("int4_gemm", c10::DispatchKey::CPU, TORCH_FN(int4_gemm));
   m.impl("int8_gemm", c10::DispatchKey::CPU, TORCH_FN(int8_gemm));
 }

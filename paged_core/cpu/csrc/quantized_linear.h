@@ -15,26 +15,29 @@ namespace paged_core_cpu {
 // x float32 [M, K] contiguous -> x W^T, float32 [M, N], W 4-bit (offsets = zero - 8 scale).
 at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
                      const at::Tensor& offsets, int64_t group_size);
-// The same for W 8-bit.
+// The same for W 8-bit (offsets: the zeros of W = level * scale + zero, where W has them).
 at::Tensor int8_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
-                     int64_t group_size);
+                     const std::optional<at::Tensor>& offsets, int64_t group_size);
 // W itself, float32 [N, K].
 at::Tensor int4_dequantize(const at::Tensor& levels, const at::Tensor& scales,
                            const at::Tensor& zeros, int64_t group_size);
-at::Tensor int8_dequantize(const at::Tensor& levels, const at::Tensor& scales, int64_t group_size);
+at::Tensor int8_dequantize(const at::Tensor& levels, const at::Tensor& scales,
+                           const std::optional<at::Tensor>& zeros, int64_t group_size);
 
 #if PAGED_CORE_BF16_DOT
 // quantized_row_dense.cpp: x [M, K] -> x W^T bfloat16 for many rows, the row layout's levels
-// (zeros: 4-bit) widened a column group at a time into bf16_dot_linear's layout (the avx2,
-// avx512 and avx512_bf16 builds).
+// (zeros: 4-bit, and 8-bit ones that have them) widened a column group at a time into
+// bf16_dot_linear's layout (the avx2, avx512 and avx512_bf16 builds).
 at::Tensor row_layout_dense(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
                             const std::optional<at::Tensor>& zeros, int64_t group_size);
 #endif
 
 #if defined(__AVX512BF16__)
 // quantized_column_linear.cpp: levels in column groups of 32 outputs (column_pack), bfloat16
-// rows; 4-bit levels take offsets (products) and zeros (dense, dequantize), 8-bit neither.
-std::vector<at::Tensor> column_pack(const at::Tensor& q, const std::vector<at::Tensor>& per_group);
+// rows; 4-bit levels take offsets (products) and zeros (dense, dequantize), 8-bit neither,
+// 7-bit (int8 levels within -64..63 packed with int7) both or neither.
+std::vector<at::Tensor> column_pack(const at::Tensor& q, const std::vector<at::Tensor>& per_group,
+                                    bool int7 = false);
 // x [M, K] -> x W^T (the float32 sums of column_layout), in out_dtype (float32 by default;
 // bfloat16: each sum rounded as at::Tensor::to rounds it, while it is stored): AMX tiles from
 // amx_min_rows rows (0: never; group_size % 32 == 0 and bf16_amx_ready() only), else vdpbf16ps.

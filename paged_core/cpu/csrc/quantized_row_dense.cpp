@@ -44,17 +44,22 @@ constexpr int64_t kFeatures = 8;
 struct RowLevels {
   const uint8_t* levels;  // 4-bit: uint8 [N, K / 2]; 8-bit: int8 [N, K]
   const float* scales;    // [N, K / G]
-  const float* zeros;     // [N, K / G] (4-bit), null (8-bit)
+  const float* zeros;     // [N, K / G] (4-bit; 8-bit where W has them), else null
   int64_t N, K, G;
+  bool four_bit;
 
-  bool int4() const { return zeros != nullptr; }
+  bool int4() const { return four_bit; }
   int64_t groups() const { return K / G; }
+  float zero_at(int64_t n, int64_t g) const { return zeros != nullptr ? zeros[n * groups() + g] : 0.f; }
 
   // W[n, k] in float32, as int4_dequantize / int8_dequantize give it.
   float weight(int64_t n, int64_t k) const {
     const int64_t g = k / G, j = k - g * G;
     const float scale = scales[n * groups() + g];
-    if (!int4()) return static_cast<float>(reinterpret_cast<const int8_t*>(levels)[n * K + k]) * scale;
+    if (!int4()) {
+      const float w = static_cast<float>(reinterpret_cast<const int8_t*>(levels)[n * K + k]) * scale;
+      return zeros != nullptr ? w + zero_at(n, g) : w;
+    }
     const uint8_t byte = levels[n * (K / 2) + g * G / 2 + (j < G / 2 ? j : j - G / 2)];
     const float level = static_cast<float>(j < G / 2 ? byte & 15 : byte >> 4);
     return (level - 8.f) * scale + zeros[n * groups() + g];
@@ -90,7 +95,7 @@ struct RowLevels {
       const uint8_t* bytes[kOutputs];
       for (int i = 0; i < kOutputs; ++i) {
         scale[i] = _mm256_set1_ps(scales[(n0 + i) * groups() + g]);
-        zero[i] = _mm256_set1_ps(kInt4 ? zeros[(n0 + i) * groups() + g] : 0.f);
+        zero[i] = _mm256_set1_ps(zero_at(n0 + i, g));
         bytes[i] = levels + (n0 + i) * row_bytes + g * group_bytes;
       }
       for (int64_t j = 0; j < G; j += kFeatures) {
@@ -110,13 +115,15 @@ struct RowLevels {
     }
   }
 
-  // Features [j, j + 8) of a group (its bytes at `bytes`) in float32: 8-bit level * scale;
-  // 4-bit (level - 8) * scale + zero, the levels of the group's first half in the low nibbles.
+  // Features [j, j + 8) of a group (its bytes at `bytes`) in float32: 8-bit level * scale
+  // (+ zero where W has zeros); 4-bit (level - 8) * scale + zero, the levels of the group's
+  // first half in the low nibbles.
   template <bool kInt4>
   __m256 eight_weights(const uint8_t* bytes, int64_t j, __m256 scale, __m256 zero) const {
     if constexpr (!kInt4) {
       const auto* eight = reinterpret_cast<const __m128i*>(bytes + j);
-      return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(eight))), scale);
+      const __m256 w = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(eight))), scale);
+      return zeros != nullptr ? _mm256_add_ps(w, zero) : w;
     } else {
       const bool high = j >= G / 2;
       const auto* eight = reinterpret_cast<const __m128i*>(bytes + (high ? j - G / 2 : j));
@@ -137,7 +144,7 @@ at::Tensor row_layout_dense(const at::Tensor& x, const at::Tensor& levels, const
   const bool int4 = levels.scalar_type() == at::kByte;
   TORCH_CHECK((int4 || levels.scalar_type() == at::kChar) && levels.dim() == 2 && levels.is_contiguous(),
               "levels must be the row layout's uint8 [N, K / 2] (4-bit) or int8 [N, K] (8-bit)");
-  TORCH_CHECK(zeros.has_value() == int4, "4-bit levels need zeros, 8-bit none");
+  TORCH_CHECK(zeros.has_value() || !int4, "4-bit levels need zeros");
   const int64_t N = levels.size(0), K = int4 ? levels.size(1) * 2 : levels.size(1);
   TORCH_CHECK(group_size > 0 && group_size % 16 == 0 && K % group_size == 0,
               "group_size must be a multiple of 16 dividing the input features");
@@ -151,7 +158,7 @@ at::Tensor row_layout_dense(const at::Tensor& x, const at::Tensor& levels, const
   const at::Tensor rows = x.to(at::kBFloat16).contiguous();
   at::Tensor y = at::empty({rows.size(0), N}, rows.options());
   const RowLevels w{static_cast<const uint8_t*>(levels.const_data_ptr()), scales.const_data_ptr<float>(),
-                    zeros ? zeros->const_data_ptr<float>() : nullptr, N, K, group_size};
+                    zeros ? zeros->const_data_ptr<float>() : nullptr, N, K, group_size, int4};
   const GroupWeights weights{nullptr, [&w](int64_t g0, int64_t g1, uint16_t* out) {
                                for (int64_t c = g0; c < g1; ++c) w.widen_group(c, out + (c - g0) * w.K * kGroup);
                              }};
