@@ -14,8 +14,7 @@ weights, whose inputs are quantized too (``W8A8Linear``; symmetric only).
 (``quantized_linear``'s module doc): there levels within ``-64..63`` (the 5- and 6-bit GGUF
 types) are stored biased, ``q + 64`` (``column_pack(..., int7=True)``), which widens to
 bfloat16 with a zero extension and an or, where full-range levels take two conversions
-through float32, and which takes zeros; a weight with zeros whose levels leave that range
-keeps the row layout.
+through float32. Either layout takes the zeros (as the kernels' offsets).
 """
 from __future__ import annotations
 
@@ -100,7 +99,7 @@ class Int8Linear(QuantizedLinear):
         # W8A8's inputs are float32 levels: those keep the row layout's float32 kernels
         factors = [scales] + ([] if zeros is None else [zeros])
         packed = None
-        if self._keeps_column_layout() and not weight.activations_int8 and (int7 or zeros is None):
+        if self._keeps_column_layout() and not weight.activations_int8:
             tiles = zeros is None and int8_tile_kernel(self.kernels, self.group_size,
                                                        amx_selected=self._amx_selected())
             packed = self._column_layout(q, factors, int7=int7 and not tiles)

@@ -41,17 +41,23 @@ from ..cpu.isa import selected_cpu_isa
 # GEMM's much slower); overridable for tuning and tests
 DENSE_ROWS_SETTING = "PAGED_CORE_QUANTIZED_DENSE_ROWS"
 
-# The column layout on AMX tiles. Its kernel beats one dense GEMM up to about 64 rows (30
-# SmolLM2 layers x 4 projections, 2-core Xeon with AMX: 4-bit 23 against 33 ms at 48 rows,
-# alike at 64-96), so the dense path starts there. Rows take the tiles from 2: one row is a
-# vector's work, and the tiles' per-group chain (the widened levels stored, loaded as B
-# tiles, multiplied, the sums stored and read back) outlasts it (30 SmolLM2 layers x 4
-# projections, one process alternating, float16 factors, Intel(R) Xeon(R) Processor,
-# amx_bf16: 4-bit one row, groups of 32, tiles 3.51 against vdpbf16ps 2.80 ms, groups of 64
-# 2.98 against 2.67; 2 rows 3.55 / 3.62 and 3.04 / 3.53; 2 Llama-8B-like layers, groups of
-# 128: one row 8.85 / 8.51, 2 rows 8.91 / 11.39; 8-bit one row, groups of 32, 4.64 / 4.15;
-# decode steps of the embedded model in W8A16, 2 sequences 13.5 against 14.3 ms).
-COLUMN_AMX_DENSE_ROWS = 64
+# The column layout on AMX tiles. Its 4-bit kernel beats one dense GEMM up to about 64 rows
+# (30 SmolLM2 layers x 4 projections, 2-core Xeon with AMX: 4-bit 23 against 33 ms at 48
+# rows, alike at 64-96), so the dense path starts there; 8-bit levels, twice the bytes, up
+# to 48 rows (one pass on three row tiles), past which a second pass widens them again (30
+# SmolLM2 layers x 4 projections, groups of 32, Intel(R) Xeon(R) Processor, amx_bf16,
+# column kernel against dense path: levels 0..31 with zeros, 7-bit style, 40 rows 10.9 /
+# 11.9 ms, 48 rows 12.0 / 12.4, 50 rows 14.1 / 12.6, 56 rows 14.6 / 12.5; full-range levels
+# 48 rows 11.4 / 12.3, 50 rows 14.8 / 12.6, 63 rows 16.0 / 13.3). Rows take the tiles from
+# 2: one row is a vector's work, and the tiles' per-group chain (the widened levels stored,
+# loaded as B tiles, multiplied, the sums stored and read back) outlasts it (30 SmolLM2
+# layers x 4 projections, one process alternating, float16 factors, Intel(R) Xeon(R)
+# Processor, amx_bf16: 4-bit one row, groups of 32, tiles 3.51 against vdpbf16ps 2.80 ms,
+# groups of 64 2.98 against 2.67; 2 rows 3.55 / 3.62 and 3.04 / 3.53; 2 Llama-8B-like
+# layers, groups of 128: one row 8.85 / 8.51, 2 rows 8.91 / 11.39; 8-bit one row, groups of
+# 32, 4.64 / 4.15; decode steps of the embedded model in W8A16, 2 sequences 13.5 against
+# 14.3 ms).
+COLUMN_AMX_DENSE_ROWS = {4: 64, 8: 49}
 COLUMN_AMX_MIN_ROWS = 2
 # Groups that are not whole tile steps (group_size % 32: GGUF Q6_K's groups of 16) keep the
 # column kernel on vdpbf16ps, which widens the levels again for every 4 rows, while the dense
@@ -181,7 +187,8 @@ class QuantizedLinear(nn.Module):
             self.amx_min_rows = COLUMN_AMX_MIN_ROWS
             tiled = self.group_size % 32 == 0  # the column kernel takes them as well
             self.dense_rows = int(os.environ.get(
-                DENSE_ROWS_SETTING, COLUMN_AMX_DENSE_ROWS if tiled else COLUMN_UNTILED_DENSE_ROWS))
+                DENSE_ROWS_SETTING,
+                COLUMN_AMX_DENSE_ROWS[self.bits] if tiled else COLUMN_UNTILED_DENSE_ROWS))
         levels, *packed = self.kernels.column_pack(q, per_group, int7)
         return [levels, *(narrowed_factors(t) for t in packed)]
 

@@ -4,7 +4,8 @@ dequantized weight; W8A8 equals its integer arithmetic done in float64.
 
 Kinds of weight: ``int4``; ``int8`` (levels over the whole range); ``int8-narrow`` (levels
 within -64..63, as GGUF Q5_0 and Q6_K: the column layout keeps them biased, 7-bit style);
-``int8-zeros`` (levels 0..31 and a zero per group, as GGUF Q5_1 and Q5_K)."""
+``int8-zeros`` (levels 0..31 and a zero per group, as GGUF Q5_1 and Q5_K); ``int8-wide-zeros``
+(the whole range and zeros: GPTQ or compressed-tensors asymmetric 8-bit)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -33,9 +34,9 @@ def int8_weight(out, width, group_size, gen, low=-128, high=128, zeros=False):
 
 WEIGHTS = {"int4": int4_weight, "int8": int8_weight,
            "int8-narrow": lambda *args: int8_weight(*args, low=-64, high=64),
-           "int8-zeros": lambda *args: int8_weight(*args, low=0, high=32, zeros=True)}
-LINEARS = {"int4": Int4Linear, "int8": Int8Linear, "int8-narrow": Int8Linear,
-           "int8-zeros": Int8Linear}
+           "int8-zeros": lambda *args: int8_weight(*args, low=0, high=32, zeros=True),
+           "int8-wide-zeros": lambda *args: int8_weight(*args, zeros=True)}
+LINEARS = {kind: Int4Linear if kind == "int4" else Int8Linear for kind in WEIGHTS}
 
 
 def weight_and_linear(kind):
@@ -56,7 +57,7 @@ def test_nibbles_pack_and_unpack_exactly():
 @pytest.mark.parametrize("kind,group_size", [("int4", 32), ("int4", 64), ("int4", 16),
                                              ("int8", 16), ("int8", 32), ("int8", 128),
                                              ("int8-narrow", 16), ("int8-zeros", 32),
-                                             ("int8-zeros", 128)])
+                                             ("int8-zeros", 128), ("int8-wide-zeros", 32)])
 @pytest.mark.parametrize("rows", [1, 3, 5, 9])
 def test_kernels_equal_the_dequantized_product(cpu_isa, monkeypatch, kind, group_size, rows):
     gen = torch.Generator().manual_seed(rows)
@@ -86,7 +87,8 @@ def test_kernels_equal_the_dequantized_product(cpu_isa, monkeypatch, kind, group
                                                  ("int4", 128, 40), ("int8", 32, 40),
                                                  ("int8", 256, 70), ("int8-narrow", 16, 40),
                                                  ("int8-narrow", 32, 70), ("int8-zeros", 32, 40),
-                                                 ("int8-zeros", 64, 70)])
+                                                 ("int8-zeros", 64, 70),
+                                                 ("int8-wide-zeros", 64, 40)])
 @pytest.mark.parametrize("rows", [1, 2, 7, 13, 40, 48, 75])
 def test_bf16_column_kernels_equal_the_dequantized_product(cpu_isa, kind, group_size, out, rows):
     """At the avx512_bf16 level a bfloat16 Int4Linear / Int8Linear keeps column_pack's layout:
@@ -105,7 +107,7 @@ def test_bf16_column_kernels_equal_the_dequantized_product(cpu_isa, kind, group_
     per_channel.activations_int8 = True
     assert W8A8Linear(per_channel, False, torch.bfloat16).column_outputs == 0
     assert layer.levels.shape == ((out + 31) // 32, 128, 32 if kind == "int4" else 64)
-    assert (layer.levels.dtype is torch.uint8) == (kind != "int8")  # int8-*: biased bytes
+    assert (layer.levels.dtype is torch.uint8) == (kind in ("int4", "int8-narrow", "int8-zeros"))
     assert torch.equal(layer.dequantized_weight(), weight.dequantize())
     x = torch.randn(rows, 256, generator=gen).bfloat16()
     # below the dense threshold (set here; by default 40 rows for 4 bits, 12 for 8) every call
@@ -155,7 +157,7 @@ def float16_exact_weight(kind, out, width, group_size, gen):
 
 
 @pytest.mark.parametrize("kind,group_size", [("int4", 32), ("int8", 32), ("int8", 64),
-                                             ("int8-zeros", 32)])
+                                             ("int8-zeros", 32), ("int8-wide-zeros", 64)])
 def test_column_layout_keeps_exact_factors_in_float16_with_the_same_bits(cpu_isa, kind, group_size):
     """Factors that float16 holds exactly are kept in float16 (half the bytes a decode step
     reads besides the levels), others in float32; every path reads either to the same bits:
@@ -171,7 +173,7 @@ def test_column_layout_keeps_exact_factors_in_float16_with_the_same_bits(cpu_isa
                   False, torch.bfloat16).scales.dtype is torch.float32  # random: not exact
     if kind == "int4":
         assert layer.offsets.dtype is torch.float16
-    elif kind == "int8-zeros":  # the offsets are the zeros
+    elif kind.endswith("zeros"):  # the offsets are the zeros
         assert layer.offsets is layer.zeros and layer.zeros.dtype is torch.float16
     wide = linear(float16_exact_weight(kind, 70, 256, group_size,
                                        torch.Generator().manual_seed(group_size)),
@@ -195,7 +197,7 @@ def test_column_layout_keeps_exact_factors_in_float16_with_the_same_bits(cpu_isa
                            k.int8_tile_gemm(x[:5], wide.levels, wide.scales, group_size, 70))
 
 
-@pytest.mark.parametrize("kind", ["int4", "int8", "int8-zeros"])
+@pytest.mark.parametrize("kind", ["int4", "int8", "int8-zeros", "int8-wide-zeros"])
 def test_the_dense_path_widens_each_group_for_every_block_of_rows(cpu_isa, kind):
     """300 rows: two blocks of 256 rows, each widening every column group into the thread's
     buffer again; every row as it would be alone, and the dequantized weight's product."""
@@ -321,7 +323,7 @@ def test_group_sizes_the_kernels_cannot_take_are_refused():
 
 @pytest.mark.parametrize("kernel", ["bf16_dot", "amx"])
 @pytest.mark.parametrize("kind,width", [("int4", 64), ("int8", 64), ("int4", 48),
-                                        ("int8-zeros", 64)])
+                                        ("int8-zeros", 64), ("int8-wide-zeros", 64)])
 @pytest.mark.parametrize("rows", [70, 300])
 def test_gate_ups_dense_path_fuses_silu_and_mul_bit_for_bit(monkeypatch, kernel, kind, width,
                                                           rows):
@@ -356,7 +358,7 @@ def test_gate_ups_dense_path_fuses_silu_and_mul_bit_for_bit(monkeypatch, kernel,
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 def test_groups_that_amx_tiles_cannot_take_go_dense_early_where_the_tiles_run(monkeypatch, kind):
     """With AMX tiles granted, a column-layout linear whose groups are whole tile steps keeps
-    its tile kernel up to COLUMN_AMX_DENSE_ROWS rows; groups of 16 (GGUF Q6_K), which the
+    its tile kernel up to COLUMN_AMX_DENSE_ROWS rows (by bits); groups of 16 (GGUF Q6_K), which the
     column kernel multiplies on vdpbf16ps, widening its levels again every 4 rows, take the
     dense path (AMX GEMM) from COLUMN_UNTILED_DENSE_ROWS; without tiles both keep the
     vdpbf16ps threshold. Each still equals the dequantized product on both sides of it."""
@@ -372,7 +374,8 @@ def test_groups_that_amx_tiles_cannot_take_go_dense_early_where_the_tiles_run(mo
         if kind == "int4" else (lambda g: Int8Linear(int8_weight(40, 128, g, gen), False,
                                                      torch.bfloat16))
     vdpbf16ps_rows = ql.COLUMN_DENSE_ROWS[8 if kind == "int8" else 4]
-    for amx_rows, expected in ((2, {32: ql.COLUMN_AMX_DENSE_ROWS,
+    bits = 8 if kind == "int8" else 4
+    for amx_rows, expected in ((2, {32: ql.COLUMN_AMX_DENSE_ROWS[bits],
                                     16: ql.COLUMN_UNTILED_DENSE_ROWS}),
                                (0, {32: vdpbf16ps_rows, 16: vdpbf16ps_rows})):
         monkeypatch.setattr("paged_core.models.cpu_linear.bf16_amx_min_rows", lambda: amx_rows)

@@ -265,6 +265,9 @@ template void amx_column_groups<Int8Levels>(const uint16_t*, int64_t, int64_t, c
 template void amx_column_groups<Int7Levels>(const uint16_t*, int64_t, int64_t, const float*,
                                             const ColumnGroups&, int64_t, int64_t, int64_t,
                                             const RowsOut&);
+template void amx_column_groups<Int8ZeroLevels>(const uint16_t*, int64_t, int64_t, const float*,
+                                                const ColumnGroups&, int64_t, int64_t, int64_t,
+                                                const RowsOut&);
 
 }  // namespace paged_core_cpu::column_layout
 

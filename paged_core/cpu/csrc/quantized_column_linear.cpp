@@ -5,7 +5,7 @@
 // (quantization/int4_linear.py, int8_linear.py):
 //   4-bit: q in 0..15, offset o = zero - 8 s and zero per group too;
 //          W = s * q + o (products), (q - 8) * s + zero (column_dequantize);
-//   8-bit: q in -128..127, W = s * q;
+//   8-bit: q in -128..127, W = s * q (+ zero: the offsets are the zeros, Int8ZeroLevels);
 //   7-bit (8-bit levels within -64..63: Int7Levels): u = q + 64 in 0..127, W = s q + zero
 //          = (u - 64) * s + zero, the offsets being the zeros themselves (both absent for a
 //          symmetric weight).
@@ -86,13 +86,13 @@ Kind kind_of(const at::Tensor& levels) {
 }
 bool is_int4(const at::Tensor& levels) { return kind_of(levels) == Kind::kInt4; }
 
-// Calls f(L{}) with the Levels type of levels' kind.
+// Calls f(L{}) with the Levels type of levels' kind (8-bit: whether they have zeros).
 template <typename F>
-decltype(auto) with_levels(const at::Tensor& levels, F&& f) {
+decltype(auto) with_levels(const at::Tensor& levels, bool zeros, F&& f) {
   switch (kind_of(levels)) {
     case Kind::kInt4: return f(Int4Levels{});
     case Kind::kInt7: return f(Int7Levels{});
-    default: return f(Int8Levels{});
+    default: return zeros ? f(Int8ZeroLevels{}) : f(Int8Levels{});
   }
 }
 
@@ -116,14 +116,12 @@ int64_t check_layout(const at::Tensor& levels, const at::Tensor& per_group, int6
 }
 
 // Checks scales and the optional offsets or zeros (`name`) against levels: 4-bit levels need
-// them, 8-bit ones take none, 7-bit ones either; returns K.
+// them, 7- and 8-bit ones have them where the weight has zeros; returns K.
 int64_t check_factors(const at::Tensor& levels, const at::Tensor& scales,
                       const std::optional<at::Tensor>& extra, const char* name,
                       int64_t group_size, int64_t N) {
   const int64_t K = check_layout(levels, scales, group_size, N, "scales");
-  const Kind kind = kind_of(levels);
-  TORCH_CHECK(kind == Kind::kInt7 || extra.has_value() == (kind == Kind::kInt4),
-              "4-bit levels need ", name, ", 8-bit ones take none");
+  TORCH_CHECK(extra.has_value() || !is_int4(levels), "4-bit levels need ", name);
   if (extra) check_layout(levels, *extra, group_size, N, name);
   return K;
 }
@@ -278,7 +276,7 @@ struct DenseCall {
       : rows(x.to(at::kBFloat16).contiguous()), K2(levels.size(1)) {
     check_factors(levels, scales, zeros, "zeros", group_size, out_features);
     TORCH_CHECK(rows.dim() == 2 && rows.size(1) == K2 * 2, "x must be [M, K]");
-    widened = with_levels(levels, [&](auto l) {
+    widened = with_levels(levels, zeros.has_value(), [&](auto l) {
       return widened_weights<decltype(l)>(levels, factors_of(scales), factors_of(zeros), group_size);
     });
     M = rows.size(0);
@@ -372,7 +370,7 @@ at::Tensor column_gemm(const at::Tensor& x, const at::Tensor& levels, const at::
                        factors_of(offsets), group_size};
   const RowsOut out{rounded ? nullptr : y.data_ptr<float>(),
                     rounded ? static_cast<uint16_t*>(y.data_ptr()) : nullptr, out_features};
-  with_levels(levels, [&](auto l) {
+  with_levels(levels, offsets.has_value(), [&](auto l) {
     column_gemm_of<decltype(l)>(xp, M, K, w, levels.size(0), out_features, amx_min_rows, out);
   });
   return y;
@@ -418,7 +416,7 @@ at::Tensor column_dequantize(const at::Tensor& levels, const at::Tensor& scales,
                              const std::optional<at::Tensor>& zeros, int64_t group_size,
                              int64_t out_features) {
   check_factors(levels, scales, zeros, "zeros", group_size, out_features);
-  return with_levels(levels, [&](auto l) {
+  return with_levels(levels, zeros.has_value(), [&](auto l) {
     return dequantize_of<decltype(l)>(levels, factors_of(scales), factors_of(zeros), group_size,
                                       out_features, scales.options().dtype(at::kFloat));
   });

@@ -34,8 +34,9 @@ at::Tensor row_layout_dense(const at::Tensor& x, const at::Tensor& levels, const
 
 #if defined(__AVX512BF16__)
 // quantized_column_linear.cpp: levels in column groups of 32 outputs (column_pack), bfloat16
-// rows; 4-bit levels take offsets (products) and zeros (dense, dequantize), 8-bit neither,
-// 7-bit (int8 levels within -64..63 packed with int7) both or neither.
+// rows; 4-bit levels take offsets (products) and zeros (dense, dequantize); 8-bit ones, and
+// 7-bit ones (int8 levels within -64..63 packed with int7), both where the weight has zeros
+// (then the same tensor) or neither.
 std::vector<at::Tensor> column_pack(const at::Tensor& q, const std::vector<at::Tensor>& per_group,
                                     bool int7 = false);
 // x [M, K] -> x W^T (the float32 sums of column_layout), in out_dtype (float32 by default;
