@@ -13,7 +13,9 @@
   256-weight super-blocks, llama.cpp falls back to Q5_0 for Q4_K (and Q8_0 for Q6_K),
   so only the 1536-feature down projections hold K-quants. Cached the same way;
 - ``q5_k_m``: the same with ``Q5_K_M``: Q5_1 where Q5_K does not fit a row (all but the
-  down projections), Q5_K / Q6_K in the down projections.
+  down projections), Q5_K / Q6_K in the down projections;
+- ``iq4_xs``: the same with ``IQ4_XS`` (no importance matrix): IQ4_NL where IQ4_XS does not
+  fit a row, IQ4_XS / Q5_K in the down projections.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from typing import Callable, TextIO
 from .llama_cpp_build import QUANTIZE, ensure_binary, ensure_source, run_logged, version_dir
 
 # the kinds llama.cpp's llama-quantize makes from the BF16 file, by its file type
-_QUANTIZED_TYPES = {"q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M"}
+_QUANTIZED_TYPES = {"q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M", "iq4_xs": "IQ4_XS"}
 GGUF_KINDS = ("q4_1", "bf16", *_QUANTIZED_TYPES)
 
 

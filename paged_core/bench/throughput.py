@@ -14,12 +14,12 @@ per system, and the ratios of the medians against naive static batching.
 
 ``--concurrency 1`` is the lone-user comparison: every system gets one request at
 a time (``one_at_a_time``), and each run also reports the decode step time of
-one sequence. ``--llama-cpp q4_1,bf16,q4_k_m,q5_k_m`` adds llama.cpp's ``llama-server`` on
-the embedded model's Q4_1 GGUF, on a BF16 GGUF of it and on llama.cpp's own Q4_K_M / Q5_K_M
-of that (``llama_cpp_models``; built from source on first use, minutes), interleaved like vLLM:
-with one slot under ``--concurrency 1``, else batched with ``--llama-cpp-slots`` slots
-(default ``--max-num-seqs``, or 16), the requests kept that many in flight; give
-paged-core the same ``--max-num-seqs`` for a like-for-like batch.
+one sequence. ``--llama-cpp q4_1,bf16,q4_k_m,q5_k_m,iq4_xs`` adds llama.cpp's
+``llama-server`` on the embedded model's Q4_1 GGUF, on a BF16 GGUF of it and on llama.cpp's
+own Q4_K_M / Q5_K_M / IQ4_XS of that (``llama_cpp_models``; built from source on first use,
+minutes), interleaved like vLLM: with one slot under ``--concurrency 1``, else batched with
+``--llama-cpp-slots`` slots (default ``--max-num-seqs``, or 16), the requests kept that many
+in flight; give paged-core the same ``--max-num-seqs`` for a like-for-like batch.
 
 ``--paged-core-tree PATH`` adds another paged-core source tree (``paged_core_tree``: e.g.
 ``git worktree add /tmp/before <commit>``) as ``paged-core@<commit>``, interleaved too:

@@ -27,11 +27,28 @@ embedding lookup keeps the loader's dense copy):
 - Q5_K: Q4_K's super-blocks with a fifth bit per weight (``qh``: bit ``j`` of byte ``l``,
   sub-block ``j``'s weight ``l``): ``w = d * sc * q - dmin * mn``, an ``Int8Weight`` group of
   32 with levels ``q`` (0..31), ``scale = d * sc`` and zeros ``-dmin * mn``.
-The column layout (``avx512_bf16``) keeps every 5- and 6-bit type's levels biased in bytes,
+- Q2_K: super-blocks of 256 = 16 sub-blocks of 16, a byte per sub-block (``sc`` in its low
+  nibble, ``mn`` in its high one), 64 bytes of 2-bit fields (weight ``128 c + 32 j + l`` in
+  bits ``2j`` of byte ``32 c + l``), float16 ``d`` and ``dmin``: ``w = d * sc * q - dmin *
+  mn``, an ``Int4Weight`` group of 16 with levels ``q`` (0..3), ``scale = d * sc`` and
+  ``zero = 8 * scale - dmin * mn`` (as Q4_K).
+- Q3_K: 32 bytes ``hmask`` (bit ``b`` of byte ``l``: weight ``32 b + l``'s third bit, set
+  meaning no offset), Q2_K's 64 bytes of 2-bit fields, 12 bytes of 16 packed 6-bit scales
+  (``sc - 32``), float16 ``d``: ``w = d * (sc - 32) * q`` with ``q = low - 4 (1 - high)`` in
+  -4..3, an ``Int4Weight`` group of 16 with levels ``q + 4`` and ``zero = 4 * scale``.
+- IQ4_NL: Q4_0's block with each nibble an index into llama.cpp's table of 16 int8 values
+  (``kvalues``, -127..113): ``w = d * kvalues[i]``, an ``Int8Weight`` group of 32 with the
+  table's values as levels (llama.cpp's fallback for Q2_K / Q3_K rows that are not whole
+  super-blocks).
+- IQ4_XS: super-blocks of 256 = 8 sub-blocks of 32, float16 ``d``, 6-bit scales ``ls - 32``
+  (low nibbles in 4 bytes, 2 high bits each in a 16-bit word), then IQ4_NL's nibbles per
+  sub-block: ``w = d * (ls - 32) * kvalues[i]``, an ``Int8Weight`` group of 32.
+The column layout (``avx512_bf16``) keeps the 5- and 6-bit types' levels biased in bytes,
 7-bit style (``Int8Linear``), and takes the zeros; the row layout adds them per group.
 
 Served dense (widened to the model dtype by the loader, from the safetensors copy that
-transformers converted the file to): Q2_K, Q3_K, the IQ types and plain floats.
+transformers converted the file to): the other IQ types (codebooks of several weights) and
+plain floats.
 ``log_served`` logs one line counting, per type, the projections served quantized and dense
 (a quantized part of a fused q/k/v or gate/up projection whose sibling is dense is served
 dense with it).
@@ -100,19 +117,10 @@ def gguf_weights(path: str, num_heads: int,
 def decode(raw: np.ndarray, rows: int, width: int, kind: str) -> Int4Weight | Int8Weight | None:
     """The ``[rows, width]`` weight of type ``kind`` (``"Q4_K"``, ...) stored as ``raw``
     bytes; ``None`` for a type served dense."""
-    if kind in ("Q4_0", "Q4_1", "Q8_0"):
-        return _blocks_of_32(raw.reshape(rows, width // 32, -1), kind)
-    if kind == "Q4_K":
-        return _q4_k(raw.reshape(rows, width // 256, 144))
-    if kind == "Q6_K":
-        return _q6_k(raw.reshape(rows, width // 256, 210))
-    if kind == "Q5_0":
-        return _q5_0(raw.reshape(rows, width // 32, 22))
-    if kind == "Q5_1":
-        return _q5_1(raw.reshape(rows, width // 32, 24))
-    if kind == "Q5_K":
-        return _q5_k(raw.reshape(rows, width // 256, 176))
-    return None
+    if kind not in _BLOCKS:
+        return None
+    weights, size, decoder = _BLOCKS[kind]
+    return decoder(raw.reshape(rows, width // weights, size))
 
 
 def log_served(path: str, used: set[str]) -> str:
@@ -219,6 +227,82 @@ def _q5_k(blocks: np.ndarray) -> Int8Weight:
     q = (low | high << 4).astype(np.int8)
     return Int8Weight(torch.from_numpy(q.reshape(rows, -1)), scales.reshape(rows, -1), 32,
                       zeros=zeros.reshape(rows, -1))
+
+
+def _two_bits(packed: np.ndarray) -> np.ndarray:
+    """Q2_K / Q3_K's 64 bytes ``[rows, supers, 64]`` of 2-bit fields -> ``[rows, supers, 256]``
+    (weight ``128 c + 32 j + l`` in bits ``2j`` of byte ``32 c + l``)."""
+    rows, supers = packed.shape[:2]
+    return _fields(packed.reshape(rows, supers, 2, 32), 2).reshape(rows, supers, 256)
+
+
+def _q2_k(blocks: np.ndarray) -> Int4Weight:
+    """Q2_K super-blocks ``[rows, width / 256, 84]``: 16 bytes ``sc | mn << 4``, 64 bytes of
+    2-bit levels, ``d``, ``dmin``."""
+    rows, supers = blocks.shape[:2]
+    sc = torch.from_numpy((blocks[..., :16] & 0x0F).astype(np.float32))
+    mn = torch.from_numpy((blocks[..., :16] >> 4).astype(np.float32))
+    scales = _f16(blocks[..., 80:82])[..., None] * sc
+    zeros = 8 * scales - _f16(blocks[..., 82:84])[..., None] * mn
+    q = torch.from_numpy(_two_bits(blocks[..., 16:80]).reshape(rows, -1))
+    return Int4Weight(q, scales.reshape(rows, -1), zeros.reshape(rows, -1), 16)
+
+
+def _q3_k(blocks: np.ndarray) -> Int4Weight:
+    """Q3_K super-blocks ``[rows, width / 256, 110]``: 32 bytes ``hmask``, 64 bytes of 2-bit
+    low levels, 12 bytes of scales (16 low nibbles in bytes 0-7, low first; 16 2-bit high
+    parts in bytes 8-11, scale ``4 s + k`` in bits ``2s`` of byte ``8 + k``), ``d``."""
+    rows, supers = blocks.shape[:2]
+    packed = blocks[..., 96:108]
+    low = _fields(packed[..., :8], 4).reshape(rows, supers, 16)
+    high = _fields(packed[..., 8:], 2).reshape(rows, supers, 16)
+    sc = torch.from_numpy((low | high << 4).astype(np.float32) - 32)
+    scales = _f16(blocks[..., 108:110])[..., None] * sc
+    no_offset = _fields(blocks[..., :32], 1).reshape(rows, supers, 256)
+    q = _two_bits(blocks[..., 32:96]) + 4 * no_offset  # the level + 4: 0..7
+    return Int4Weight(torch.from_numpy(q.reshape(rows, -1)), scales.reshape(rows, -1),
+                      4 * scales.reshape(rows, -1), 16)
+
+
+def _table_levels(nibbles: np.ndarray) -> np.ndarray:
+    """IQ4 levels: each block's 16 bytes of nibbles (low nibbles weights 0-15, high ones
+    16-31) looked up in llama.cpp's int8 table."""
+    from gguf.quants import IQ4_NL
+
+    index = _fields(nibbles, 4).reshape(*nibbles.shape[:-1], 32)
+    return np.array(IQ4_NL.kvalues, dtype=np.int8)[index]
+
+
+def _iq4_nl(blocks: np.ndarray) -> Int8Weight:
+    """IQ4_NL blocks ``[rows, width / 32, 18]``: ``d``, then 16 bytes of nibbles."""
+    rows = blocks.shape[0]
+    q = _table_levels(blocks[..., 2:18])
+    return Int8Weight(torch.from_numpy(q.reshape(rows, -1)), _f16(blocks[..., 0:2]), 32)
+
+
+def _iq4_xs(blocks: np.ndarray) -> Int8Weight:
+    """IQ4_XS super-blocks ``[rows, width / 256, 136]``: ``d``, a little-endian 16-bit word of
+    the scales' high bits (sub-block ``b`` at bits ``2b``), 4 bytes of their low nibbles
+    (sub-block ``2i`` low, ``2i + 1`` high in byte ``i``), 8 x 16 bytes of nibbles."""
+    rows, supers = blocks.shape[:2]
+    low = _fields(blocks[..., 4:8], 4).swapaxes(-1, -2).reshape(rows, supers, 8)
+    words = blocks[..., 2].astype(np.uint16) | blocks[..., 3].astype(np.uint16) << 8
+    high = np.stack([words >> (2 * b) & 3 for b in range(8)], axis=-1).astype(np.uint8)
+    ls = torch.from_numpy((low | high << 4).astype(np.float32) - 32)
+    scales = _f16(blocks[..., 0:2])[..., None] * ls
+    q = _table_levels(blocks[..., 8:].reshape(rows, supers, 8, 16))
+    return Int8Weight(torch.from_numpy(q.reshape(rows, -1)), scales.reshape(rows, -1), 32)
+
+
+# type -> (weights per block, bytes per block, decoder of [rows, blocks, bytes])
+_BLOCKS = {
+    "Q4_0": (32, 18, lambda blocks: _blocks_of_32(blocks, "Q4_0")),
+    "Q4_1": (32, 20, lambda blocks: _blocks_of_32(blocks, "Q4_1")),
+    "Q8_0": (32, 34, lambda blocks: _blocks_of_32(blocks, "Q8_0")),
+    "Q5_0": (32, 22, _q5_0), "Q5_1": (32, 24, _q5_1), "IQ4_NL": (32, 18, _iq4_nl),
+    "Q2_K": (256, 84, _q2_k), "Q3_K": (256, 110, _q3_k), "Q4_K": (256, 144, _q4_k),
+    "Q5_K": (256, 176, _q5_k), "Q6_K": (256, 210, _q6_k), "IQ4_XS": (256, 136, _iq4_xs),
+}
 
 
 def _unpermute(rows: int, heads: int) -> torch.Tensor:

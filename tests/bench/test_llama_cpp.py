@@ -57,7 +57,7 @@ def test_a_build_counts_only_once_it_finished(tmp_path, monkeypatch):
         assert llama_cpp_build.built_binary(name) == build / "bin" / name
 
 
-@pytest.mark.parametrize("kind", ["q4_k_m", "q5_k_m"])
+@pytest.mark.parametrize("kind", ["q4_k_m", "q5_k_m", "iq4_xs"])
 def test_k_quant_files_are_llama_quantize_of_the_bf16_one_written_whole(tmp_path, monkeypatch,
                                                                          kind):
     """``gguf_path("q4_k_m")`` (``"q5_k_m"``) runs the cached llama-quantize on the cached

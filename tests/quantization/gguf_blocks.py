@@ -1,10 +1,10 @@
 """Writing GGUF blocks and files for the tests.
 
 ``quantize`` is ``gguf.quants.quantize`` where the ``gguf`` package implements it (Q4_0, Q4_1,
-Q8_0, Q5_0, Q5_1); it does not for the K-quants, so Q4_K, Q5_K and Q6_K blocks are written
-here by a plain min/max (Q6_K: absolute maximum) rounding (llama.cpp searches its scales
-harder, the layout is the same): ``dequantize`` by ``gguf.quants`` reads them back close to
-the input, which ``test_k_quant_writers_are_close_to_their_input`` checks.
+Q8_0, Q5_0, Q5_1); it does not for the K-quants, so Q2_K, Q3_K, Q4_K, Q5_K and Q6_K blocks
+are written here by a plain min/max (Q3_K, Q6_K: absolute maximum) rounding (llama.cpp
+searches its scales harder, the layout is the same): ``dequantize`` by ``gguf.quants`` reads
+them back close to the input, which ``test_k_quant_writers_are_close_to_their_input`` checks.
 
 ``requantized_copy`` writes a copy of a GGUF file with some layer tensors re-quantized to
 other types (metadata and the other tensors unchanged), as ``gguf_new_metadata`` copies one.
@@ -22,6 +22,10 @@ def quantize(data: np.ndarray, kind: str) -> np.ndarray:
         return _min_max_k(data, bits=4 if kind == "Q4_K" else 5)
     if kind == "Q6_K":
         return _q6_k(data)
+    if kind == "Q2_K":
+        return _q2_k(data)
+    if kind == "Q3_K":
+        return _q3_k(data)
     return quants.quantize(data, GGMLQuantizationType[kind])
 
 
@@ -63,6 +67,50 @@ def _q6_k(data: np.ndarray) -> np.ndarray:
     blocks = np.concatenate([ql.reshape(rows, supers, 128), qh.reshape(rows, supers, 64),
                              sc.view(np.uint8), d.view(np.uint8)], axis=-1)
     return blocks.reshape(rows, -1)
+
+
+def _q2_k(data: np.ndarray) -> np.ndarray:
+    rows = data.shape[0]
+    x = data.astype(np.float32).reshape(rows, -1, 16, 16)  # super-blocks of 16 sub-blocks
+    low = np.minimum(x.min(-1), 0)
+    scale, mn = (x.max(-1) - low) / 3, -low
+    d = (scale.max(-1, keepdims=True) / 15).astype(np.float16)
+    dmin = (mn.max(-1, keepdims=True) / 15).astype(np.float16)
+    sc = np.clip(np.round(_div(scale, d.astype(np.float32))), 0, 15).astype(np.uint8)
+    m = np.clip(np.round(_div(mn, dmin.astype(np.float32))), 0, 15).astype(np.uint8)
+    step, offset = d.astype(np.float32) * sc, dmin.astype(np.float32) * m
+    q = np.clip(np.round(_div(x + offset[..., None], step[..., None])), 0, 3).astype(np.uint8)
+    supers = x.shape[1]
+    blocks = np.concatenate([sc | m << 4, _two_bit_fields(q, rows, supers), d.view(np.uint8),
+                             dmin.view(np.uint8)], axis=-1)
+    return blocks.reshape(rows, -1)
+
+
+def _q3_k(data: np.ndarray) -> np.ndarray:
+    rows = data.shape[0]
+    x = data.astype(np.float32).reshape(rows, -1, 16, 16)
+    scale = np.abs(x).max(-1) / 4
+    d = (scale.max(-1, keepdims=True) / 31).astype(np.float16)
+    sc = np.clip(np.round(_div(scale, d.astype(np.float32))), -32, 31).astype(np.int8)
+    step = d.astype(np.float32) * sc
+    q = np.clip(np.round(_div(x, step[..., None])), -4, 3).astype(np.int8)  # low - 4 (1 - high)
+    high = (q >= 0).astype(np.uint8)
+    low = (q + 4 * (1 - high.astype(np.int8))).astype(np.uint8)
+    supers = x.shape[1]
+    hmask = _pack(high.reshape(rows, supers, 8, 32), 1)  # bit b of byte l: weight 32 b + l
+    sc6 = (sc + 32).astype(np.uint8)
+    packed_scales = np.concatenate([
+        (sc6[..., :8] & 0x0F) | (sc6[..., 8:] & 0x0F) << 4,
+        _pack((sc6 >> 4).reshape(rows, supers, 4, 4), 2)], axis=-1)
+    blocks = np.concatenate([hmask, _two_bit_fields(low, rows, supers), packed_scales,
+                             d.view(np.uint8)], axis=-1)
+    return blocks.reshape(rows, -1)
+
+
+def _two_bit_fields(q: np.ndarray, rows: int, supers: int) -> np.ndarray:
+    """Q2_K / Q3_K's 64 bytes per super-block: weight ``128 c + 32 j + l`` in bits ``2j`` of
+    byte ``32 c + l``."""
+    return _pack(q.reshape(rows, supers, 2, 4, 32), 2).reshape(rows, supers, 64)
 
 
 def _pack(fields: np.ndarray, bits: int) -> np.ndarray:

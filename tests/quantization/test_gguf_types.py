@@ -1,7 +1,8 @@
-"""GGUF tensor types beyond Q4_0/Q4_1: Q8_0, Q4_K, Q6_K, Q5_0, Q5_1 and Q5_K served
-quantized, exactly (decoded blocks equal ``gguf.quants.dequantize``), Q2_K dense; q/k rows
+"""GGUF tensor types beyond Q4_0/Q4_1: Q8_0, Q2_K, Q3_K, Q4_K, Q6_K, Q5_0, Q5_1, Q5_K,
+IQ4_NL and IQ4_XS served quantized, exactly (decoded blocks equal ``gguf.quants.dequantize``),
+the codebook IQ types dense; q/k rows
 back in Hugging Face order whatever the type; an engine on a GGUF file mixing Q8_0, Q4_K,
-Q6_K, Q4_1, Q5_0, Q5_1, Q5_K and Q2_K projections stays greedy-close to transformers reading
+Q6_K, Q4_1, Q5_0, Q5_1, Q5_K and F16 projections stays greedy-close to transformers reading
 the same file."""
 import logging
 import re
@@ -25,7 +26,8 @@ from .gguf_blocks import quantize, requantized_copy
 # type -> (weight, group size)
 QUANTIZED = {"Q4_0": (Int4Weight, 32), "Q4_1": (Int4Weight, 32), "Q8_0": (Int8Weight, 32),
              "Q4_K": (Int4Weight, 32), "Q6_K": (Int8Weight, 16), "Q5_0": (Int8Weight, 32),
-             "Q5_1": (Int8Weight, 32), "Q5_K": (Int8Weight, 32)}
+             "Q5_1": (Int8Weight, 32), "Q5_K": (Int8Weight, 32), "Q2_K": (Int4Weight, 16),
+             "Q3_K": (Int4Weight, 16)}
 
 
 def _dequantized(raw: np.ndarray, kind: str) -> torch.Tensor:
@@ -60,6 +62,32 @@ def test_any_q5_0_bytes_decode_to_what_gguf_dequantizes():
     assert torch.equal(weight.dequantize(), _dequantized(raw.reshape(4, -1), "Q5_0"))
 
 
+@pytest.mark.parametrize("kind, d_at, blocks, size, levels", [
+    ("Q2_K", 80, 2, 84, (0, 3)), ("Q3_K", 108, 2, 110, (0, 7))])
+def test_any_q2_k_and_q3_k_bytes_decode_to_what_gguf_dequantizes(kind, d_at, blocks, size,
+                                                                  levels):
+    """Every bit of the 2-bit fields, Q3_K's hmask and packed 6-bit scales, Q2_K's scale and
+    minimum nibbles: int4 groups of 16 (Q3_K's levels -4..3 stored plus 4)."""
+    raw = np.random.default_rng(6).integers(0, 256, (8, blocks, size), dtype=np.uint8)
+    raw[..., d_at:size] = np.float16([0.01, -0.02][:(size - d_at) // 2]).view(np.uint8)
+    weight = decode(raw.reshape(8, -1), 8, 512, kind)
+    assert (type(weight), weight.group_size) == (Int4Weight, 16)
+    assert (weight.q.min(), weight.q.max()) == levels
+    assert torch.equal(weight.dequantize(), _dequantized(raw.reshape(8, -1), kind))
+
+
+@pytest.mark.parametrize("kind, blocks, size", [("IQ4_NL", 16, 18), ("IQ4_XS", 2, 136)])
+def test_any_iq4_bytes_decode_to_what_gguf_dequantizes(kind, blocks, size):
+    """Every nibble an index into llama.cpp's table (levels -127..113), IQ4_XS's scale bits:
+    int8 groups of 32."""
+    raw = np.random.default_rng(7).integers(0, 256, (8, blocks, size), dtype=np.uint8)
+    raw[..., 0:2] = np.float16(0.01).reshape(1).view(np.uint8)  # a finite d
+    weight = decode(raw.reshape(8, -1), 8, 512, kind)
+    assert (type(weight), weight.group_size) == (Int8Weight, 32)
+    assert (weight.q.min(), weight.q.max()) == (-127, 113)
+    assert torch.equal(weight.dequantize(), _dequantized(raw.reshape(8, -1), kind))
+
+
 @pytest.mark.parametrize("kind, blocks, size", [("Q5_1", 16, 24), ("Q5_K", 2, 176)])
 def test_any_q5_1_and_q5_k_bytes_decode_to_what_gguf_dequantizes(kind, blocks, size):
     """Every bit of ``qh``, the nibbles (and Q5_K's packed 6-bit scales and minimums): levels
@@ -75,6 +103,8 @@ def test_any_q5_1_and_q5_k_bytes_decode_to_what_gguf_dequantizes(kind, blocks, s
 @pytest.mark.parametrize("kind, largest, mean", [
     ("Q4_K", 0.35, 0.1),  # 16 levels over a ~6-sigma range
     ("Q5_K", 0.18, 0.05),  # 32 levels over the same range
+    ("Q2_K", 1.0, 0.3),  # 4 levels over a sub-block of 16's range
+    ("Q3_K", 1.0, 0.16),  # 8 levels over twice its largest magnitude
     ("Q6_K", 0.08, 0.025),  # 64 levels over twice a sub-block of 16's largest magnitude
 ])
 def test_k_quant_writers_are_close_to_their_input(kind, largest, mean):
@@ -83,7 +113,7 @@ def test_k_quant_writers_are_close_to_their_input(kind, largest, mean):
     assert error.max() < largest and error.mean() < mean
 
 
-@pytest.mark.parametrize("kind", ["Q2_K", "Q3_K", "F16"])
+@pytest.mark.parametrize("kind", ["IQ2_XS", "IQ3_S", "F16"])
 def test_types_that_fit_no_kernel_group_are_left_dense(kind):
     assert decode(np.zeros((4, 256), np.uint8), 4, 256, kind) is None
 
@@ -154,7 +184,7 @@ def test_the_lm_head_is_the_output_tensor_or_else_the_token_embedding(tmp_path):
 def _kinds(num_layers: int = 30) -> dict[str, str]:
     """Down projections (the only input width, 1536, that is whole super-blocks of 256) Q6_K
     in every third layer from 0, as llama.cpp's Q4_K_M gives some of them more bits, Q5_K in
-    layer 1, Q4_K in the others; even layers all-Q8_0 attention; odd layers Q8_0 q beside
+    layer 1, Q3_K in layer 7, Q2_K in layer 8, Q4_K in the others; even layers all-Q8_0 attention; odd layers Q8_0 q beside
     Q4_1 k/v (one linear per kind) and Q8_0 gate beside Q4_1 up; layer 1's v Q5_1 (zeros,
     beside its Q8_0 q in one int8 linear); layer 5's v F16, so its q/k/v is served dense;
     layer 2's o and layer 4's k (beside Q8_0 q and v: one int8 linear) Q5_0."""
@@ -166,6 +196,8 @@ def _kinds(num_layers: int = 30) -> dict[str, str]:
         kinds.update({f"blk.{i}.{n}.weight": "Q8_0" for n in names})
     kinds["blk.1.attn_v.weight"] = "Q5_1"
     kinds["blk.1.ffn_down.weight"] = "Q5_K"
+    kinds["blk.7.ffn_down.weight"] = "Q3_K"
+    kinds["blk.8.ffn_down.weight"] = "Q2_K"
     kinds["blk.5.attn_v.weight"] = "F16"
     kinds["blk.2.attn_output.weight"] = kinds["blk.4.attn_k.weight"] = "Q5_0"
     return kinds
@@ -194,7 +226,8 @@ def test_mixed_gguf_engine_is_close_to_transformers(mixed_gguf, tokenizer, dtype
     expected = [hf_greedy_top_logprobs(reference, p, 16, 5) for p in prompts]
     with caplog.at_level(logging.INFO, logger="paged_core.quantization.gguf_weights"):
         llm = LLM(model=mixed_gguf, dtype=dtype, quantization="gguf", num_kv_blocks=64)
-    assert "Q4_K 19 quantized / 0 dense" in caplog.text
+    assert "Q4_K 17 quantized / 0 dense" in caplog.text
+    assert "Q3_K 1 quantized / 0 dense" in caplog.text and "Q2_K 1 quantized / 0 dense" in caplog.text
     assert "Q5_K 1 quantized / 0 dense" in caplog.text
     assert "Q6_K 10 quantized / 0 dense" in caplog.text
     assert "Q5_0 2 quantized / 0 dense" in caplog.text
@@ -211,6 +244,9 @@ def test_mixed_gguf_engine_is_close_to_transformers(mixed_gguf, tokenizer, dtype
     assert type(layers[0].mlp.down_proj) is Int8Linear  # Q6_K: groups of 16
     assert layers[0].mlp.down_proj.group_size == 16
     assert type(layers[2].mlp.down_proj) is Int4Linear  # Q4_K
+    for layer in (7, 8):  # Q3_K, Q2_K: int4 groups of 16
+        assert (type(layers[layer].mlp.down_proj), layers[layer].mlp.down_proj.group_size) == \
+            (Int4Linear, 16)
     assert (type(layers[1].mlp.down_proj), layers[1].mlp.down_proj.zeros is not None) == \
         (Int8Linear, True)  # Q5_K: levels 0..31 and zeros
     assert type(layers[1].self_attn.qkv_proj) is ConcatLinear  # Q8_0 and Q5_1 q/v, Q4_1 k
@@ -229,13 +265,14 @@ def test_mixed_gguf_engine_is_close_to_transformers(mixed_gguf, tokenizer, dtype
                            "throughput --concurrency 1 --llama-cpp q4_k_m --quick` once (~5 min)")
 @pytest.mark.parametrize("kind, served", [
     ("q4_k_m", {"Q5_0": (166, 0), "Q8_0": (15, 0), "Q4_K": (16, 0), "Q6_K": (14, 0)}),
-    ("q5_k_m", {"Q5_1": (166, 0), "Q8_0": (15, 0), "Q5_K": (16, 0), "Q6_K": (14, 0)})])
+    ("q5_k_m", {"Q5_1": (166, 0), "Q8_0": (15, 0), "Q5_K": (16, 0), "Q6_K": (14, 0)}),
+    ("iq4_xs", {"IQ4_NL": (180, 0), "IQ4_XS": (27, 0), "Q5_K": (3, 0), "Q8_0": (1, 0)})])
 def test_llama_cpps_own_k_quant_files_are_served_quantized_close_to_transformers(
         tokenizer, caplog, kind, served):
     """The files users download: llama.cpp's Q4_K_M (Q5_K_M) of the embedded model holds Q5_0
     (Q5_1) wherever 576 features are not whole super-blocks (q, k, o, gate, up, half the v),
-    Q8_0 for the other v, K-quants only in the down projections; every projection is served
-    quantized."""
+    Q8_0 for the other v, K-quants only in the down projections; its IQ4_XS holds IQ4_NL
+    there instead; every projection is served quantized."""
     from transformers import AutoModelForCausalLM
 
     from paged_core.bench.llama_cpp_models import gguf_path
