@@ -19,10 +19,11 @@ import tempfile
 import torch
 
 # The embedded model's weights as each quantized system serves them: its own GGUF file's
-# Q4_1 projections, llama.cpp's Q4_K_M or Q5_K_M file of it (``llama_cpp_models``: built with
-# llama.cpp on first use, minutes), or a compressed-tensors scheme (groups of 64: 576 features
-# = 9 groups)
-QUANTIZED_KINDS = ("gguf-q4_1", "gguf-q4_k_m", "gguf-q5_k_m", "w4a16", "w8a16", "w8a8")
+# Q4_1 projections, llama.cpp's Q4_K_M, Q5_K_M or IQ4_XS file of it (``llama_cpp_models``:
+# built with llama.cpp on first use, minutes), or a compressed-tensors scheme (groups of 64:
+# 576 features = 9 groups)
+QUANTIZED_KINDS = ("gguf-q4_1", "gguf-q4_k_m", "gguf-q5_k_m", "gguf-iq4_xs", "w4a16", "w8a16",
+                   "w8a8")
 _SCHEMES = {"w4a16": ("W4A16", 64, None), "w8a16": ("W8A16", None, "channel"),
             "w8a8": ("W8A8", None, None)}
 
@@ -34,7 +35,7 @@ def quantized_engine_args(kind: str) -> dict:
 
     if kind == "gguf-q4_1":
         return {"quantization": "gguf"}
-    if kind in ("gguf-q4_k_m", "gguf-q5_k_m"):
+    if kind.startswith("gguf-"):  # a file llama.cpp's llama-quantize makes
         from .llama_cpp_models import gguf_path
         return {"model": str(gguf_path(kind.removeprefix("gguf-"))), "quantization": "gguf"}
     scheme, group_size, strategy = _SCHEMES[kind]
