@@ -38,8 +38,8 @@ embedding lookup keeps the loader's dense copy):
   -4..3, an ``Int4Weight`` group of 16 with levels ``q + 4`` and ``zero = 4 * scale``.
 - IQ4_NL: Q4_0's block with each nibble an index into llama.cpp's table of 16 int8 values
   (``kvalues``, -127..113): ``w = d * kvalues[i]``, an ``Int8Weight`` group of 32 with the
-  table's values as levels (llama.cpp's fallback for Q2_K / Q3_K rows that are not whole
-  super-blocks).
+  table's values as levels (llama-quantize's fallback for IQ4_XS rows that are not whole
+  super-blocks; its Q2_K / Q3_K_M fall back to Q4_0 / Q5_0 there).
 - IQ4_XS: super-blocks of 256 = 8 sub-blocks of 32, float16 ``d``, 6-bit scales ``ls - 32``
   (low nibbles in 4 bytes, 2 high bits each in a 16-bit word), then IQ4_NL's nibbles per
   sub-block: ``w = d * (ls - 32) * kvalues[i]``, an ``Int8Weight`` group of 32.
