@@ -256,18 +256,16 @@ void amx_column_groups(const uint16_t*, int64_t, int64_t, const float*, const Co
 }
 #endif
 
-template void amx_column_groups<Int4Levels>(const uint16_t*, int64_t, int64_t, const float*,
-                                            const ColumnGroups&, int64_t, int64_t, int64_t,
-                                            const RowsOut&);
-template void amx_column_groups<Int8Levels>(const uint16_t*, int64_t, int64_t, const float*,
-                                            const ColumnGroups&, int64_t, int64_t, int64_t,
-                                            const RowsOut&);
-template void amx_column_groups<Int7Levels>(const uint16_t*, int64_t, int64_t, const float*,
-                                            const ColumnGroups&, int64_t, int64_t, int64_t,
-                                            const RowsOut&);
-template void amx_column_groups<Int8ZeroLevels>(const uint16_t*, int64_t, int64_t, const float*,
-                                                const ColumnGroups&, int64_t, int64_t, int64_t,
-                                                const RowsOut&);
+// Every kind of levels' kernel, for quantized_column_linear.cpp.
+#define PAGED_CORE_AMX_COLUMN_GROUPS(L)                                                       \
+  template void amx_column_groups<L>(const uint16_t*, int64_t, int64_t, const float*,         \
+                                     const ColumnGroups&, int64_t, int64_t, int64_t,          \
+                                     const RowsOut&);
+PAGED_CORE_AMX_COLUMN_GROUPS(Int4Levels)
+PAGED_CORE_AMX_COLUMN_GROUPS(Int7Levels)
+PAGED_CORE_AMX_COLUMN_GROUPS(Int8Levels)
+PAGED_CORE_AMX_COLUMN_GROUPS(Int8ZeroLevels)
+#undef PAGED_CORE_AMX_COLUMN_GROUPS
 
 }  // namespace paged_core_cpu::column_layout
 
