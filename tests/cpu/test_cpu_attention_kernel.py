@@ -130,13 +130,16 @@ def test_scores_climbing_along_the_keys_match_reference(head_dim, dtype, attenti
 # part) and combine them; short ones in the same step are not split. A bf16 tile of nq
 # queries (up to 32) is cut every nq * 256 keys (every 256 in batch-invariant mode): the
 # 16-query tile of "chunk_past_4096" crosses 4096, the 32- and 8-query tiles of
-# "chunk_past_8192" 8192 and every 2048.
+# "chunk_past_8192" 8192 and every 2048. On AMX tiles, "long_prompts" takes each tile width
+# (paged_attention.cpp: 600 new tokens after a 40-token prefix in tiles of 128 queries where
+# their outputs fit, 300 in tiles of 64, a decode).
 LONG_STEPS = {
     "lone_decode": ([2100], [1]),
     "chunk_after_prefix": ([1500, 3], [16, 3]),
     "chunk_past_4096": ([4200, 5], [16, 5]),
     "chunk_past_8192": ([8300], [40]),
     "mixed": ([2100, 9, 1300, 600], [1, 9, 20, 1]),
+    "long_prompts": ([640, 300, 7], [600, 300, 1]),
 }
 
 

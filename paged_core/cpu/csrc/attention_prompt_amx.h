@@ -269,55 +269,113 @@ inline void block_softmax(const float* s, float c, const __m512i (&vis)[2], floa
   _mm512_storeu_ps(sum, total);
 }
 
-// The N chunks of a segment for every block of a unit (rows query rows; visible: theirs):
-// block b + 1's scores, block b's softmax, then block b - 1's O^T (a tile load of data vector
-// stores just wrote waits for them to reach L1: a block later, they have; O^T after the
-// softmax measured 1.02-1.06x the speed of before it).
-template <int N>
-void amx_segment_blocks(int rows, const uint64_t* visible, const KeyChunk (&keys)[kMaxSegChunks],
-                        const ScoreMap& map, AmxPromptBuffers& w) {
+// S^T of a block against its first n chunks (1 .. kMaxSegChunks).
+inline void block_key_scores(int n, const KeyChunk (&keys)[kMaxSegChunks], const uint32_t* qt,
+                             int D, float* scores) {
+  switch (n) {
+    case 1: amx_key_scores<1>(keys, qt, D, scores); break;
+    case 2: amx_key_scores<2>(keys, qt, D, scores); break;
+    case 3: amx_key_scores<3>(keys, qt, D, scores); break;
+    default: amx_key_scores<4>(keys, qt, D, scores); break;
+  }
+}
+
+// block_softmax over a block's first n chunks (1 .. kMaxSegChunks).
+template <bool MASKED>
+inline void block_softmax_chunks(int n, const float* s, float c, const __m512i (&vis)[2],
+                                 float* mx, float* sum, float* ot, int D, uint32_t* probs) {
+  switch (n) {
+    case 1: block_softmax<1, MASKED>(s, c, vis, mx, sum, ot, D, probs); break;
+    case 2: block_softmax<2, MASKED>(s, c, vis, mx, sum, ot, D, probs); break;
+    case 3: block_softmax<3, MASKED>(s, c, vis, mx, sum, ot, D, probs); break;
+    default: block_softmax<4, MASKED>(s, c, vis, mx, sum, ot, D, probs); break;
+  }
+}
+
+// What a block of 16 rows sees of a segment: its lanes' visible bits, how many leading
+// chunks hold a key some lane sees (0: none; chunks past them are skipped, so a causal
+// prompt's diagonal segment costs each block only the keys up to its last query), and
+// whether every lane sees every key of those chunks.
+struct BlockView {
+  alignas(64) uint32_t bits[2][kLanes];
+  int chunks;
+  bool all;
+};
+
+inline void view_block(int b, int rows, int n, const uint64_t* visible, BlockView& view) {
+  uint64_t any = 0;
+  for (int l = 0; l < kLanes; ++l) {
+    const int r = b * kLanes + l;
+    const uint64_t v = r < rows ? visible[r] : 0;
+    view.bits[0][l] = static_cast<uint32_t>(v);
+    view.bits[1][l] = static_cast<uint32_t>(v >> 32);
+    any |= v;
+  }
+  const int keys = any == 0 ? 0 : 64 - __builtin_clzll(any);  // past the last key seen
+  view.chunks = std::min(n, (keys + kChunk - 1) / kChunk);
+  const uint64_t every = view.chunks * kChunk >= 64 ? ~uint64_t{0}
+                                                    : (uint64_t{1} << (view.chunks * kChunk)) - 1;
+  view.all = true;
+  for (int l = 0; l < kLanes && view.all; ++l) {
+    const int r = b * kLanes + l;
+    view.all = r < rows && (visible[r] & every) == every;
+  }
+}
+
+// The n chunks of a segment for every block of a unit (rows query rows; visible: theirs),
+// each block over the chunks it sees (BlockView): block b + 1's scores, block b's softmax,
+// then block b - 1's O^T (a tile load of data vector stores just wrote waits for them to
+// reach L1: a block later, they have; O^T after the softmax measured 1.02-1.06x the speed of
+// before it).
+inline void amx_segment_blocks(int n, int rows, const uint64_t* visible,
+                               const KeyChunk (&keys)[kMaxSegChunks], const ScoreMap& map,
+                               AmxPromptBuffers& w) {
   const int D = w.D, blocks = (rows + kLanes - 1) / kLanes;
   const size_t scores_floats = static_cast<size_t>(kSegKeys) * kLanes;
   const size_t probs_words = static_cast<size_t>(kSegPairs) * kLanes;
-  const uint64_t every = N * kChunk >= 64 ? ~uint64_t{0} : (uint64_t{1} << (N * kChunk)) - 1;
   const bool capped = map.cap_scale != 0.f;
-  auto block_values = [&](int b) {
-    amx_values(w.vt.data(), w.probs.data() + b % 2 * probs_words, (N + 1) / 2, D,
-               w.ot.data() + static_cast<size_t>(b) * D * kLanes);
+  auto issue_scores = [&](int b, const BlockView& view) {
+    if (view.chunks > 0)
+      block_key_scores(view.chunks, keys, w.qt.data() + static_cast<size_t>(b) * D / 2 * kLanes,
+                       D, w.scores.data() + b % 2 * scores_floats);
   };
-  amx_key_scores<N>(keys, w.qt.data(), D, w.scores.data());
+  auto block_values = [&](int b, int chunks) {
+    if (chunks > 0)
+      amx_values(w.vt.data(), w.probs.data() + b % 2 * probs_words, (chunks + 1) / 2, D,
+                 w.ot.data() + static_cast<size_t>(b) * D * kLanes);
+  };
+  BlockView views[2];
+  view_block(0, rows, n, visible, views[0]);
+  issue_scores(0, views[0]);
+  int prev_chunks = 0;  // block b - 1's
   for (int b = 0; b < blocks; ++b) {
-    if (b + 1 < blocks)
-      amx_key_scores<N>(keys, w.qt.data() + static_cast<size_t>(b + 1) * D / 2 * kLanes, D,
-                        w.scores.data() + (b + 1) % 2 * scores_floats);
-    float* s = w.scores.data() + b % 2 * scores_floats;
-    alignas(64) uint32_t bits[2][kLanes];
-    bool all = true;
-    for (int l = 0; l < kLanes; ++l) {
-      const int r = b * kLanes + l;
-      const uint64_t v = r < rows ? visible[r] : 0;
-      bits[0][l] = static_cast<uint32_t>(v);
-      bits[1][l] = static_cast<uint32_t>(v >> 32);
-      all = all && (v & every) == every;
+    const BlockView& view = views[b % 2];
+    if (b + 1 < blocks) {
+      view_block(b + 1, rows, n, visible, views[(b + 1) % 2]);
+      issue_scores(b + 1, views[(b + 1) % 2]);
     }
-    const __m512i vis[2] = {_mm512_load_si512(bits[0]), _mm512_load_si512(bits[1])};
-    float c = map.scale_log2;
-    if (capped) {  // the soft cap's logits in place, already log2 units
-      for (int k = 0; k < N * kChunk; ++k)
-        _mm512_storeu_ps(s + k * kLanes, map_scores(_mm512_loadu_ps(s + k * kLanes), map));
-      c = 1.f;
+    if (view.chunks > 0) {
+      float* s = w.scores.data() + b % 2 * scores_floats;
+      const __m512i vis[2] = {_mm512_load_si512(view.bits[0]), _mm512_load_si512(view.bits[1])};
+      float c = map.scale_log2;
+      if (capped) {  // the soft cap's logits in place, already log2 units
+        for (int k = 0; k < view.chunks * kChunk; ++k)
+          _mm512_storeu_ps(s + k * kLanes, map_scores(_mm512_loadu_ps(s + k * kLanes), map));
+        c = 1.f;
+      }
+      float* mx = w.mx.data() + b * kLanes;
+      float* sum = w.sum.data() + b * kLanes;
+      float* ot = w.ot.data() + static_cast<size_t>(b) * D * kLanes;
+      uint32_t* probs = w.probs.data() + b % 2 * probs_words;
+      if (view.all)
+        block_softmax_chunks<false>(view.chunks, s, c, vis, mx, sum, ot, D, probs);
+      else
+        block_softmax_chunks<true>(view.chunks, s, c, vis, mx, sum, ot, D, probs);
     }
-    float* mx = w.mx.data() + b * kLanes;
-    float* sum = w.sum.data() + b * kLanes;
-    float* ot = w.ot.data() + static_cast<size_t>(b) * D * kLanes;
-    uint32_t* probs = w.probs.data() + b % 2 * probs_words;
-    if (all)
-      block_softmax<N, false>(s, c, vis, mx, sum, ot, D, probs);
-    else
-      block_softmax<N, true>(s, c, vis, mx, sum, ot, D, probs);
-    if (b > 0) block_values(b - 1);
+    if (b > 0) block_values(b - 1, prev_chunks);
+    prev_chunks = view.chunks;
   }
-  block_values(blocks - 1);
+  block_values(blocks - 1, prev_chunks);
 }
 
 // Runs unit u on AMX tiles (expects configure_amx_tiles with every tile 16 rows of 64
@@ -355,12 +413,7 @@ inline bool amx_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Uni
         for (int c = 0; c < n; ++c)
           keys[c] = key_chunk(krows + c * kChunk, D, a.kstage.data() + static_cast<size_t>(c) * kChunk * D);
         transpose_values(vrows, n * kChunk / 2, (n + 1) / 2, D, a.vt.data(), next_k, next_v);
-        switch (n) {
-          case 1: amx_segment_blocks<1>(rows, w.visible.data(), keys, map, a); break;
-          case 2: amx_segment_blocks<2>(rows, w.visible.data(), keys, map, a); break;
-          case 3: amx_segment_blocks<3>(rows, w.visible.data(), keys, map, a); break;
-          default: amx_segment_blocks<4>(rows, w.visible.data(), keys, map, a); break;
-        }
+        amx_segment_blocks(n, rows, w.visible.data(), keys, map, a);
       });
   if (!ok) return false;
   // O^T, maxima and sums into the rows of w (a row's sum in its first partial sum)

@@ -19,7 +19,8 @@
 // query_start_loc[num_seqs] (padding) are not written.
 //
 // bfloat16 caches (head_dim % 32 == 0) take attention_tiles_bf16.h's tiles (of up to
-// kBf16TileQueries queries; on AMX tiles kAmxTileQueries for long prompts), and their
+// kBf16TileQueries queries; on AMX tiles kAmxTileQueries or kAmxWiderTileQueries for long
+// prompts), and their
 // one-query units (decodes) attention_decode_bf16.h's loop where it beats them
 // (decode_rows_fit), with or without amx_tiles; with amx_tiles the decode loop takes its
 // scores from AMX tiles where they fit (attention_decode_amx.h) and the other units run on
@@ -190,24 +191,39 @@ constexpr int64_t kBf16TileQueries = 32;
 // kAmxTileQueries: 64 against 32, a 2048-token prompt 1.07x the speed in SmolLM2's shape and
 // 1.25x in a Llama-8B-like one (8 KV heads x 4, head_dim 128), 512 tokens 1.1x / 1.03x, but
 // 128 tokens 0.93x (each build alternately in its own process, Intel(R) Xeon(R) Processor,
-// amx_bf16, 2 threads).
+// amx_bf16, 2 threads). From kAmxWiderFrom new tokens, tiles of kAmxWiderTileQueries where
+// a unit's float32 outputs O^T (queries x G x head_dim) take at most kAmxWiderOutputBytes:
+// 128 against 64 queries, SmolLM2's shape (96 KiB), 1 prompt of 512 / 2048 tokens 1.12-1.14x /
+// 1.04-1.07x, 4 of 256 1.09x, but 1 of 256 / 384 0.88x / 0.90x (3 tiles for 2 threads); the
+// Llama-8B-like shape (256 KiB) 0.8-0.9x (same machine and method, 2026-12-04).
 constexpr int64_t kAmxTileQueries = 64;
 constexpr int64_t kAmxWideFrom = 256;
+constexpr int64_t kAmxWiderTileQueries = 128;
+constexpr int64_t kAmxWiderFrom = 512;
+constexpr int64_t kAmxWiderOutputBytes = 96 * 1024;
 
 struct Task {
   int64_t seq, first_query, num_queries, cost;
 };
 
-// Tasks of every sequence (tiles of up to `narrow_tile` queries; `wide_tile` for sequences of at
-// least wide_from new tokens), longest (most keys to read) first, so the dynamic schedule does
-// not end with one long task on one thread.
+// Queries per task by a sequence's new tokens: `narrow`, `wide` from wide_from, `wider` from
+// wider_from (wide_from <= wider_from).
+struct TileQueries {
+  int64_t narrow, wide, wide_from, wider, wider_from;
+
+  int64_t for_new_tokens(int64_t q_len) const {
+    return q_len >= wider_from ? wider : q_len >= wide_from ? wide : narrow;
+  }
+};
+
+// Tasks of every sequence (tiles as `tiles` says), longest (most keys to read) first, so the
+// dynamic schedule does not end with one long task on one thread.
 std::vector<Task> make_tasks(const int32_t* seq_lens, const int32_t* qsl, int64_t num_seqs,
-                             int64_t window, int64_t narrow_tile, int64_t wide_tile,
-                             int64_t wide_from) {
+                             int64_t window, const TileQueries& tiles) {
   std::vector<Task> tasks;
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = qsl[s + 1] - qsl[s];
-    const int64_t tile = q_len >= wide_from ? wide_tile : narrow_tile;
+    const int64_t tile = tiles.for_new_tokens(q_len);
     for (int64_t q0 = 0; q0 < q_len; q0 += tile) {
       const int64_t nq = std::min<int64_t>(tile, q_len - q0);
       const int64_t last = seq_lens[s] - q_len + q0 + nq;  // keys of the tile's last query
@@ -717,9 +733,13 @@ void paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const a
   if (S == 0 || Hq == 0 || D == 0) return;
   const bool bf16_tiles = !quantized && dtype != at::kFloat && PAGED_CORE_BF16_TILES && D % 32 == 0;
   const int64_t narrow_tile = bf16_tiles ? kBf16TileQueries : TILE;
-  const int64_t wide_tile = bf16_tiles && amx_tiles ? kAmxTileQueries : narrow_tile;
-  const std::vector<Task> tasks =
-      make_tasks(sl, qsl, S, sliding_window, narrow_tile, wide_tile, kAmxWideFrom);
+  TileQueries tiles{narrow_tile, narrow_tile, kAmxWideFrom, narrow_tile, kAmxWiderFrom};
+  if (bf16_tiles && amx_tiles) {
+    tiles.wide = kAmxTileQueries;
+    const bool wider_fits = kAmxWiderTileQueries * Hq / Hk * D * 4 <= kAmxWiderOutputBytes;
+    tiles.wider = wider_fits ? kAmxWiderTileQueries : kAmxTileQueries;
+  }
+  const std::vector<Task> tasks = make_tasks(sl, qsl, S, sliding_window, tiles);
   int error_flag = 0;
   if (quantized && dtype == at::kFloat) {
     dispatch_quantized<float>(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
