@@ -14,7 +14,10 @@ weights, whose inputs are quantized too (``W8A8Linear``; symmetric only).
 (``quantized_linear``'s module doc): there levels within ``-64..63`` (the 5- and 6-bit GGUF
 types) are stored biased, ``q + 64`` (``column_pack(..., int7=True)``), which widens to
 bfloat16 with a zero extension and an or, where full-range levels take two conversions
-through float32. Either layout takes the zeros (as the kernels' offsets).
+through float32; symmetric levels that are all llama.cpp's IQ4_NL values (``IQ4_NL_VALUES``:
+GGUF IQ4_NL and IQ4_XS) are stored as their 4-bit indices (``column_pack(..., iq4=True)``),
+half a byte a weight, widened by a table lookup. Either layout takes the zeros (as the
+kernels' offsets).
 """
 from __future__ import annotations
 
@@ -76,6 +79,15 @@ def _part(zeros: torch.Tensor | None, index) -> torch.Tensor | None:
     return None if zeros is None else zeros[index]
 
 
+# llama.cpp's IQ4_NL table (its kvalues): an IQ4_NL or IQ4_XS weight is d * IQ4_NL_VALUES[i].
+IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def all_iq4_nl_values(q: torch.Tensor) -> bool:
+    """Whether every level is one of ``IQ4_NL_VALUES`` (the column layout's 4-bit indices)."""
+    return bool(torch.isin(q, torch.tensor(IQ4_NL_VALUES, dtype=q.dtype)).all())
+
+
 def within_int7(q: torch.Tensor) -> bool:
     """Whether every level lies in ``-64..63`` (the column layout's biased 7-bit levels)."""
     return q.numel() == 0 or (int(q.min()) >= -64 and int(q.max()) <= 63)
@@ -100,9 +112,11 @@ class Int8Linear(QuantizedLinear):
         factors = [scales] + ([] if zeros is None else [zeros])
         packed = None
         if self._keeps_column_layout() and not weight.activations_int8:
-            tiles = zeros is None and int8_tile_kernel(self.kernels, self.group_size,
-                                                       amx_selected=self._amx_selected())
-            packed = self._column_layout(q, factors, int7=int7 and not tiles)
+            # half a byte a level beats the AMX-INT8 tiles' byte in a decode step
+            iq4 = not int7 and zeros is None and all_iq4_nl_values(q)
+            tiles = zeros is None and not iq4 and int8_tile_kernel(
+                self.kernels, self.group_size, amx_selected=self._amx_selected())
+            packed = self._column_layout(q, factors, int7=int7 and not tiles, iq4=iq4)
             self.int8_tile_rows = INT8_TILE_ROWS if tiles else 0
         self.levels, *factors = packed if packed is not None else [q, *factors]
         self.scales = factors[0]

@@ -174,22 +174,25 @@ class QuantizedLinear(nn.Module):
         return bf16_amx_min_rows() > 0
 
     def _column_layout(self, q: torch.Tensor, per_group: list[torch.Tensor],
-                       int7: bool = False) -> list | None:
+                       int7: bool = False, iq4: bool = False) -> list | None:
         """``column_pack``'s levels and per-group tensors where this linear keeps the column
         layout (``_keeps_column_layout``), else ``None``; ``int7``: int8 levels within
-        -64..63 stored biased (``Int8Linear``). Each per-group tensor is float16 where that
-        holds every value exactly, else float32 (``narrowed_factors``)."""
+        -64..63 stored biased, ``iq4``: int8 levels that are all IQ4_NL values stored as
+        their 4-bit indices, so they take the 4-bit thresholds (``Int8Linear``). Each
+        per-group tensor is float16 where that holds every value exactly, else float32
+        (``narrowed_factors``)."""
         if not self._keeps_column_layout():
             return None
+        bits = 4 if iq4 else self.bits  # of the stored levels
         self.column_outputs = self.out_features
-        self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING, COLUMN_DENSE_ROWS[self.bits]))
+        self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING, COLUMN_DENSE_ROWS[bits]))
         if self._amx_selected():  # AMX tiles selected and granted (the dense path's too)
             self.amx_min_rows = COLUMN_AMX_MIN_ROWS
             tiled = self.group_size % 32 == 0  # the column kernel takes them as well
             self.dense_rows = int(os.environ.get(
                 DENSE_ROWS_SETTING,
-                COLUMN_AMX_DENSE_ROWS[self.bits] if tiled else COLUMN_UNTILED_DENSE_ROWS))
-        levels, *packed = self.kernels.column_pack(q, per_group, int7)
+                COLUMN_AMX_DENSE_ROWS[bits] if tiled else COLUMN_UNTILED_DENSE_ROWS))
+        levels, *packed = self.kernels.column_pack(q, per_group, int7, iq4)
         return [levels, *(narrowed_factors(t) for t in packed)]
 
     def _row_layout(self) -> None:

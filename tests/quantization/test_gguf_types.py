@@ -267,25 +267,30 @@ def test_mixed_gguf_engine_is_close_to_transformers(mixed_gguf, tokenizer, dtype
     ("q4_k_m", {"Q5_0": (166, 0), "Q8_0": (15, 0), "Q4_K": (16, 0), "Q6_K": (14, 0)}),
     ("q5_k_m", {"Q5_1": (166, 0), "Q8_0": (15, 0), "Q5_K": (16, 0), "Q6_K": (14, 0)}),
     ("iq4_xs", {"IQ4_NL": (180, 0), "IQ4_XS": (27, 0), "Q5_K": (3, 0), "Q8_0": (1, 0)})])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_llama_cpps_own_k_quant_files_are_served_quantized_close_to_transformers(
-        tokenizer, caplog, kind, served):
+        tokenizer, caplog, kind, served, dtype):
     """The files users download: llama.cpp's Q4_K_M (Q5_K_M) of the embedded model holds Q5_0
     (Q5_1) wherever 576 features are not whole super-blocks (q, k, o, gate, up, half the v),
     Q8_0 for the other v, K-quants only in the down projections; its IQ4_XS holds IQ4_NL
-    there instead; every projection is served quantized."""
+    there instead; every projection is served quantized. In bfloat16 at the avx512_bf16 level
+    (the column layout) the IQ4 projections keep their 4-bit indices."""
     from transformers import AutoModelForCausalLM
 
     from paged_core.bench.llama_cpp_models import gguf_path
 
     path = str(gguf_path(kind))
     reference = AutoModelForCausalLM.from_pretrained(converted_folder_for(path),
-                                                     dtype=torch.float32).eval()
+                                                     dtype=getattr(torch, dtype)).eval()
     prompts = [passage_token_ids(tokenizer, n, offset=5 * i) for i, n in enumerate([9, 33])]
     expected = [hf_greedy_top_logprobs(reference, p, 16, 5) for p in prompts]
     with caplog.at_level(logging.INFO, logger="paged_core.quantization.gguf_weights"):
-        llm = LLM(model=path, dtype="float32", num_kv_blocks=64)
+        llm = LLM(model=path, dtype=dtype, num_kv_blocks=64)
     assert served == {type_: (int(quantized), int(dense)) for type_, quantized, dense
                       in re.findall(r"(\w+) (\d+) quantized / (\d+) dense", caplog.text)}
+    o_proj = llm.engine.core.executor.runner.model.layers[0].self_attn.o_proj
+    if kind == "iq4_xs" and o_proj.column_outputs:  # IQ4_NL: int8 levels as 4-bit indices
+        assert (o_proj.levels.dtype, o_proj.levels.shape[-1]) == (torch.int8, 32)
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=5)
     for out, (tokens, tops) in zip(llm.generate(prompts, params, use_tqdm=False), expected):
         completion = out.outputs[0]

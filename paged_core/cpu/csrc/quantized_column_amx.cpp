@@ -263,6 +263,7 @@ void amx_column_groups(const uint16_t*, int64_t, int64_t, const float*, const Co
                                      const RowsOut&);
 PAGED_CORE_AMX_COLUMN_GROUPS(Int4Levels)
 PAGED_CORE_AMX_COLUMN_GROUPS(Int7Levels)
+PAGED_CORE_AMX_COLUMN_GROUPS(Iq4Levels)
 PAGED_CORE_AMX_COLUMN_GROUPS(Int8Levels)
 PAGED_CORE_AMX_COLUMN_GROUPS(Int8ZeroLevels)
 #undef PAGED_CORE_AMX_COLUMN_GROUPS

@@ -61,34 +61,25 @@ inline __m512 output_pairs(__m256 eight) {
   return _mm512_permutexvar_ps(_mm512_load_si512(kPairLanes), _mm512_castps256_ps512(eight));
 }
 
-// Biased levels (4-bit, and 8-bit ones within -64..63: Int4Levels, Int7Levels): level u is
-// stored as a byte's bits, widened to 128 + u (bfloat16 bits 0x4300 | u: exact, as 128..255
-// are whole bfloat16 numbers) with no table lookup (vpermw runs on one port; for 4 bits this
-// took 11-16% off a row's product of 30 layers, in and out of cache). Per group W = s (u -
-// kMid) + zero, so y = s * sums + (o - kOffsetBias s) * sum(x) with the offsets o: 4-bit
-// zero - 8 s (kOffsetBias 128), 7-bit the zeros themselves (kOffsetBias 192 = 128 + kMid;
-// absent: zero = 0, a symmetric weight), whose float16 copy then serves both. L: the levels
-// type (its widen).
-template <typename L, int Mid>
-struct BiasedLevels {
-  static constexpr float kLevelBias = 128.f;
-  static constexpr float kMid = Mid;
-
-  // One group's factors of its dense weights s (u - kMid) + zero = s (128 + u) + shift with
-  // shift = zero - (128 + kMid) s, per 16 outputs (zeros absent: zero = 0).
+// Levels whose widening (L::widen) gives each weight's value v exactly in bfloat16, with W =
+// s (v - ValueBias) + zero per group: their dense weights, one fma on v each.
+template <typename L, int ValueBias>
+struct ExactLevels {
+  // One group's factors of its dense weights s v + shift, shift = zero - ValueBias s, per 16
+  // outputs (zeros absent: zero = 0).
   struct DenseGroup {
     __m512 s[2], shift[2];
     DenseGroup(const Factors& scales, const Factors& zeros, int64_t at) {
       for (int h = 0; h < 2; ++h) {
         s[h] = scales.load16(at + 16 * h);
         const __m512 zero = zeros.present() ? zeros.load16(at + 16 * h) : _mm512_setzero_ps();
-        shift[h] = _mm512_fnmadd_ps(_mm512_set1_ps(kLevelBias + kMid), s[h], zero);
+        shift[h] = _mm512_fnmadd_ps(_mm512_set1_ps(static_cast<float>(ValueBias)), s[h], zero);
       }
     }
   };
   // A pair's 64 weights, rounded to bfloat16, into dst in bf16_dot_linear's packed layout
-  // (output j's two k at 2j, 2j + 1): one fma each on 128 + u (L::widen), read as float32 by
-  // a shift (each pair's first k) or a mask (its second), the halves interleaved back by vpermw.
+  // (output j's two k at 2j, 2j + 1): one fma each on v (L::widen), read as float32 by a
+  // shift (each pair's first k) or a mask (its second), the halves interleaved back by vpermw.
   static void widen_weights(const uint8_t* pair, const DenseGroup& group, uint16_t* dst) {
     alignas(64) static const int16_t kInterleave[32] = {
         0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
@@ -106,6 +97,21 @@ struct BiasedLevels {
                           _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), (__m512i)rounded));
     }
   }
+};
+
+// Biased levels (4-bit, and 8-bit ones within -64..63: Int4Levels, Int7Levels): level u is
+// stored as a byte's bits, widened to v = 128 + u (bfloat16 bits 0x4300 | u: exact, as
+// 128..255 are whole bfloat16 numbers) with no table lookup (vpermw runs on one port; for 4
+// bits this took 11-16% off a row's product of 30 layers, in and out of cache). Per group W =
+// s (u - kMid) + zero, so y = s * sums + (o - kOffsetBias s) * sum(x) with the offsets o:
+// 4-bit zero - 8 s (kOffsetBias 128), 7-bit the zeros themselves (kOffsetBias 192 = 128 +
+// kMid; absent: zero = 0, a symmetric weight), whose float16 copy then serves both. L: the
+// levels type (its widen).
+template <typename L, int Mid>
+struct BiasedLevels : ExactLevels<L, 128 + Mid> {
+  static constexpr float kLevelBias = 128.f;
+  static constexpr float kMid = Mid;
+
   static float weight(int level, float s, float zero) {
     return (static_cast<float>(level) - kMid) * s + zero;
   }
@@ -163,6 +169,43 @@ struct Int7Levels : BiasedLevels<Int7Levels, 64> {
   static void put(uint8_t* pair, int64_t j, int64_t e, int level) {
     pair[2 * j + e] = static_cast<uint8_t>(level);
   }
+};
+
+// 8-bit levels that are llama.cpp's IQ4_NL values (kValues, -127..113: GGUF IQ4_NL and
+// IQ4_XS weights), stored as their 4-bit indices in Int4Levels' byte order and widened by a
+// table lookup (vpermw) straight to the value in bfloat16 (exact: whole numbers of at most 8
+// bits), so a weight costs Int4Levels' half byte instead of Int8Levels' byte and two
+// conversions. W = s kValues[i] + zero: no offsets (the zeros, absent for IQ4, only in the
+// dense weights).
+struct Iq4Levels : ExactLevels<Iq4Levels, 0> {
+  static constexpr int64_t kPairBytes = 32;
+  static constexpr bool kOffsets = false;
+  static constexpr float kLevelBias = 0.f;
+  static constexpr bool kTriplePass = Int4Levels::kTriplePass;  // its widening, plus a vpermw
+  static constexpr int8_t kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                         1,    13,   25,  38,  53,  69,  89,  113};
+
+  static void widen(const uint8_t* pair, __m512bh& lo, __m512bh& hi) {
+    alignas(64) static const uint16_t kTable[32] = {  // bfloat16 bits of kValues, twice
+        0xC2FE, 0xC2D0, 0xC2A6, 0xC282, 0xC244, 0xC20C, 0xC1B0, 0xC120,
+        0x3F80, 0x4150, 0x41C8, 0x4218, 0x4254, 0x428A, 0x42B2, 0x42E2,
+        0xC2FE, 0xC2D0, 0xC2A6, 0xC282, 0xC244, 0xC20C, 0xC1B0, 0xC120,
+        0x3F80, 0x4150, 0x41C8, 0x4218, 0x4254, 0x428A, 0x42B2, 0x42E2};
+    const __m512i table = _mm512_load_si512(kTable);
+    const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pair)));
+    lo = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(bytes, _mm512_set1_epi16(0x0F)), table);
+    hi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(bytes, 4), table);
+  }
+  static float weight(int level, float s, float zero) { return kValues[level] * s + zero; }
+  // The index of a stored int8 value (one of kValues: column_pack checks).
+  static int level_of(uint8_t stored) {
+    const int8_t value = static_cast<int8_t>(stored);
+    int i = 0;
+    while (i < 15 && kValues[i] != value) ++i;
+    return i;
+  }
+  static int level(const uint8_t* pair, int64_t j, int64_t e) { return Int4Levels::level(pair, j, e); }
+  static void put(uint8_t* pair, int64_t j, int64_t e, int level) { Int4Levels::put(pair, j, e, level); }
 };
 
 // 8-bit levels (symmetric: W = s q; Int8ZeroLevels takes zeros).

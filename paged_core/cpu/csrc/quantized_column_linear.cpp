@@ -8,17 +8,21 @@
 //   8-bit: q in -128..127, W = s * q (+ zero: the offsets are the zeros, Int8ZeroLevels);
 //   7-bit (8-bit levels within -64..63: Int7Levels): u = q + 64 in 0..127, W = s q + zero
 //          = (u - 64) * s + zero, the offsets being the zeros themselves (both absent for a
-//          symmetric weight).
+//          symmetric weight);
+//   IQ4 (8-bit levels that are all llama.cpp's IQ4_NL values: Iq4Levels): i, the value's
+//          index in that table of 16, W = s kValues[i] (+ zero, dense only).
 // column_pack lays the levels out in column groups of 32 outputs, one k pair at a time:
 //   4-bit: uint8 [ceil(N / 32), K / 2, 32]: byte 2j + e of (group c, pair p) holds, in its low
 //          nibble, q[32 c + j][2 p + e] and, in its high nibble, q[32 c + 16 + j][2 p + e];
 //   8-bit: int8 [ceil(N / 32), K / 2, 64]: byte 2j + e holds q[32 c + j][2 p + e] (j < 32);
 //   7-bit: uint8 [ceil(N / 32), K / 2, 64], the 8-bit order, byte 2j + e holding u;
+//   IQ4: int8 [ceil(N / 32), K / 2, 32], the 4-bit order, the nibbles holding i;
 //   scales (offsets, zeros) [ceil(N / 32), K / G, 32] float32 (outputs past N: zeros), each
 //   float16 instead where it holds every value exactly (Factors in quantized_column_layout.h).
 // So one load holds a k pair of 32 outputs. Widening it to bfloat16 is exact (4-bit: 128 + q,
 // whose bfloat16 bits are 0x4300 | q, by a mask or a shift and an or per 16 outputs, no
-// shuffle; 7-bit: 128 + u the same way, by an or; 8-bit: to float32, then bfloat16); each row
+// shuffle; 7-bit: 128 + u the same way, by an or; IQ4: the value by a vpermw table lookup;
+// 8-bit: to float32, then bfloat16); each row
 // then adds x's pair times them with one vdpbf16ps per 16 outputs. A group's sums of x . (q +
 // bias) are exact products added in float32; then y += s * sums (+ (o - bias' s) * the
 // group's sum of x: BiasedLevels in quantized_column_layout.h). Rows are taken up to 4 at a
@@ -77,12 +81,14 @@ using namespace paged_core_cpu::column_layout;
 constexpr int kRowTile = 4;       // rows per pass over a column group
 constexpr int kChains = 2;        // sums per row and 16 outputs: even and odd pairs
 
-// The kind of column_pack's levels: uint8 pairs of 32 bytes (4-bit) or 64 (7-bit), int8 (8-bit).
-enum class Kind { kInt4, kInt7, kInt8 };
+// The kind of column_pack's levels: uint8 pairs of 32 bytes (4-bit) or 64 (7-bit), int8 pairs
+// of 64 (8-bit) or 32 (IQ4's 4-bit indices).
+enum class Kind { kInt4, kInt7, kInt8, kIq4 };
 
 Kind kind_of(const at::Tensor& levels) {
-  if (levels.scalar_type() == at::kChar) return Kind::kInt8;
-  return levels.dim() == 3 && levels.size(2) == Int7Levels::kPairBytes ? Kind::kInt7 : Kind::kInt4;
+  const bool pairs_of_64 = levels.dim() == 3 && levels.size(2) == Int8Levels::kPairBytes;
+  if (levels.scalar_type() == at::kChar) return pairs_of_64 ? Kind::kInt8 : Kind::kIq4;
+  return pairs_of_64 ? Kind::kInt7 : Kind::kInt4;
 }
 bool is_int4(const at::Tensor& levels) { return kind_of(levels) == Kind::kInt4; }
 
@@ -92,6 +98,7 @@ decltype(auto) with_levels(const at::Tensor& levels, bool zeros, F&& f) {
   switch (kind_of(levels)) {
     case Kind::kInt4: return f(Int4Levels{});
     case Kind::kInt7: return f(Int7Levels{});
+    case Kind::kIq4: return f(Iq4Levels{});
     default: return zeros ? f(Int8ZeroLevels{}) : f(Int8Levels{});
   }
 }
@@ -99,12 +106,14 @@ decltype(auto) with_levels(const at::Tensor& levels, bool zeros, F&& f) {
 // Checks levels and a per-group tensor against column_pack's layout; returns K.
 int64_t check_layout(const at::Tensor& levels, const at::Tensor& per_group, int64_t group_size,
                      int64_t N, const char* name) {
-  const int64_t pair_bytes = is_int4(levels) ? Int4Levels::kPairBytes : Int8Levels::kPairBytes;
+  const Kind kind = kind_of(levels);
+  const int64_t pair_bytes = kind == Kind::kInt4 || kind == Kind::kIq4 ? Int4Levels::kPairBytes
+                                                                      : Int8Levels::kPairBytes;
   TORCH_CHECK((levels.scalar_type() == at::kByte || levels.scalar_type() == at::kChar) &&
                   levels.dim() == 3 && levels.is_contiguous() && levels.size(2) == pair_bytes &&
                   levels.size(0) == (N + kColumns - 1) / kColumns,
-              "levels must be column_pack's [ceil(N / 32), K / 2, 32] uint8 (4-bit) or "
-              "[ceil(N / 32), K / 2, 64] int8 (8-bit) or uint8 (7-bit)");
+              "levels must be column_pack's [ceil(N / 32), K / 2, 32] uint8 (4-bit) or int8 "
+              "(IQ4), or [ceil(N / 32), K / 2, 64] int8 (8-bit) or uint8 (7-bit)");
   const int64_t K = levels.size(1) * 2;
   TORCH_CHECK(group_size > 0 && group_size % 2 == 0 && K % group_size == 0,
               "group_size must be even and divide the input features");
@@ -321,12 +330,23 @@ at::Tensor pack_levels(const at::Tensor& q) {
   return levels;
 }
 
+// Whether every int8 level of q is one of Iq4Levels::kValues.
+bool all_iq4_values(const at::Tensor& q) {
+  bool is_value[256] = {};
+  for (int8_t v : Iq4Levels::kValues) is_value[static_cast<uint8_t>(v)] = true;
+  const at::Tensor qc = q.contiguous();
+  const auto* src = static_cast<const uint8_t*>(qc.const_data_ptr());
+  for (int64_t i = 0; i < qc.numel(); ++i)
+    if (!is_value[src[i]]) return false;
+  return true;
+}
+
 }  // namespace
 
 namespace paged_core_cpu {
 
 std::vector<at::Tensor> column_pack(const at::Tensor& q, const std::vector<at::Tensor>& per_group,
-                                    bool int7) {
+                                    bool int7, bool iq4) {
   TORCH_CHECK((q.scalar_type() == at::kByte || q.scalar_type() == at::kChar) && q.dim() == 2 &&
                   q.size(1) % 2 == 0,
               "q must be [N, K] levels, K even: uint8 (4-bit, 0..15) or int8 (8-bit)");
@@ -334,12 +354,16 @@ std::vector<at::Tensor> column_pack(const at::Tensor& q, const std::vector<at::T
                                                          (q.min().item<int>() >= -64 &&
                                                           q.max().item<int>() <= 63))),
               "int7 packs int8 levels within -64..63");
+  TORCH_CHECK(!iq4 || (q.scalar_type() == at::kChar && !int7 && all_iq4_values(q)),
+              "iq4 packs int8 levels that are all IQ4_NL values (-127, -104, ..., 113), not with int7");
+  TORCH_CHECK(!iq4 || per_group.size() == 1, "iq4 levels take scales only (no zeros)");
   TORCH_CHECK(!per_group.empty(), "give the scales (then, for 4 bits, offsets and zeros)");
   const int64_t N = q.size(0), K = q.size(1), groups = per_group[0].size(-1);
   TORCH_CHECK(groups > 0 && K % groups == 0 && (K / groups) % 2 == 0,
               "K must be whole groups of an even number of features");
   std::vector<at::Tensor> packed{q.scalar_type() == at::kByte ? pack_levels<Int4Levels>(q)
                                  : int7 ? pack_levels<Int7Levels>(q).view(at::kByte)
+                                 : iq4  ? pack_levels<Iq4Levels>(q)
                                         : pack_levels<Int8Levels>(q)};
   const int64_t C = packed[0].size(0);
   for (const at::Tensor& t : per_group) {
@@ -425,7 +449,7 @@ at::Tensor column_dequantize(const at::Tensor& levels, const at::Tensor& scales,
 }  // namespace paged_core_cpu
 
 PAGED_CORE_LIBRARY_FRAGMENT(m) {
-  m.def("column_pack(Tensor q, Tensor[] per_group, bool int7=False) -> Tensor[]");
+  m.def("column_pack(Tensor q, Tensor[] per_group, bool int7=False, bool iq4=False) -> Tensor[]");
   m.def("column_gemm(Tensor x, Tensor levels, Tensor scales, Tensor? offsets, int group_size, "
         "int out_features, int amx_min_rows=0, ScalarType? out_dtype=None) -> Tensor");
   m.def("column_dense(Tensor x, Tensor levels, Tensor scales, Tensor? zeros, int group_size, "
