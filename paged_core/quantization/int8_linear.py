@@ -11,13 +11,13 @@ Q5_1 and Q5_K have zeros (their minimums), levels ``0..31``. ``activations_int8`
 weights, whose inputs are quantized too (``W8A8Linear``; symmetric only).
 
 ``Int8Linear`` keeps the levels as they are (the row layout), or the column layout
-(``quantized_linear``'s module doc): there levels within ``-64..63`` (the 5- and 6-bit GGUF
-types) are stored biased, ``q + 64`` (``column_pack(..., int7=True)``), which widens to
-bfloat16 with a zero extension and an or, where full-range levels take two conversions
-through float32; symmetric levels that are all llama.cpp's IQ4_NL values (``IQ4_NL_VALUES``:
-GGUF IQ4_NL and IQ4_XS) are stored as their 4-bit indices (``column_pack(..., iq4=True)``),
-half a byte a weight, widened by a table lookup. Either layout takes the zeros (as the
-kernels' offsets).
+(``quantized_linear``'s module doc), packed as narrow as they allow (``column_packing``):
+levels within ``-16..15`` or ``0..31`` (GGUF Q5_0, Q5_1, Q5_K) in 5 bits, 0.625 bytes a
+weight; within ``-64..63`` (Q6_K) biased in a byte, ``q + 64``, which widens to bfloat16 with
+a zero extension and an or, where full-range levels take two conversions through float32;
+symmetric levels that are all llama.cpp's IQ4_NL values (``IQ4_NL_VALUES``: GGUF IQ4_NL and
+IQ4_XS) as their 4-bit indices, half a byte a weight, widened by a table lookup. Either
+layout takes the zeros (as the kernels' offsets).
 """
 from __future__ import annotations
 
@@ -88,9 +88,15 @@ def all_iq4_nl_values(q: torch.Tensor) -> bool:
     return bool(torch.isin(q, torch.tensor(IQ4_NL_VALUES, dtype=q.dtype)).all())
 
 
-def within_int7(q: torch.Tensor) -> bool:
-    """Whether every level lies in ``-64..63`` (the column layout's biased 7-bit levels)."""
-    return q.numel() == 0 or (int(q.min()) >= -64 and int(q.max()) <= 63)
+def column_packing(q: torch.Tensor, zeros: torch.Tensor | None) -> str:
+    """``column_pack``'s packing of 8-bit levels: ``"int5"`` within ``-16..15`` or ``0..31``,
+    ``"int7"`` within ``-64..63``, ``"iq4"`` all IQ4_NL values without zeros, else ``""``."""
+    low, high = (int(q.min()), int(q.max())) if q.numel() else (0, 0)
+    if (low >= -16 and high <= 15) or (low >= 0 and high <= 31):
+        return "int5"
+    if low >= -64 and high <= 63:
+        return "int7"
+    return "iq4" if zeros is None and all_iq4_nl_values(q) else ""
 
 
 class Int8Linear(QuantizedLinear):
@@ -107,16 +113,15 @@ class Int8Linear(QuantizedLinear):
         self.group_size = weight.group_size
         q, scales = weight.q.to(torch.int8).contiguous(), weight.scales.float().contiguous()
         zeros = None if weight.zeros is None else weight.zeros.float().contiguous()
-        int7 = within_int7(q)
         # W8A8's inputs are float32 levels: those keep the row layout's float32 kernels
         factors = [scales] + ([] if zeros is None else [zeros])
         packed = None
         if self._keeps_column_layout() and not weight.activations_int8:
-            # half a byte a level beats the AMX-INT8 tiles' byte in a decode step
-            iq4 = not int7 and zeros is None and all_iq4_nl_values(q)
-            tiles = zeros is None and not iq4 and int8_tile_kernel(
+            packing = column_packing(q, zeros)
+            # under a byte a level beats the AMX-INT8 tiles' byte in a decode step
+            tiles = zeros is None and packing in ("", "int7") and int8_tile_kernel(
                 self.kernels, self.group_size, amx_selected=self._amx_selected())
-            packed = self._column_layout(q, factors, int7=int7 and not tiles, iq4=iq4)
+            packed = self._column_layout(q, factors, "" if tiles else packing)
             self.int8_tile_rows = INT8_TILE_ROWS if tiles else 0
         self.levels, *factors = packed if packed is not None else [q, *factors]
         self.scales = factors[0]

@@ -174,16 +174,16 @@ class QuantizedLinear(nn.Module):
         return bf16_amx_min_rows() > 0
 
     def _column_layout(self, q: torch.Tensor, per_group: list[torch.Tensor],
-                       int7: bool = False, iq4: bool = False) -> list | None:
+                       packing: str = "") -> list | None:
         """``column_pack``'s levels and per-group tensors where this linear keeps the column
-        layout (``_keeps_column_layout``), else ``None``; ``int7``: int8 levels within
-        -64..63 stored biased, ``iq4``: int8 levels that are all IQ4_NL values stored as
-        their 4-bit indices, so they take the 4-bit thresholds (``Int8Linear``). Each
-        per-group tensor is float16 where that holds every value exactly, else float32
-        (``narrowed_factors``)."""
+        layout (``_keeps_column_layout``), else ``None``; ``packing`` (``Int8Linear``): ``""``
+        full bytes, ``"int7"`` int8 levels within -64..63 stored biased in a byte, ``"int5"``
+        levels within -16..15 or 0..31 in 5 bits, ``"iq4"`` levels that are all IQ4_NL values
+        as their 4-bit indices (these two take the 4-bit thresholds). Each per-group tensor is
+        float16 where that holds every value exactly, else float32 (``narrowed_factors``)."""
         if not self._keeps_column_layout():
             return None
-        bits = 4 if iq4 else self.bits  # of the stored levels
+        bits = 4 if packing in ("int5", "iq4") else self.bits  # about the stored levels' cost
         self.column_outputs = self.out_features
         self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING, COLUMN_DENSE_ROWS[bits]))
         if self._amx_selected():  # AMX tiles selected and granted (the dense path's too)
@@ -192,7 +192,7 @@ class QuantizedLinear(nn.Module):
             self.dense_rows = int(os.environ.get(
                 DENSE_ROWS_SETTING,
                 COLUMN_AMX_DENSE_ROWS[bits] if tiled else COLUMN_UNTILED_DENSE_ROWS))
-        levels, *packed = self.kernels.column_pack(q, per_group, int7, iq4)
+        levels, *packed = self.kernels.column_pack(q, per_group, packing)
         return [levels, *(narrowed_factors(t) for t in packed)]
 
     def _row_layout(self) -> None:

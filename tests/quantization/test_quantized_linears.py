@@ -3,8 +3,10 @@ the many-rows dense path and the plain-torch path all equal the product with the
 dequantized weight; W8A8 equals its integer arithmetic done in float64.
 
 Kinds of weight: ``int4``; ``int8`` (levels over the whole range); ``int8-narrow`` (levels
-within -64..63, as GGUF Q5_0 and Q6_K: the column layout keeps them biased, 7-bit style);
-``int8-zeros`` (levels 0..31 and a zero per group, as GGUF Q5_1 and Q5_K); ``int8-wide-zeros``
+within -64..63, as GGUF Q6_K: the column layout keeps them biased, 7-bit style, and
+``int8-narrow-zeros`` with zeros); ``int8-five`` (levels -16..15, as GGUF Q5_0: the column
+layout keeps them in 5 bits) and ``int8-zeros`` (levels 0..31 and a zero per group, as GGUF
+Q5_1 and Q5_K: 5 bits too); ``int8-wide-zeros``
 (the whole range and zeros: GPTQ or compressed-tensors asymmetric 8-bit); ``int8-iq4`` (levels
 that are all llama.cpp's IQ4_NL values, as GGUF IQ4_NL and IQ4_XS: the column layout keeps
 their 4-bit indices)."""
@@ -42,6 +44,8 @@ def iq4_weight(out, width, group_size, gen):
 
 WEIGHTS = {"int4": int4_weight, "int8": int8_weight, "int8-iq4": iq4_weight,
            "int8-narrow": lambda *args: int8_weight(*args, low=-64, high=64),
+           "int8-narrow-zeros": lambda *args: int8_weight(*args, low=-64, high=64, zeros=True),
+           "int8-five": lambda *args: int8_weight(*args, low=-16, high=16),
            "int8-zeros": lambda *args: int8_weight(*args, low=0, high=32, zeros=True),
            "int8-wide-zeros": lambda *args: int8_weight(*args, zeros=True)}
 LINEARS = {kind: Int4Linear if kind == "int4" else Int8Linear for kind in WEIGHTS}
@@ -66,7 +70,8 @@ def test_nibbles_pack_and_unpack_exactly():
                                              ("int8", 16), ("int8", 32), ("int8", 128),
                                              ("int8-narrow", 16), ("int8-zeros", 32),
                                              ("int8-zeros", 128), ("int8-wide-zeros", 32),
-                                             ("int8-iq4", 32)])
+                                             ("int8-iq4", 32), ("int8-five", 32),
+                                             ("int8-narrow-zeros", 32)])
 @pytest.mark.parametrize("rows", [1, 3, 5, 9])
 def test_kernels_equal_the_dequantized_product(cpu_isa, monkeypatch, kind, group_size, rows):
     gen = torch.Generator().manual_seed(rows)
@@ -98,7 +103,8 @@ def test_kernels_equal_the_dequantized_product(cpu_isa, monkeypatch, kind, group
                                                  ("int8-narrow", 32, 70), ("int8-zeros", 32, 40),
                                                  ("int8-zeros", 64, 70),
                                                  ("int8-wide-zeros", 64, 40), ("int8-iq4", 32, 70),
-                                                 ("int8-iq4", 64, 40)])
+                                                 ("int8-iq4", 64, 40), ("int8-five", 32, 70),
+                                                 ("int8-five", 16, 40), ("int8-narrow-zeros", 32, 40)])
 @pytest.mark.parametrize("rows", [1, 2, 7, 13, 40, 48, 75])
 def test_bf16_column_kernels_equal_the_dequantized_product(cpu_isa, kind, group_size, out, rows):
     """At the avx512_bf16 level a bfloat16 Int4Linear / Int8Linear keeps column_pack's layout:
@@ -116,8 +122,10 @@ def test_bf16_column_kernels_equal_the_dequantized_product(cpu_isa, kind, group_
     per_channel = int8_weight(out, 256, 256, gen)
     per_channel.activations_int8 = True
     assert W8A8Linear(per_channel, False, torch.bfloat16).column_outputs == 0
-    assert layer.levels.shape == ((out + 31) // 32, 128, 32 if kind in ("int4", "int8-iq4") else 64)
-    assert (layer.levels.dtype is torch.uint8) == (kind in ("int4", "int8-narrow", "int8-zeros"))
+    pair_bytes = {"int4": 32, "int8-iq4": 32, "int8-five": 40, "int8-zeros": 40}.get(kind, 64)
+    assert layer.levels.shape == ((out + 31) // 32, 128, pair_bytes)
+    assert (layer.levels.dtype is torch.uint8) == (kind in ("int4", "int8-narrow", "int8-narrow-zeros",
+                                                            "int8-five"))
     assert torch.equal(layer.dequantized_weight(), weight.dequantize())
     x = torch.randn(rows, 256, generator=gen).bfloat16()
     # below the dense threshold (set here; by default 40 rows for 4 bits, 12 for 8) every call
@@ -168,7 +176,8 @@ def float16_exact_weight(kind, out, width, group_size, gen):
 
 @pytest.mark.parametrize("kind,group_size", [("int4", 32), ("int8", 32), ("int8", 64),
                                              ("int8-zeros", 32), ("int8-wide-zeros", 64),
-                                             ("int8-iq4", 32)])
+                                             ("int8-iq4", 32), ("int8-five", 32),
+                                             ("int8-narrow-zeros", 32)])
 def test_column_layout_keeps_exact_factors_in_float16_with_the_same_bits(cpu_isa, kind, group_size):
     """Factors that float16 holds exactly are kept in float16 (half the bytes a decode step
     reads besides the levels), others in float32; every path reads either to the same bits:
@@ -208,7 +217,8 @@ def test_column_layout_keeps_exact_factors_in_float16_with_the_same_bits(cpu_isa
                            k.int8_tile_gemm(x[:5], wide.levels, wide.scales, group_size, 70))
 
 
-@pytest.mark.parametrize("kind", ["int4", "int8", "int8-zeros", "int8-wide-zeros", "int8-iq4"])
+@pytest.mark.parametrize("kind", ["int4", "int8", "int8-zeros", "int8-wide-zeros", "int8-iq4",
+                                  "int8-five"])
 def test_the_dense_path_widens_each_group_for_every_block_of_rows(cpu_isa, kind):
     """300 rows: two blocks of 256 rows, each widening every column group into the thread's
     buffer again; every row as it would be alone, and the dequantized weight's product."""
@@ -336,7 +346,7 @@ def test_group_sizes_the_kernels_cannot_take_are_refused():
 @pytest.mark.parametrize("kernel", ["bf16_dot", "amx"])
 @pytest.mark.parametrize("kind,width", [("int4", 64), ("int8", 64), ("int4", 48),
                                         ("int8-zeros", 64), ("int8-wide-zeros", 64),
-                                        ("int8-iq4", 64)])
+                                        ("int8-iq4", 64), ("int8-five", 64)])
 @pytest.mark.parametrize("rows", [70, 300])
 def test_gate_ups_dense_path_fuses_silu_and_mul_bit_for_bit(monkeypatch, kernel, kind, width,
                                                           rows):

@@ -61,7 +61,7 @@ inline void widen_step(const ColumnGroup& col, const ColumnGroup& next, int64_t 
                        WidenedPairs& b) {
   for (int i = 0; i < 16; ++i) {
     const int64_t at = (p0 + i) * L::kPairBytes;  // this pair's levels, and next's
-    if (next.levels != nullptr && at % 64 == 0)
+    if (next.levels != nullptr && starts_line<L>(p0 + i))
       _mm_prefetch(reinterpret_cast<const char*>(next.levels + at), _MM_HINT_T0);
     __m512bh lo, hi;
     L::widen(col.levels + at, lo, hi);
@@ -264,6 +264,8 @@ void amx_column_groups(const uint16_t*, int64_t, int64_t, const float*, const Co
 PAGED_CORE_AMX_COLUMN_GROUPS(Int4Levels)
 PAGED_CORE_AMX_COLUMN_GROUPS(Int7Levels)
 PAGED_CORE_AMX_COLUMN_GROUPS(Iq4Levels)
+PAGED_CORE_AMX_COLUMN_GROUPS(Int5Levels<16>)
+PAGED_CORE_AMX_COLUMN_GROUPS(Int5Levels<0>)
 PAGED_CORE_AMX_COLUMN_GROUPS(Int8Levels)
 PAGED_CORE_AMX_COLUMN_GROUPS(Int8ZeroLevels)
 #undef PAGED_CORE_AMX_COLUMN_GROUPS

@@ -1,5 +1,5 @@
 // The column layout of the weight-only 4- and 8-bit linears for bfloat16 rows (see
-// quantized_column_linear.cpp for the layout and the sums): the three kinds of levels, how a
+// quantized_column_linear.cpp for the layout and the sums): the kinds of levels, how a
 // k pair of 32 outputs widens to bfloat16, and the per-group sums of x the offsets take.
 // Shared by the vdpbf16ps kernel (quantized_column_linear.cpp) and the AMX one
 // (quantized_column_amx.cpp); the avx512_bf16 build only.
@@ -10,6 +10,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 #include <optional>
 
 namespace paged_core_cpu::column_layout {
@@ -145,6 +146,40 @@ struct Int4Levels : BiasedLevels<Int4Levels, 8> {
   }
 };
 
+// 8-bit levels within 32 consecutive values, stored in 5 bits: u = q + Mid in 0..31 (Mid 16:
+// q in -16..15, GGUF Q5_0; Mid 0: q in 0..31 with zeros, GGUF Q5_1 and Q5_K). A pair's 40
+// bytes: u's low 4 bits in Int4Levels' 32 bytes of nibbles, then bit 4 in a 64-bit plane (bit
+// 2j + e of its first word for output j < 16, of its second for output 16 + j); widened to
+// 128 + u by Int4Levels' widening and one masked add (an or: bit 4 is clear) per 16 outputs, so a weight costs 0.625
+// bytes where Int7Levels' take 1. W = s q + zero = s (u - Mid) + zero: the offsets are the
+// zeros (absent for a symmetric weight), as for Int7Levels.
+template <int Mid>
+struct Int5Levels : BiasedLevels<Int5Levels<Mid>, Mid> {
+  static constexpr int64_t kPairBytes = 40;
+  static constexpr bool kOffsets = true;
+  static constexpr float kOffsetBias = 128.f + Mid;
+  static constexpr bool kTriplePass = Int4Levels::kTriplePass;  // its widening, plus an or
+
+  static void widen(const uint8_t* pair, __m512bh& lo, __m512bh& hi) {
+    Int4Levels::widen(pair, lo, hi);
+    uint32_t top[2];  // bit 4 of outputs 0-15's words, then 16-31's
+    std::memcpy(top, pair + 32, sizeof(top));
+    const __m512i bit4 = _mm512_set1_epi16(0x10);  // added where clear: an or
+    lo = (__m512bh)_mm512_mask_add_epi16((__m512i)lo, _cvtu32_mask32(top[0]), (__m512i)lo, bit4);
+    hi = (__m512bh)_mm512_mask_add_epi16((__m512i)hi, _cvtu32_mask32(top[1]), (__m512i)hi, bit4);
+  }
+  static int level_of(uint8_t stored) { return static_cast<int8_t>(stored) + Mid; }
+  static int level(const uint8_t* pair, int64_t j, int64_t e) {
+    const int64_t bit = (j < 16 ? 0 : 32) + 2 * (j % 16) + e;
+    return Int4Levels::level(pair, j, e) | ((pair[32 + bit / 8] >> (bit % 8)) & 1) << 4;
+  }
+  static void put(uint8_t* pair, int64_t j, int64_t e, int level) {
+    Int4Levels::put(pair, j, e, level & 15);
+    const int64_t bit = (j < 16 ? 0 : 32) + 2 * (j % 16) + e;
+    if (level & 16) pair[32 + bit / 8] |= static_cast<uint8_t>(1 << (bit % 8));
+  }
+};
+
 // 8-bit levels within -64..63 (GGUF Q5_0, Q5_1, Q5_K, Q6_K), stored as u = q + 64 in
 // Int8Levels' byte order: widened by a zero extension and an or per 16 outputs, where
 // Int8Levels' full range takes two conversions through float32. W = s q + zero: the offsets
@@ -270,6 +305,12 @@ struct Int8ZeroLevels : Int8Levels {
   static constexpr bool kOffsets = true;
   static constexpr float kOffsetBias = 0.f;
 };
+
+// Whether pair p's levels start a cache line the pair before did not (prefetch that line).
+template <typename L>
+constexpr bool starts_line(int64_t p) {
+  return (p * L::kPairBytes) % 64 < L::kPairBytes;
+}
 
 // The first n of 16 lanes.
 inline __mmask16 lanes_below(int64_t n) {

@@ -10,18 +10,24 @@
 //          = (u - 64) * s + zero, the offsets being the zeros themselves (both absent for a
 //          symmetric weight);
 //   IQ4 (8-bit levels that are all llama.cpp's IQ4_NL values: Iq4Levels): i, the value's
-//          index in that table of 16, W = s kValues[i] (+ zero, dense only).
+//          index in that table of 16, W = s kValues[i] (+ zero, dense only);
+//   5-bit (8-bit levels within -16..15, or 0..31: Int5Levels<16>, <0>): u = q + 16 (q) in
+//          0..31, W = s q + zero, the offsets being the zeros, as for 7 bits.
 // column_pack lays the levels out in column groups of 32 outputs, one k pair at a time:
 //   4-bit: uint8 [ceil(N / 32), K / 2, 32]: byte 2j + e of (group c, pair p) holds, in its low
 //          nibble, q[32 c + j][2 p + e] and, in its high nibble, q[32 c + 16 + j][2 p + e];
 //   8-bit: int8 [ceil(N / 32), K / 2, 64]: byte 2j + e holds q[32 c + j][2 p + e] (j < 32);
 //   7-bit: uint8 [ceil(N / 32), K / 2, 64], the 8-bit order, byte 2j + e holding u;
 //   IQ4: int8 [ceil(N / 32), K / 2, 32], the 4-bit order, the nibbles holding i;
+//   5-bit: uint8 (q within -16..15) or int8 (0..31) [ceil(N / 32), K / 2, 40], the 4-bit
+//          order holding u's low nibbles, then bit 2j + e of bytes 32-35 (36-39) bit 4 of
+//          u for output j (16 + j);
 //   scales (offsets, zeros) [ceil(N / 32), K / G, 32] float32 (outputs past N: zeros), each
 //   float16 instead where it holds every value exactly (Factors in quantized_column_layout.h).
 // So one load holds a k pair of 32 outputs. Widening it to bfloat16 is exact (4-bit: 128 + q,
 // whose bfloat16 bits are 0x4300 | q, by a mask or a shift and an or per 16 outputs, no
-// shuffle; 7-bit: 128 + u the same way, by an or; IQ4: the value by a vpermw table lookup;
+// shuffle; 7-bit: 128 + u the same way, by an or; 5-bit: as 4-bit, then bit 4 by a masked or;
+// IQ4: the value by a vpermw table lookup;
 // 8-bit: to float32, then bfloat16); each row
 // then adds x's pair times them with one vdpbf16ps per 16 outputs. A group's sums of x . (q +
 // bias) are exact products added in float32; then y += s * sums (+ (o - bias' s) * the
@@ -62,6 +68,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "bf16_dot_linear.h"
@@ -81,16 +88,27 @@ using namespace paged_core_cpu::column_layout;
 constexpr int kRowTile = 4;       // rows per pass over a column group
 constexpr int kChains = 2;        // sums per row and 16 outputs: even and odd pairs
 
-// The kind of column_pack's levels: uint8 pairs of 32 bytes (4-bit) or 64 (7-bit), int8 pairs
-// of 64 (8-bit) or 32 (IQ4's 4-bit indices).
-enum class Kind { kInt4, kInt7, kInt8, kIq4 };
+// The kind of column_pack's levels: uint8 pairs of 32 bytes (4-bit), 40 (5-bit, -16..15) or 64
+// (7-bit); int8 pairs of 64 (8-bit), 40 (5-bit, 0..31) or 32 (IQ4's 4-bit indices).
+enum class Kind { kInt4, kInt5Signed, kInt7, kInt8, kInt5Unsigned, kIq4 };
 
 Kind kind_of(const at::Tensor& levels) {
-  const bool pairs_of_64 = levels.dim() == 3 && levels.size(2) == Int8Levels::kPairBytes;
-  if (levels.scalar_type() == at::kChar) return pairs_of_64 ? Kind::kInt8 : Kind::kIq4;
-  return pairs_of_64 ? Kind::kInt7 : Kind::kInt4;
+  const int64_t pair_bytes = levels.dim() == 3 ? levels.size(2) : 0;
+  if (levels.scalar_type() == at::kChar)
+    return pair_bytes == Int8Levels::kPairBytes ? Kind::kInt8
+           : pair_bytes == Int5Levels<0>::kPairBytes ? Kind::kInt5Unsigned : Kind::kIq4;
+  return pair_bytes == Int7Levels::kPairBytes ? Kind::kInt7
+         : pair_bytes == Int5Levels<16>::kPairBytes ? Kind::kInt5Signed : Kind::kInt4;
 }
 bool is_int4(const at::Tensor& levels) { return kind_of(levels) == Kind::kInt4; }
+
+int64_t pair_bytes_of(Kind kind) {
+  switch (kind) {
+    case Kind::kInt4: case Kind::kIq4: return Int4Levels::kPairBytes;
+    case Kind::kInt5Signed: case Kind::kInt5Unsigned: return Int5Levels<0>::kPairBytes;
+    default: return Int8Levels::kPairBytes;
+  }
+}
 
 // Calls f(L{}) with the Levels type of levels' kind (8-bit: whether they have zeros).
 template <typename F>
@@ -99,6 +117,8 @@ decltype(auto) with_levels(const at::Tensor& levels, bool zeros, F&& f) {
     case Kind::kInt4: return f(Int4Levels{});
     case Kind::kInt7: return f(Int7Levels{});
     case Kind::kIq4: return f(Iq4Levels{});
+    case Kind::kInt5Signed: return f(Int5Levels<16>{});
+    case Kind::kInt5Unsigned: return f(Int5Levels<0>{});
     default: return zeros ? f(Int8ZeroLevels{}) : f(Int8Levels{});
   }
 }
@@ -106,14 +126,13 @@ decltype(auto) with_levels(const at::Tensor& levels, bool zeros, F&& f) {
 // Checks levels and a per-group tensor against column_pack's layout; returns K.
 int64_t check_layout(const at::Tensor& levels, const at::Tensor& per_group, int64_t group_size,
                      int64_t N, const char* name) {
-  const Kind kind = kind_of(levels);
-  const int64_t pair_bytes = kind == Kind::kInt4 || kind == Kind::kIq4 ? Int4Levels::kPairBytes
-                                                                      : Int8Levels::kPairBytes;
+  const int64_t pair_bytes = pair_bytes_of(kind_of(levels));
   TORCH_CHECK((levels.scalar_type() == at::kByte || levels.scalar_type() == at::kChar) &&
                   levels.dim() == 3 && levels.is_contiguous() && levels.size(2) == pair_bytes &&
                   levels.size(0) == (N + kColumns - 1) / kColumns,
               "levels must be column_pack's [ceil(N / 32), K / 2, 32] uint8 (4-bit) or int8 "
-              "(IQ4), or [ceil(N / 32), K / 2, 64] int8 (8-bit) or uint8 (7-bit)");
+              "(IQ4), [ceil(N / 32), K / 2, 40] uint8 or int8 (5-bit), or [ceil(N / 32), "
+              "K / 2, 64] int8 (8-bit) or uint8 (7-bit)");
   const int64_t K = levels.size(1) * 2;
   TORCH_CHECK(group_size > 0 && group_size % 2 == 0 && K % group_size == 0,
               "group_size must be even and divide the input features");
@@ -147,7 +166,6 @@ void column_rows(const int32_t* x, int64_t ldx, const float* xsum, const ColumnG
                  int64_t groups, int64_t pairs_per_group, const RowsOut& y, __mmask16 mask_lo,
                  __mmask16 mask_hi, const ColumnGroup& next) {
   constexpr int U = kChains;
-  constexpr int64_t kPairsPerLine = 64 / L::kPairBytes;
   __m512 total[R][2];
   for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
@@ -158,7 +176,7 @@ void column_rows(const int32_t* x, int64_t ldx, const float* xsum, const ColumnG
     const int64_t end = (g + 1) * pairs_per_group;
     for (int64_t p = g * pairs_per_group; p < end; p += U)
       for (int u = 0; u < U && p + u < end; ++u) {
-        if (next.levels != nullptr && (p + u) % kPairsPerLine == 0)
+        if (next.levels != nullptr && starts_line<L>(p + u))
           _mm_prefetch(reinterpret_cast<const char*>(next.levels + (p + u) * L::kPairBytes), _MM_HINT_T0);
         __m512bh lo, hi;
         L::widen(col.levels + (p + u) * L::kPairBytes, lo, hi);
@@ -238,14 +256,13 @@ template <typename L>
 void widen_groups(const uint8_t* lp, const Factors& scales, const Factors& zeros, int64_t group_size,
                   int64_t K2, int64_t C, int64_t c0, int64_t c1, uint16_t* out) {
   const int64_t groups = K2 * 2 / group_size;
-  constexpr int64_t kPairsPerLine = 64 / L::kPairBytes;
   for (int64_t c = c0; c < c1; ++c) {
     const uint8_t* next = c + 1 < C ? lp + (c + 1) * K2 * L::kPairBytes : nullptr;
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t at = (c * groups + g) * kColumns;
       const typename L::DenseGroup group(scales, zeros, at);
       for (int64_t p = g * group_size / 2; p < (g + 1) * group_size / 2; ++p) {
-        if (next != nullptr && p % kPairsPerLine == 0)
+        if (next != nullptr && starts_line<L>(p))
           _mm_prefetch(reinterpret_cast<const char*>(next + p * L::kPairBytes), _MM_HINT_T0);
         L::widen_weights(lp + (c * K2 + p) * L::kPairBytes, group,
                          out + ((c - c0) * K2 + p) * kColumns * 2);
@@ -346,25 +363,35 @@ bool all_iq4_values(const at::Tensor& q) {
 namespace paged_core_cpu {
 
 std::vector<at::Tensor> column_pack(const at::Tensor& q, const std::vector<at::Tensor>& per_group,
-                                    bool int7, bool iq4) {
+                                    c10::string_view packing) {
   TORCH_CHECK((q.scalar_type() == at::kByte || q.scalar_type() == at::kChar) && q.dim() == 2 &&
                   q.size(1) % 2 == 0,
               "q must be [N, K] levels, K even: uint8 (4-bit, 0..15) or int8 (8-bit)");
-  TORCH_CHECK(!int7 || (q.scalar_type() == at::kChar && (q.numel() == 0 ||
-                                                         (q.min().item<int>() >= -64 &&
-                                                          q.max().item<int>() <= 63))),
+  TORCH_CHECK(packing.empty() || q.scalar_type() == at::kChar,
+              "packing '", std::string(packing), "' is for int8 levels");
+  const int lowest = q.numel() > 0 ? q.min().item<int>() : 0;
+  const int highest = q.numel() > 0 ? q.max().item<int>() : 0;
+  const bool int5_signed = lowest >= -16 && highest <= 15;
+  TORCH_CHECK(packing != "int5" || int5_signed || (lowest >= 0 && highest <= 31),
+              "int5 packs int8 levels within -16..15 or 0..31");
+  TORCH_CHECK(packing != "int7" || (lowest >= -64 && highest <= 63),
               "int7 packs int8 levels within -64..63");
-  TORCH_CHECK(!iq4 || (q.scalar_type() == at::kChar && !int7 && all_iq4_values(q)),
-              "iq4 packs int8 levels that are all IQ4_NL values (-127, -104, ..., 113), not with int7");
-  TORCH_CHECK(!iq4 || per_group.size() == 1, "iq4 levels take scales only (no zeros)");
+  TORCH_CHECK(packing != "iq4" || (all_iq4_values(q) && per_group.size() == 1),
+              "iq4 packs int8 levels that are all IQ4_NL values (-127, -104, ..., 113), with "
+              "scales only (no zeros)");
+  TORCH_CHECK(packing.empty() || packing == "int5" || packing == "int7" || packing == "iq4",
+              "packing must be '', 'int5', 'int7' or 'iq4', got '", std::string(packing), "'");
   TORCH_CHECK(!per_group.empty(), "give the scales (then, for 4 bits, offsets and zeros)");
   const int64_t N = q.size(0), K = q.size(1), groups = per_group[0].size(-1);
   TORCH_CHECK(groups > 0 && K % groups == 0 && (K / groups) % 2 == 0,
               "K must be whole groups of an even number of features");
-  std::vector<at::Tensor> packed{q.scalar_type() == at::kByte ? pack_levels<Int4Levels>(q)
-                                 : int7 ? pack_levels<Int7Levels>(q).view(at::kByte)
-                                 : iq4  ? pack_levels<Iq4Levels>(q)
-                                        : pack_levels<Int8Levels>(q)};
+  std::vector<at::Tensor> packed{
+      q.scalar_type() == at::kByte ? pack_levels<Int4Levels>(q)
+      : packing == "int7"          ? pack_levels<Int7Levels>(q).view(at::kByte)
+      : packing == "iq4"           ? pack_levels<Iq4Levels>(q)
+      : packing != "int5"          ? pack_levels<Int8Levels>(q)
+      : int5_signed                ? pack_levels<Int5Levels<16>>(q).view(at::kByte)
+                                   : pack_levels<Int5Levels<0>>(q)};
   const int64_t C = packed[0].size(0);
   for (const at::Tensor& t : per_group) {
     TORCH_CHECK(t.scalar_type() == at::kFloat && t.dim() == 2 && t.size(0) == N && t.size(1) == groups,
@@ -449,7 +476,7 @@ at::Tensor column_dequantize(const at::Tensor& levels, const at::Tensor& scales,
 }  // namespace paged_core_cpu
 
 PAGED_CORE_LIBRARY_FRAGMENT(m) {
-  m.def("column_pack(Tensor q, Tensor[] per_group, bool int7=False, bool iq4=False) -> Tensor[]");
+  m.def("column_pack(Tensor q, Tensor[] per_group, str packing='') -> Tensor[]");
   m.def("column_gemm(Tensor x, Tensor levels, Tensor scales, Tensor? offsets, int group_size, "
         "int out_features, int amx_min_rows=0, ScalarType? out_dtype=None) -> Tensor");
   m.def("column_dense(Tensor x, Tensor levels, Tensor scales, Tensor? zeros, int group_size, "

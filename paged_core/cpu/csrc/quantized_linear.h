@@ -35,11 +35,11 @@ at::Tensor row_layout_dense(const at::Tensor& x, const at::Tensor& levels, const
 #if defined(__AVX512BF16__)
 // quantized_column_linear.cpp: levels in column groups of 32 outputs (column_pack), bfloat16
 // rows; 4-bit levels take offsets (products) and zeros (dense, dequantize); 8-bit ones, and
-// 7-bit ones (int8 levels within -64..63 packed with int7) and IQ4 ones (int8 levels that are
-// all IQ4_NL values, packed as their 4-bit indices with iq4), both where the weight has zeros
-// (then the same tensor) or neither.
+// int8 levels packed narrower by `packing`: "int7" (within -64..63), "int5" (within -16..15
+// or 0..31; both where the weight has zeros, then the same tensor, or neither) or "iq4" (all
+// IQ4_NL values, as their 4-bit indices; scales only); "": by q's dtype.
 std::vector<at::Tensor> column_pack(const at::Tensor& q, const std::vector<at::Tensor>& per_group,
-                                    bool int7 = false, bool iq4 = false);
+                                    c10::string_view packing = "");
 // x [M, K] -> x W^T (the float32 sums of column_layout), in out_dtype (float32 by default;
 // bfloat16: each sum rounded as at::Tensor::to rounds it, while it is stored): AMX tiles from
 // amx_min_rows rows (0: never; group_size % 32 == 0 and bf16_amx_ready() only), else vdpbf16ps.
