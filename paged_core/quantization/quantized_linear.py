@@ -16,8 +16,9 @@ tiles, from ``COLUMN_AMX_MIN_ROWS`` rows, on the tiles (``quantized_column_amx.c
 same float32 sums; groups of a multiple of 32 features only: others take the many-rows path
 early, ``COLUMN_UNTILED_DENSE_ROWS``); 8-bit levels on a CPU with AMX-INT8 go to the tiles
 unwidened, the rows cut into 8-bit digits instead, for calls of up to ``INT8_TILE_ROWS`` rows
-(``int8_tile_kernel``), 8-bit levels within -64..63 (GGUF's 5- and 6-bit types) are kept
-biased, 7-bit style, and take zeros (``Int8Linear``); its many-rows path widens the weight
+(``int8_tile_kernel``), 8-bit levels are kept as narrow as they allow (5 bits for GGUF's
+5-bit types, biased bytes for 6-bit ones, 4-bit indices for IQ4: ``Int8Linear``'s
+``column_packing``) and take zeros; its many-rows path widens the weight
 straight into ``Bf16DotLinear``'s layout for that GEMM (AMX where the CPU has it).
 ``column_outputs`` says which layout a linear keeps.
 

@@ -150,9 +150,9 @@ struct Int4Levels : BiasedLevels<Int4Levels, 8> {
 // q in -16..15, GGUF Q5_0; Mid 0: q in 0..31 with zeros, GGUF Q5_1 and Q5_K). A pair's 40
 // bytes: u's low 4 bits in Int4Levels' 32 bytes of nibbles, then bit 4 in a 64-bit plane (bit
 // 2j + e of its first word for output j < 16, of its second for output 16 + j); widened to
-// 128 + u by Int4Levels' widening and one masked add (an or: bit 4 is clear) per 16 outputs, so a weight costs 0.625
-// bytes where Int7Levels' take 1. W = s q + zero = s (u - Mid) + zero: the offsets are the
-// zeros (absent for a symmetric weight), as for Int7Levels.
+// 128 + u by Int4Levels' widening and one masked add (an or: bit 4 is clear) per 16 outputs,
+// so a weight costs 0.625 bytes where Int7Levels' take 1. W = s q + zero = s (u - Mid) +
+// zero: the offsets are the zeros (absent for a symmetric weight), as for Int7Levels.
 template <int Mid>
 struct Int5Levels : BiasedLevels<Int5Levels<Mid>, Mid> {
   static constexpr int64_t kPairBytes = 40;
@@ -180,7 +180,7 @@ struct Int5Levels : BiasedLevels<Int5Levels<Mid>, Mid> {
   }
 };
 
-// 8-bit levels within -64..63 (GGUF Q5_0, Q5_1, Q5_K, Q6_K), stored as u = q + 64 in
+// 8-bit levels within -64..63 (GGUF Q6_K; 5-bit ones fused with it), stored as u = q + 64 in
 // Int8Levels' byte order: widened by a zero extension and an or per 16 outputs, where
 // Int8Levels' full range takes two conversions through float32. W = s q + zero: the offsets
 // are the zeros, absent for a symmetric weight.
@@ -215,7 +215,6 @@ struct Int7Levels : BiasedLevels<Int7Levels, 64> {
 struct Iq4Levels : ExactLevels<Iq4Levels, 0> {
   static constexpr int64_t kPairBytes = 32;
   static constexpr bool kOffsets = false;
-  static constexpr float kLevelBias = 0.f;
   static constexpr bool kTriplePass = Int4Levels::kTriplePass;  // its widening, plus a vpermw
   static constexpr int8_t kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                          1,    13,   25,  38,  53,  69,  89,  113};
@@ -252,7 +251,6 @@ struct Int8Levels {
   // 12.4-14.3 ms against 14.4-16.7 in two passes (one process alternating both; Intel(R)
   // Xeon(R) Processor, amx_bf16).
   static constexpr bool kTriplePass = true;
-  static constexpr float kLevelBias = 0.f;
 
   static __m512bh half(const uint8_t* p) {
     const auto* v = reinterpret_cast<const __m128i*>(p);
@@ -369,7 +367,7 @@ inline void fetch_factors(const ColumnGroup& next, int64_t g) {
     }
 }
 
-// A column group's group g as y takes it: y += s * sums (+ (o - kLevelBias s) * sum of x),
+// A column group's group g as y takes it: y += s * sums (+ (o - kOffsetBias s) * sum of x),
 // for outputs 0-15 (h = 0) and 16-31 (h = 1).
 template <typename L>
 struct GroupFactors {
