@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace paged_core_cpu {
@@ -269,26 +270,16 @@ inline void block_softmax(const float* s, float c, const __m512i (&vis)[2], floa
   _mm512_storeu_ps(sum, total);
 }
 
-// S^T of a block against its first n chunks (1 .. kMaxSegChunks).
-inline void block_key_scores(int n, const KeyChunk (&keys)[kMaxSegChunks], const uint32_t* qt,
-                             int D, float* scores) {
+// f(std::integral_constant<int, n>{}) for n in 1 .. kMaxSegChunks: the chunk count a block's
+// scores and softmax are compiled for (their loops unrolled).
+template <typename F>
+inline void with_chunk_count(int n, F&& f) {
+  static_assert(kMaxSegChunks == 4, "one case per chunk count");
   switch (n) {
-    case 1: amx_key_scores<1>(keys, qt, D, scores); break;
-    case 2: amx_key_scores<2>(keys, qt, D, scores); break;
-    case 3: amx_key_scores<3>(keys, qt, D, scores); break;
-    default: amx_key_scores<4>(keys, qt, D, scores); break;
-  }
-}
-
-// block_softmax over a block's first n chunks (1 .. kMaxSegChunks).
-template <bool MASKED>
-inline void block_softmax_chunks(int n, const float* s, float c, const __m512i (&vis)[2],
-                                 float* mx, float* sum, float* ot, int D, uint32_t* probs) {
-  switch (n) {
-    case 1: block_softmax<1, MASKED>(s, c, vis, mx, sum, ot, D, probs); break;
-    case 2: block_softmax<2, MASKED>(s, c, vis, mx, sum, ot, D, probs); break;
-    case 3: block_softmax<3, MASKED>(s, c, vis, mx, sum, ot, D, probs); break;
-    default: block_softmax<4, MASKED>(s, c, vis, mx, sum, ot, D, probs); break;
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    default: f(std::integral_constant<int, 4>{}); break;
   }
 }
 
@@ -336,8 +327,10 @@ inline void amx_segment_blocks(int n, int rows, const uint64_t* visible,
   const bool capped = map.cap_scale != 0.f;
   auto issue_scores = [&](int b, const BlockView& view) {
     if (view.chunks > 0)
-      block_key_scores(view.chunks, keys, w.qt.data() + static_cast<size_t>(b) * D / 2 * kLanes,
-                       D, w.scores.data() + b % 2 * scores_floats);
+      with_chunk_count(view.chunks, [&](auto n) {
+        amx_key_scores<n>(keys, w.qt.data() + static_cast<size_t>(b) * D / 2 * kLanes, D,
+                          w.scores.data() + b % 2 * scores_floats);
+      });
   };
   auto block_values = [&](int b, int chunks) {
     if (chunks > 0)
@@ -367,10 +360,12 @@ inline void amx_segment_blocks(int n, int rows, const uint64_t* visible,
       float* sum = w.sum.data() + b * kLanes;
       float* ot = w.ot.data() + static_cast<size_t>(b) * D * kLanes;
       uint32_t* probs = w.probs.data() + b % 2 * probs_words;
-      if (view.all)
-        block_softmax_chunks<false>(view.chunks, s, c, vis, mx, sum, ot, D, probs);
-      else
-        block_softmax_chunks<true>(view.chunks, s, c, vis, mx, sum, ot, D, probs);
+      with_chunk_count(view.chunks, [&](auto n) {
+        if (view.all)
+          block_softmax<n, false>(s, c, vis, mx, sum, ot, D, probs);
+        else
+          block_softmax<n, true>(s, c, vis, mx, sum, ot, D, probs);
+      });
     }
     if (b > 0) block_values(b - 1, prev_chunks);
     prev_chunks = view.chunks;

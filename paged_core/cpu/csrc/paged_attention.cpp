@@ -20,8 +20,7 @@
 //
 // bfloat16 caches (head_dim % 32 == 0) take attention_tiles_bf16.h's tiles (of up to
 // kBf16TileQueries queries; on AMX tiles kAmxTileQueries or kAmxWiderTileQueries for long
-// prompts), and their
-// one-query units (decodes) attention_decode_bf16.h's loop where it beats them
+// prompts), and their one-query units (decodes) attention_decode_bf16.h's loop where it beats them
 // (decode_rows_fit), with or without amx_tiles; with amx_tiles the decode loop takes its
 // scores from AMX tiles where they fit (attention_decode_amx.h) and the other units run on
 // AMX tiles (attention_prompt_amx.h). That needs the avx512_bf16 build on a CPU and OS

@@ -26,9 +26,8 @@
 //   float16 instead where it holds every value exactly (Factors in quantized_column_layout.h).
 // So one load holds a k pair of 32 outputs. Widening it to bfloat16 is exact (4-bit: 128 + q,
 // whose bfloat16 bits are 0x4300 | q, by a mask or a shift and an or per 16 outputs, no
-// shuffle; 7-bit: 128 + u the same way, by an or; 5-bit: as 4-bit, then bit 4 by a masked or;
-// IQ4: the value by a vpermw table lookup;
-// 8-bit: to float32, then bfloat16); each row
+// shuffle; 7-bit: 128 + u the same way, by an or; 5-bit: as 4-bit, then bit 4 by a masked
+// add; IQ4: the value by a vpermw table lookup; 8-bit: to float32, then bfloat16); each row
 // then adds x's pair times them with one vdpbf16ps per 16 outputs. A group's sums of x . (q +
 // bias) are exact products added in float32; then y += s * sums (+ (o - bias' s) * the
 // group's sum of x: BiasedLevels in quantized_column_layout.h). Rows are taken up to 4 at a
