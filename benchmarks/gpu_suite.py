@@ -8,7 +8,7 @@ package's other needs carried as wheels). Sections, in order, each recorded in
 2. ``tests``: ``pytest tests/kernels tests/gpu`` with ``TRITON_INTERPRET=0`` (junit XML and
    log in ``DIR``);
 3. ``kernels``: decode paged attention at 4k-16k contexts against the copy bandwidth, causal
-   prefill against ``scaled_dot_product_attention`` (``benchmarks/kernels.py``'s functions);
+   prefill against ``scaled_dot_product_attention`` (``benchmarks/attention_timings.py``'s functions);
    ``prefill-shapes``: candidate prefill launch shapes, timed and checked against SDPA;
 4. ``engine-<shape>``: a random-weight Llama-3.2-1B- then 8B-shaped model in bfloat16:
    decode step times at batches 1/16/64/256, eager and with CUDA graphs, against the HBM
@@ -54,10 +54,10 @@ STEP_MODES = {"llama-3.2-1b": ("eager", "graphs", "graphs-async", "graphs-ahead"
               "llama-3.1-8b": ("graphs", "graphs-async", "graphs-ahead")}
 # paged-core's modes on the mix (``gpu_engine.MIX_MODES``; fewer at 8B, where each loads 16 GB)
 MIX_MODES = {"llama-3.2-1b": ("paged-core", "paged-core-sync", "paged-core-256",
-                              "paged-core-ahead", "paged-core-decode-graphs",
+                              "paged-core-async", "paged-core-decode-graphs",
                               "paged-core-decode-graphs-async"),
              "llama-3.1-8b": ("paged-core", "paged-core-sync", "paged-core-256",
-                              "paged-core-ahead")}
+                              "paged-core-async")}
 # every mode's name, for --mix-modes (the 1B list names them all: ``gpu_engine.MIX_MODES``)
 MIX_MODE_NAMES = MIX_MODES["llama-3.2-1b"]
 # What an engine section runs (``--engine-parts``): decode steps with CUDA graphs, eager decode
@@ -70,7 +70,7 @@ DEFAULT_ENGINE_PARTS = ENGINE_PARTS[:4]
 
 def _kernel_benchmarks():
     spec = importlib.util.spec_from_file_location("kernel_benchmarks", ROOT / "benchmarks"
-                                                  / "kernels.py")
+                                                  / "attention_timings.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

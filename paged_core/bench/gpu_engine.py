@@ -4,7 +4,7 @@ the card, never zeros).
 
 - ``decode_step_times``: one decode step at batches 1/16/64/256 (prompts of ``context``
   tokens) under each of ``STEP_MODES`` (eagerly; replaying CUDA graphs; graphs with
-  ``async_scheduling``), against the HBM roofline: the weight bytes plus
+  ``async_scheduling``, with and without ``schedule_ahead``), against the HBM roofline: the weight bytes plus
   the KV bytes a step reads, over the measured copy bandwidth. A step's time is the
   difference of two ``generate`` calls, ``max_tokens`` 8 and 8 + ``steps``, over ``steps``
   (the prefill, and its absent prefix cache, cancel out);
@@ -15,7 +15,8 @@ the card, never zeros).
   (what is left is the gaps between kernels);
 - ``offline_mix``: a long-tailed mix of 512 requests (``bench.workload.LONG_TAIL``) through
   paged-core under each of ``MIX_MODES`` (its defaults, CUDA graphs for every step that fits
-  one with ``async_scheduling``; the same one step at a time; the step limits of earlier
+  one with ``async_scheduling`` and ``schedule_ahead``; without ``schedule_ahead``; the same
+  one step at a time; the step limits of earlier
   runs, 256 sequences and 8192 tokens; graphs for decode steps only,
   ``cudagraph_mode="FULL_DECODE_ONLY"``, each way), transformers' static batching
   (``generate`` over padded batches of 256, or of 512: every request at once) and
@@ -40,21 +41,22 @@ SHAPES = {
                          num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                          tie_word_embeddings=False),
 }
-# Engine settings each timing runs under, by name ("graphs-async" and "paged-core": the
-# defaults, ``"FULL"`` graphs with ``async_scheduling``; "...-ahead": those with
-# ``schedule_ahead``; the others one step at a time)
+# Engine settings each timing runs under, by name ("graphs-ahead" and "paged-core": the
+# defaults, ``"FULL"`` graphs with ``async_scheduling`` and ``schedule_ahead``; "...-async":
+# ``async_scheduling`` alone, each step scheduled once the one before it is back; the others
+# one step at a time)
 _ONE_STEP_AT_A_TIME = {"async_scheduling": False}
-_AHEAD = {"schedule_ahead": True}
+_ASYNC_ONLY = {"schedule_ahead": False}
 STEP_MODES = {"eager": {"enforce_eager": True, **_ONE_STEP_AT_A_TIME},
-              "graphs": _ONE_STEP_AT_A_TIME, "graphs-async": {}, "graphs-ahead": _AHEAD}
+              "graphs": _ONE_STEP_AT_A_TIME, "graphs-async": _ASYNC_ONLY, "graphs-ahead": {}}
 _DECODE_GRAPHS = {"cudagraph_mode": "FULL_DECODE_ONLY"}
 # "paged-core-256": the step limits of runs 1-11 (before the defaults followed the card: 1024
 # sequences and 16384 tokens on an H100 or H200, ``config.batch_limits``)
 MIX_MODES = {"paged-core": {}, "paged-core-sync": _ONE_STEP_AT_A_TIME,
              "paged-core-256": {"max_num_seqs": 256, "max_num_batched_tokens": 8192},
-             "paged-core-ahead": _AHEAD,
+             "paged-core-async": _ASYNC_ONLY,
              "paged-core-decode-graphs": {**_DECODE_GRAPHS, **_ONE_STEP_AT_A_TIME},
-             "paged-core-decode-graphs-async": _DECODE_GRAPHS}
+             "paged-core-decode-graphs-async": {**_DECODE_GRAPHS, **_ASYNC_ONLY}}
 _ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
@@ -290,6 +292,7 @@ def _graph_stats(llm) -> dict:
     graphs = llm.engine.core.executor.runner.cuda_graphs
     return {"cudagraph_mode": llm.engine.config.cudagraph_mode,
             "async_scheduling": llm.engine.config.async_scheduling,
+            "schedule_ahead": llm.engine.config.schedule_ahead,
             "graph_pool_mib": graphs.pool_bytes / 2**20, "decode_graph_steps": graphs.replays,
             "other_graph_steps": graphs.mixed_replays}
 
@@ -359,19 +362,25 @@ def offline_mix(folder: str, tokenizer, num_requests: int = 512, hf_static_batch
     results = {"workload": summarize(requests),
                **{name: _reported(lambda: _paged_core_mix(folder, requests, MIX_MODES[name]))
                   for name in modes}}
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16,
-                                                 device_map="cuda").eval() if baselines else None
+    # use_kernels=False: transformers >= 5.25 would fetch Hugging Face hub kernels on CUDA by
+    # default, which an offline GPU machine cannot; the baseline is transformers' own modules.
+    # A load that fails is each baseline's error (paged-core's results above are kept).
+    loaded = _reported(lambda: {"model": AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.bfloat16, device_map="cuda", use_kernels=False).eval()}
+                       ) if baselines else {}
+    model = loaded.get("model")
     hf_runners = {"transformers-static": lambda: _hf_static(model, requests, hf_static_batch),
                   "transformers-static-512": lambda: _hf_static(model, requests, 512),
                   "transformers-continuous": lambda: _hf_continuous(model, requests)}
     for name in baselines:
-        results[name] = _reported(hf_runners[name])
-    model = None  # frees the baselines' weights
+        results[name] = (_reported(hf_runners[name]) if model is not None
+                         else {"error": f"loading the model: {loaded['error']}"})
+    model = loaded = None  # frees the baselines' weights
     _release()
     for result in results.values():
         if "seconds" in result:
             result["output_tok_per_s"] = result["output_tokens"] / result["seconds"]
-    ours = results["paged-core"].get("output_tok_per_s")
+    ours = results.get("paged-core", {}).get("output_tok_per_s")
     best = max((results[name].get("output_tok_per_s", 0) for name in modes), default=0)
     for name in baselines:
         theirs = results[name].get("output_tok_per_s")

@@ -42,7 +42,9 @@ class SchedulerConfig:
     further, as vLLM's async scheduler does: each step is scheduled and launched before the
     previous step's sampled tokens reach the host; a decoding sequence holds a placeholder
     for its token in flight and the runner takes that token from the previous step's output
-    on the device (``engine_core``). Off by default until a GPU run has proven it.
+    on the device (``engine_core``). ``None`` (the default) turns it on wherever
+    ``async_scheduling`` is on for one CUDA device without speculative decoding
+    (``resolved_schedule_ahead``; proven token for token and timed on an H200), off elsewhere.
     """
 
     max_num_seqs: int | None = None
@@ -53,7 +55,7 @@ class SchedulerConfig:
     scheduling_policy: str = "fcfs"
     tenant_fairness: bool = False
     async_scheduling: bool | None = None
-    schedule_ahead: bool = False
+    schedule_ahead: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
@@ -69,8 +71,9 @@ class SchedulerConfig:
         if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
             raise ValueError(f"async_scheduling must be true or false (or None: on for CUDA), "
                              f"got {self.async_scheduling!r}")
-        if not isinstance(self.schedule_ahead, bool):
-            raise ValueError(f"schedule_ahead must be true or false, got {self.schedule_ahead!r}")
+        if self.schedule_ahead is not None and not isinstance(self.schedule_ahead, bool):
+            raise ValueError(f"schedule_ahead must be true or false (or None: on for one CUDA "
+                             f"device), got {self.schedule_ahead!r}")
 
 
 def resolved_async_scheduling(setting: bool | None, device_type: str, tp_size: int) -> bool:
@@ -78,6 +81,18 @@ def resolved_async_scheduling(setting: bool | None, device_type: str, tp_size: i
     setting, or for ``None`` on for one CUDA device (proven token for token and timed on an
     H200) and off elsewhere (the CPU; tensor parallelism, not yet run on GPUs)."""
     return (device_type == "cuda" and tp_size == 1) if setting is None else setting
+
+
+def resolved_schedule_ahead(setting: bool | None, device_type: str, async_scheduling: bool,
+                            tp_size: int, speculative: bool) -> bool:
+    """``schedule_ahead`` for an engine whose ``async_scheduling`` is resolved: the setting,
+    or for ``None`` on for one CUDA device that overlaps its steps without speculative
+    decoding (proven token for token on an H200 with every family and feature, and faster at
+    every decode batch timed there), off elsewhere (the CPU gains nothing from it)."""
+    if setting is None:
+        return (device_type == "cuda" and async_scheduling and tp_size == 1
+                and not speculative)
+    return setting
 
 
 # vLLM's step limits by device, (max_num_seqs, max_num_batched_tokens) for the offline

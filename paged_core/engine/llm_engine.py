@@ -13,7 +13,8 @@ the core before the next step is scheduled, so no token is computed past it.
 With ``async_scheduling`` (vLLM's name; on by default for one CUDA device, off on the CPU:
 ``config.scheduler_config``) the host's text work overlaps the GPU's: each ``step()``
 launches the next core step, then runs the front end over the previous step's outputs while
-the GPU computes, then finishes the launched step. With ``schedule_ahead`` as well, it
+the GPU computes, then finishes the launched step. With ``schedule_ahead`` as well (on by
+default where ``async_scheduling`` is, for one CUDA device without speculative decoding), it
 finishes the step launched by the call before instead, so a step is scheduled and launched
 while the one before it still runs (``engine_core``). Outputs
 therefore reach the caller one step later, and a stop string (or a front-end failure) ends
@@ -32,7 +33,8 @@ from __future__ import annotations
 import dataclasses
 
 from ..beam_search.params import BeamSearchParams
-from ..config import EngineConfig, batch_limits, resolved_async_scheduling
+from ..config import (EngineConfig, batch_limits, resolved_async_scheduling,
+                      resolved_schedule_ahead)
 from ..core.engine_stats import EngineStats
 from ..executor.devices import device_memory, resolve_device, resolve_dtype
 from ..frontend.eos import eos_token_ids
@@ -65,9 +67,12 @@ class LLMEngine:
         if config.schedule_ahead and not overlap:
             raise ValueError("schedule_ahead needs async_scheduling (on by default for one CUDA "
                              "device; async_scheduling=True elsewhere)")
+        ahead = resolved_schedule_ahead(config.schedule_ahead, device.type, overlap,
+                                        config.tensor_parallel_size,
+                                        config.speculative_config is not None)
         seqs, tokens = batch_limits(device.type, *device_memory(device), usage)
         self.config = config = dataclasses.replace(
-            config, async_scheduling=overlap,
+            config, async_scheduling=overlap, schedule_ahead=ahead,
             max_num_seqs=seqs if config.max_num_seqs is None else config.max_num_seqs,
             max_num_batched_tokens=(tokens if config.max_num_batched_tokens is None
                                     else config.max_num_batched_tokens))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from paged_core import LLM, BeamSearchParams, EngineConfig, SamplingParams
+from paged_core.config import resolved_schedule_ahead
 from paged_core.core.sequence import PLACEHOLDER, Sequence
 from paged_core.engine.llm_engine import LLMEngine
 from paged_core.requests.engine_io import EngineRequest
@@ -157,7 +158,8 @@ def test_an_abort_and_a_stop_in_flight_give_every_block_back():
 
 
 def test_the_setting_needs_async_scheduling_one_rank_and_no_speculation():
-    assert EngineConfig().schedule_ahead is False
+    assert EngineConfig().schedule_ahead is None  # resolved by the engine for its device
+    assert EngineConfig.from_env({"PAGED_CORE_SCHEDULE_AHEAD": "0"}).schedule_ahead is False
     assert EngineConfig.from_env({"PAGED_CORE_SCHEDULE_AHEAD": "1"}).schedule_ahead is True
     with pytest.raises(ValueError, match="schedule_ahead must be true or false"):
         EngineConfig(schedule_ahead="soon")
@@ -181,3 +183,28 @@ def test_a_token_takes_its_placeholder_and_a_finishing_one_drops_the_next():
     assert seq.token_ids == [5, 6, 7, 11, 12, PLACEHOLDER] and seq.num_placeholders == 1
     assert request.append_token(seq, 13) is True  # the third output: max_tokens
     assert seq.token_ids == [5, 6, 7, 11, 12, 13] and seq.finish_reason == "length"
+
+
+def test_left_unset_it_follows_one_cuda_device_that_overlaps_its_steps():
+    """``None``: on for one CUDA device with ``async_scheduling`` and no speculation (as
+    vLLM's async scheduler); off on the CPU even where ``async_scheduling`` is asked for."""
+    assert resolved_schedule_ahead(None, "cuda", True, 1, False) is True
+    assert resolved_schedule_ahead(None, "cuda", False, 1, False) is False
+    assert resolved_schedule_ahead(None, "cuda", True, 2, False) is False
+    assert resolved_schedule_ahead(None, "cuda", True, 1, True) is False
+    assert resolved_schedule_ahead(None, "cpu", True, 1, False) is False
+    assert resolved_schedule_ahead(True, "cpu", True, 1, False) is True
+    assert resolved_schedule_ahead(False, "cuda", True, 1, False) is False
+
+
+def test_an_engine_keeps_the_resolved_setting():
+    """The CPU engine resolves ``None`` to off (its steps run one at a time) and keeps an
+    explicit ``True`` beside ``async_scheduling``; the core schedules ahead only then."""
+    default = LLMEngine(EngineConfig(device="cpu", **settings()))
+    ahead = LLMEngine(EngineConfig(device="cpu", **settings(**AHEAD)))
+    try:
+        assert default.config.schedule_ahead is False and default.core.ahead is None
+        assert ahead.config.schedule_ahead is True and ahead.core.ahead is not None
+    finally:
+        default.shutdown()
+        ahead.shutdown()

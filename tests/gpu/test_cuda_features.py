@@ -1,6 +1,6 @@
 """Engine features on CUDA (float32; CUDA graphs for decode steps, then for every step, one
-step at a time; then the defaults: graphs for every step with ``async_scheduling``; then
-those scheduling each step ahead, ``schedule_ahead``) against transformers on the CPU, token
+step at a time; then graphs for every step with ``async_scheduling``; then the defaults,
+which also schedule each step ahead, ``schedule_ahead``) against transformers on the CPU, token
 for token:
 prefix caching, preemption by recompute, ``n > 1``, beam search, n-gram and draft-model
 speculative decoding, stop strings; structured outputs that follow their JSON schema."""
@@ -26,14 +26,15 @@ def greedy(max_tokens: int = NEW_TOKENS, **fields) -> SamplingParams:
 
 @pytest.fixture(scope="module", params=[
     {"cudagraph_mode": "FULL_DECODE_ONLY", "async_scheduling": False},
-    {"cudagraph_mode": "FULL", "async_scheduling": False}, {}, {"schedule_ahead": True}],
-    ids=["decode-graphs", "full-graphs", "defaults-async-scheduling", "schedule-ahead"])
+    {"cudagraph_mode": "FULL", "async_scheduling": False}, {"schedule_ahead": False}, {}],
+    ids=["decode-graphs", "full-graphs", "async-scheduling-alone", "defaults-schedule-ahead"])
 def step_settings(request) -> dict:
     """The engine's step settings: decode steps replay graphs, or every step that fits one,
-    one step at a time; or the defaults: every step that fits one replays a graph while the
-    front end works on the previous step (``async_scheduling``); or those with each step
+    one step at a time; or every step that fits one replays a graph while the front end
+    works on the previous step (``async_scheduling``); or the defaults: those with each step
     scheduled and launched before the previous one's tokens reach the host
-    (``schedule_ahead``)."""
+    (``schedule_ahead``; speculative decoding resolves it off and goes one step at a
+    time)."""
     return request.param
 
 
@@ -97,8 +98,6 @@ def test_speculative_decoding_keeps_greedy_tokens(speculative, tokenizer, tmp_pa
     """On narrow models (``spec_decode.narrow_models``: outputs repeat, so drafts happen)."""
     from transformers import AutoModelForCausalLM
 
-    if step_settings.get("schedule_ahead"):
-        pytest.skip("speculative decoding schedules one step at a time (no schedule_ahead)")
     target = build_narrow_model(str(tmp_path / "target"), tokenizer)
     if speculative == "ngram":
         config = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
@@ -111,6 +110,7 @@ def test_speculative_decoding_keeps_greedy_tokens(speculative, tokenizer, tmp_pa
     expected = [hf_greedy(reference, p["prompt_token_ids"], NEW_TOKENS) for p in prompts]
     spec = cuda_llm(target, dtype="float32", enforce_eager=False, speculative_config=config,
                     **step_settings)
+    assert spec.engine.config.schedule_ahead is False  # drafts are verified step by step
     outputs = spec.generate(prompts, greedy(), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == expected
     assert spec.stats()["spec_decode_num_accepted_tokens"] > 0

@@ -1,9 +1,9 @@
 """The engine on CUDA against transformers on the CPU: float32 greedy output token for token
 for tiny random models of every supported family, eagerly and with CUDA graphs for decode
 steps (``cudagraph_mode="FULL_DECODE_ONLY"``) and for every step (``"FULL"``; MoE models run
-eagerly either way), one step at a time and with the defaults (``"FULL"`` graphs and
-``async_scheduling``), with and without ``schedule_ahead``; bfloat16 under the near-tie rule. Prompts of 3 to 90 tokens
-arrive together under a 64-token step budget, so later ones prefill in chunks while earlier
+eagerly either way), one step at a time, with ``async_scheduling`` alone and with the
+defaults (``"FULL"`` graphs, ``async_scheduling`` and ``schedule_ahead``); bfloat16 under the
+near-tie rule. Prompts of 3 to 90 tokens arrive together under a 64-token step budget, so later ones prefill in chunks while earlier
 ones decode."""
 import pytest
 import torch
@@ -19,11 +19,12 @@ FAMILIES = ["llama", "llama3-rope", "mistral", "qwen2", "qwen3", "phi3", "phi3-l
 NEW_TOKENS = 40
 TOP_K = 5
 # (enforce_eager, cudagraph_mode, async_scheduling, schedule_ahead): one step at a time
-# eagerly, with decode graphs, with graphs for every step; then the defaults (None:
-# async_scheduling on for CUDA), and the defaults scheduling each step ahead
+# eagerly, with decode graphs, with graphs for every step; async_scheduling alone (None: on
+# for CUDA); then the defaults, which also schedule each step ahead (None: on where
+# async_scheduling is, for one CUDA device)
 STEP_MODES = ((True, "FULL_DECODE_ONLY", False, False), (False, "FULL_DECODE_ONLY", False, False),
               (False, "FULL", False, False), (False, "FULL", None, False),
-              (False, "FULL", None, True))
+              (False, "FULL", None, None))
 
 
 def cuda_llm(folder: str, **settings) -> LLM:
@@ -56,6 +57,7 @@ def test_fp32_greedy_matches_transformers_eager_and_with_graphs(model_type, prom
         llm = cuda_llm(folder, dtype="float32", enforce_eager=eager, cudagraph_mode=mode,
                        async_scheduling=overlap, schedule_ahead=ahead)
         assert llm.engine.config.async_scheduling is (overlap is not False)  # None: on for CUDA
+        assert llm.engine.config.schedule_ahead is (overlap is not False and ahead is not False)
         assert llm.engine.attention_backend == "triton"
         assert llm.engine.core.executor.runner.model.ops.name == "triton"  # fused elementwise
         outputs = llm.generate(prompts, params, use_tqdm=False)

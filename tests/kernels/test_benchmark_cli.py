@@ -1,4 +1,4 @@
-"""``benchmarks/kernels.py`` is GPU-only: off a GPU it must refuse clearly, not crash."""
+"""``benchmarks/attention_timings.py`` is GPU-only: off a GPU it must refuse clearly, not crash."""
 import os
 import subprocess
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "attention_timings.py"
 
 
 def test_benchmark_refuses_without_gpu_kernels(tmp_path):

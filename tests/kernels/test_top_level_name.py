@@ -32,7 +32,11 @@ def stand_in_distribution(site: Path) -> Path:
 
 
 def run_python(code: str, *path: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, path)), TRITON_INTERPRET="1")
+    # the given folders first, then whatever PYTHONPATH already held (where a machine's
+    # packages live there, the interpreter still needs them)
+    inherited = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*map(str, path), *inherited]),
+               TRITON_INTERPRET="1")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=env, cwd=path[0], timeout=300)
 

@@ -1,4 +1,4 @@
-"""GPU benchmark of the paged-attention kernels (``python benchmarks/kernels.py``).
+"""GPU benchmark of the paged-attention kernels (``python benchmarks/attention_timings.py``).
 
 Reports, for one CUDA device:
 
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-size", type=int, default=16)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        print("benchmarks/kernels.py measures GPU kernels: it needs a CUDA device and "
+        print("benchmarks/attention_timings.py measures GPU kernels: it needs a CUDA device and "
               "TRITON_INTERPRET unset; none found here, nothing measured.", file=sys.stderr)
         return 2
     device = torch.device("cuda")
