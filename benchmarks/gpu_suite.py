@@ -8,7 +8,8 @@ package's other needs carried as wheels). Sections, in order, each recorded in
 2. ``tests``: ``pytest tests/kernels tests/gpu`` with ``TRITON_INTERPRET=0`` (junit XML and
    log in ``DIR``);
 3. ``kernels``: decode paged attention at 4k-16k contexts against the copy bandwidth, causal
-   prefill against ``scaled_dot_product_attention`` (``benchmarks/attention_timings.py``'s functions);
+   prefill against ``scaled_dot_product_attention`` (``benchmarks/attention_timings.py``'s
+   functions);
    ``prefill-shapes``: candidate prefill launch shapes, timed and checked against SDPA;
 4. ``engine-<shape>``: a random-weight Llama-3.2-1B- then 8B-shaped model in bfloat16:
    decode step times at batches 1/16/64/256, eager and with CUDA graphs, against the HBM

@@ -4,10 +4,10 @@ the card, never zeros).
 
 - ``decode_step_times``: one decode step at batches 1/16/64/256 (prompts of ``context``
   tokens) under each of ``STEP_MODES`` (eagerly; replaying CUDA graphs; graphs with
-  ``async_scheduling``, with and without ``schedule_ahead``), against the HBM roofline: the weight bytes plus
-  the KV bytes a step reads, over the measured copy bandwidth. A step's time is the
-  difference of two ``generate`` calls, ``max_tokens`` 8 and 8 + ``steps``, over ``steps``
-  (the prefill, and its absent prefix cache, cancel out);
+  ``async_scheduling``, with and without ``schedule_ahead``), against the HBM roofline: the
+  weight bytes plus the KV bytes a step reads, over the measured copy bandwidth. A step's
+  time is the difference of two ``generate`` calls, ``max_tokens`` 8 and 8 + ``steps``, over
+  ``steps`` (the prefill, and its absent prefix cache, cancel out);
 - ``host_profile``: where the host's time goes in decode steps with CUDA graphs (cProfile's
   functions by own time), the work that the GPU waits on between graph replays;
 - ``kernel_breakdown``: the kernels inside one decode graph's replay (the profiler's device
@@ -16,13 +16,13 @@ the card, never zeros).
 - ``offline_mix``: a long-tailed mix of 512 requests (``bench.workload.LONG_TAIL``) through
   paged-core under each of ``MIX_MODES`` (its defaults, CUDA graphs for every step that fits
   one with ``async_scheduling`` and ``schedule_ahead``; without ``schedule_ahead``; the same
-  one step at a time; the step limits of earlier
-  runs, 256 sequences and 8192 tokens; graphs for decode steps only,
-  ``cudagraph_mode="FULL_DECODE_ONLY"``, each way), transformers' static batching
-  (``generate`` over padded batches of 256, or of 512: every request at once) and
-  transformers' continuous batching (``generate_batch``'s manager), output tokens per second;
-  for paged-core also its steps and the seconds the host sat waiting for the GPU's tokens
-  (``host_waits``: where that is a small part of the run, the host's own work sets the pace).
+  one step at a time; the step limits of earlier runs, 256 sequences and 8192 tokens; graphs
+  for decode steps only, ``cudagraph_mode="FULL_DECODE_ONLY"``, each way), transformers'
+  static batching (``generate`` over padded batches of 256, or of 512: every request at
+  once) and transformers' continuous batching (``generate_batch``'s manager), output tokens
+  per second; for paged-core also its steps and the seconds the host sat waiting for the
+  GPU's tokens (``host_waits``: where that is a small part of the run, the host's own work
+  sets the pace).
 """
 from __future__ import annotations
 

@@ -3,8 +3,8 @@ for tiny random models of every supported family, eagerly and with CUDA graphs f
 steps (``cudagraph_mode="FULL_DECODE_ONLY"``) and for every step (``"FULL"``; MoE models run
 eagerly either way), one step at a time, with ``async_scheduling`` alone and with the
 defaults (``"FULL"`` graphs, ``async_scheduling`` and ``schedule_ahead``); bfloat16 under the
-near-tie rule. Prompts of 3 to 90 tokens arrive together under a 64-token step budget, so later ones prefill in chunks while earlier
-ones decode."""
+near-tie rule. Prompts of 3 to 90 tokens arrive together under a 64-token step budget, so
+later ones prefill in chunks while earlier ones decode."""
 import pytest
 import torch
 
