@@ -12,10 +12,9 @@ from paged_core import LLM, AsyncEngine, EngineConfig, LoRARequest, SamplingPara
 
 from ..lora.adapters import make_adapter
 from ..tiny_models import build_tiny_model
-from .test_schedule_ahead import AHEAD, count_ahead_launches
+from .test_async_scheduling import PROMPTS
+from .test_schedule_ahead import AHEAD, both_ways, count_ahead_launches
 
-PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):",
-           "List three colours:"]
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
 
@@ -23,39 +22,40 @@ def tokens(outputs) -> list[list[int]]:
     return [out.outputs[0].token_ids for out in outputs]
 
 
+def greedy_run(settings: dict, **generate_options):
+    """``run(extra settings)`` for ``both_ways``: the greedy tokens of PROMPTS and the steps
+    launched ahead, every block back."""
+    def run(more: dict) -> tuple[list[list[int]], int]:
+        llm = LLM(**settings, **more)
+        counts = count_ahead_launches(llm)
+        got = tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False, **generate_options))
+        assert llm.stats()["kv_blocks_used"] == 0
+        llm.shutdown()
+        return got, counts["ahead"]
+    return run
+
+
 def test_mixed_lora_requests_go_ahead_under_their_own_adapters(tokenizer, tmp_path):
     base = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
     adapters = [LoRARequest(f"a{i}", i, make_adapter(base, str(tmp_path / f"a{i}"), 8, seed=i))
                 for i in (1, 2)]
     requests = [None, adapters[0], adapters[1], adapters[0]]  # base rows beside adapted ones
-    settings = dict(model=base, dtype="float32", num_kv_blocks=64, enable_lora=True,
-                    max_loras=2, max_lora_rank=8)
-    results = {}
-    for name, more in (("sync", {}), ("ahead", AHEAD)):
-        llm = LLM(**settings, **more)
-        counts = count_ahead_launches(llm)
-        results[name] = tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False,
-                                            lora_request=requests))
-        results[name + "-launches"] = counts["ahead"]
-        assert llm.stats()["kv_blocks_used"] == 0
-        llm.shutdown()
-    assert results["ahead"] == results["sync"]
-    assert len({tuple(t) for t in results["sync"][1:3]}) == 2  # the adapters do differ
-    assert results["sync-launches"] == 0 and results["ahead-launches"] >= GREEDY.max_tokens - 2
+    results = both_ways(greedy_run(
+        dict(model=base, dtype="float32", num_kv_blocks=64, enable_lora=True, max_loras=2,
+             max_lora_rank=8), lora_request=requests))
+    (sync, sync_ahead), (ahead, ahead_launches) = results["sync"], results["ahead"]
+    assert ahead == sync
+    assert len({tuple(t) for t in sync[1:3]}) == 2  # the adapters do differ
+    assert sync_ahead == 0 and ahead_launches >= GREEDY.max_tokens - 2
 
 
 @pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe"])
 def test_moe_layers_go_ahead(model_type, tokenizer, tmp_path):
     folder = build_tiny_model(model_type, str(tmp_path / model_type), tokenizer)
-    results = {}
-    for name, more in (("sync", {}), ("ahead", AHEAD)):
-        llm = LLM(model=folder, dtype="float32", num_kv_blocks=64, **more)
-        counts = count_ahead_launches(llm)
-        results[name] = tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False))
-        assert (counts["ahead"] > 0) == (name == "ahead")
-        assert llm.stats()["kv_blocks_used"] == 0
-        llm.shutdown()
-    assert results["ahead"] == results["sync"]
+    results = both_ways(greedy_run(dict(model=folder, dtype="float32", num_kv_blocks=64)))
+    (sync, sync_ahead), (ahead, ahead_launches) = results["sync"], results["ahead"]
+    assert ahead == sync
+    assert sync_ahead == 0 and ahead_launches > 0
 
 
 async def test_a_stream_left_while_its_step_is_in_flight_gives_its_blocks_back(tokenizer,
@@ -70,11 +70,9 @@ async def test_a_stream_left_while_its_step_is_in_flight_gives_its_blocks_back(t
     served = AsyncEngine(EngineConfig(model=folder, dtype="float32", num_kv_blocks=64, **AHEAD))
 
     async def stream(prompt: str, leave_after: int | None):
-        seen = 0
         stream = served.generate(prompt, GREEDY)
         async for out in stream:
-            seen = len(out.outputs[0].token_ids)
-            if leave_after is not None and seen >= leave_after:
+            if leave_after is not None and len(out.outputs[0].token_ids) >= leave_after:
                 await stream.aclose()  # what a disconnect does to the route's generator
                 return None
         return out.outputs[0].token_ids
