@@ -5,7 +5,8 @@ Threading model: all engine state is touched only by the step-loop thread.
 Callers (any event loop, any thread) validate and tokenize requests in a worker
 thread (so a huge prompt never stalls their event loop), then hand ``AddRequest`` /
 ``AbortRequest`` commands (``engine_commands``) to the loop through a locked list; the loop applies them
-between steps and posts outputs back with ``call_soon_threadsafe``. A stream
+between steps and posts each step's outputs back with one ``call_soon_threadsafe`` per
+consumer event loop (``_deliver_all``). A stream
 whose consumer goes away (cancellation, ``aclose``, a client disconnect) sends
 an abort, so its blocks are freed within one step.
 
@@ -306,9 +307,10 @@ class AsyncEngine:
                     self._wake.wait(timeout=_HEALTH_CHECK_INTERVAL_S)
                     self._wake.clear()
                     continue
-                for out in self.engine.step():
-                    if not self._deliver(out.request_id, out.error or out):
-                        self.engine.abort_request(out.request_id)
+                unread = self._deliver_all([(out.request_id, out.error or out)
+                                            for out in self.engine.step()])
+                for request_id in unread:
+                    self.engine.abort_request(request_id)
         except BaseException as exc:  # surfaced to every stream and to later callers
             self._dead = exc
             logger.error("the engine stopped: %s: %s; failing its %d open requests with "
@@ -378,17 +380,37 @@ class AsyncEngine:
             self._deliver(request_id, error)
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> bool:
-        """Post ``item`` to the request's stream; False if nobody will ever read it.
+        """Post ``item`` to the request's stream; False if nobody will ever read it."""
+        return not self._deliver_all([(request_id, item)])
 
-        Never raises: a consumer whose event loop is closed loses its stream.
-        """
-        stream = self._streams.get(request_id)
-        if stream is None:
-            return False
-        loop, queue = stream
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-        except RuntimeError:  # the consumer's event loop is closed: nobody will read it
-            self._streams.pop(request_id, None)
-            return False
-        return True
+    def _deliver_all(self, items: list[tuple[str, RequestOutput | BaseException]]) -> list[str]:
+        """Post each ``(request_id, item)`` to its request's stream, with one
+        ``call_soon_threadsafe`` per consumer event loop (a step's outputs for a hundred
+        streams of one server wake its loop once, not a hundred times, and the step loop
+        takes the GIL from it once); returns the request ids nobody will ever read: no
+        stream, or a consumer whose event loop is closed (that stream is dropped).
+
+        Never raises. Each stream gets its items in ``items``' order."""
+        unread: list[str] = []
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[str, asyncio.Queue, Any]]] = {}
+        for request_id, item in items:
+            stream = self._streams.get(request_id)
+            if stream is None:
+                unread.append(request_id)
+                continue
+            loop, queue = stream
+            by_loop.setdefault(loop, []).append((request_id, queue, item))
+        for loop, posts in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_each, posts)
+            except RuntimeError:  # the consumer's event loop is closed: nobody will read them
+                for request_id, _, _ in posts:
+                    self._streams.pop(request_id, None)
+                    unread.append(request_id)
+        return unread
+
+
+def _put_each(posts: list[tuple[str, asyncio.Queue, Any]]) -> None:
+    """On the consumer's event loop: each item into its stream's queue."""
+    for _, queue, item in posts:
+        queue.put_nowait(item)
