@@ -48,13 +48,13 @@ constexpr int64_t kTileRows = 16;
 using WidenedPairs = uint16_t[2][16 * 32];  // 16 k pairs of outputs 0-15 and 16-31: B tiles
 
 // The 16 k pairs from p0 of col's 32 outputs, widened (L::widen) into the B tiles b[0]
-// (outputs 0-15) and b[1] (16-31); `next` (levels null: none) is fetched meanwhile, a line of
-// its levels beside each line of col's widened. (Fetched a whole group at the group's start,
-// the levels of an 8-bit weight with one scale per channel came as bursts of up to 768 lines
-// that the fill buffers could not hold: half of the kernel's time sat on the widening's
-// first load, and a decode step of 8 sequences took 20.7 ms against 15.3 line by line; 16
-// sequences 22.7 against 19.3; 4-bit, groups of 128, 14.5 against 13.4 at 8 and 18.8
-// against 17.1 at 16. Same tokens, one process alternating both; Intel(R) Xeon(R)
+// (outputs 0-15) and b[1] (16-31); `next` (levels null: none) is fetched meanwhile (into L2:
+// kNextLevelsHint), a line of its levels beside each line of col's widened. (Fetched a whole
+// group at the group's start, the levels of an 8-bit weight with one scale per channel came as
+// bursts of up to 768 lines that the fill buffers could not hold: half of the kernel's time
+// sat on the widening's first load, and a decode step of 8 sequences took 20.7 ms against 15.3
+// line by line; 16 sequences 22.7 against 19.3; 4-bit, groups of 128, 14.5 against 13.4 at 8
+// and 18.8 against 17.1 at 16. Same tokens, one process alternating both; Intel(R) Xeon(R)
 // Processor, amx_bf16.)
 template <typename L>
 inline void widen_step(const ColumnGroup& col, const ColumnGroup& next, int64_t p0,
@@ -62,7 +62,7 @@ inline void widen_step(const ColumnGroup& col, const ColumnGroup& next, int64_t 
   for (int i = 0; i < 16; ++i) {
     const int64_t at = (p0 + i) * L::kPairBytes;  // this pair's levels, and next's
     if (next.levels != nullptr && starts_line<L>(p0 + i))
-      _mm_prefetch(reinterpret_cast<const char*>(next.levels + at), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(next.levels + at), kNextLevelsHint);
     __m512bh lo, hi;
     L::widen(col.levels + at, lo, hi);
     _mm512_store_si512(b[0] + i * 32, reinterpret_cast<__m512i>(lo));

@@ -153,13 +153,13 @@ int64_t check_factors(const at::Tensor& levels, const at::Tensor& scales,
   return K;
 }
 
-// Column group `col` for rows [0, R) of x (bfloat16 pairs, ldx pairs apart; their group
-// sums xsum, `groups` apart): row m of y = the products (masked past N); `next`
-// (levels null: none) is fetched meanwhile, a line of its levels beside each line of col's
-// read (fetched a group at a time, in bursts of up to 768 lines for one scale per channel,
-// the same products took 10-28% longer at 1-8 rows: 30 SmolLM2 layers x 4 projections, AMD
-// EPYC Zen 5). kChains sums per row and 16 outputs (pairs taken kChains at a time) keep few
-// rows from waiting on vdpbf16ps' latency.
+// Column group `col` for rows [0, R) of x (bfloat16 pairs, ldx pairs apart; their group sums
+// xsum, `groups` apart): row m of y = the products (masked past N); `next` (levels null: none)
+// is fetched meanwhile (into L2: kNextLevelsHint), a line of its levels beside each line of
+// col's read (fetched a group at a time, in bursts of up to 768 lines for one scale per
+// channel, the same products took 10-28% longer at 1-8 rows: 30 SmolLM2 layers x 4
+// projections, AMD EPYC Zen 5). kChains sums per row and 16 outputs (pairs taken kChains at a
+// time) keep few rows from waiting on vdpbf16ps' latency.
 template <typename L, int R>
 void column_rows(const int32_t* x, int64_t ldx, const float* xsum, const ColumnGroup& col,
                  int64_t groups, int64_t pairs_per_group, const RowsOut& y, __mmask16 mask_lo,
@@ -176,7 +176,8 @@ void column_rows(const int32_t* x, int64_t ldx, const float* xsum, const ColumnG
     for (int64_t p = g * pairs_per_group; p < end; p += U)
       for (int u = 0; u < U && p + u < end; ++u) {
         if (next.levels != nullptr && starts_line<L>(p + u))
-          _mm_prefetch(reinterpret_cast<const char*>(next.levels + (p + u) * L::kPairBytes), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(next.levels + (p + u) * L::kPairBytes),
+                       kNextLevelsHint);
         __m512bh lo, hi;
         L::widen(col.levels + (p + u) * L::kPairBytes, lo, hi);
         for (int r = 0; r < R; ++r) {
