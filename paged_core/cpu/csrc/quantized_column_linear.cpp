@@ -248,8 +248,8 @@ void column_gemm_of(const uint16_t* xp, int64_t M, int64_t K, const ColumnGroups
 
 // Column groups [c0, c1) of W (C groups in all) in bf16_dot_linear's packed layout (K2 * 64
 // values a group), each value bfloat16 of its float32 weight (L::widen_weights), into out.
-// While a group is widened, the levels of the group after it are fetched into L1, so that
-// they arrive while this group's rows are multiplied: without that fetch the widening
+// While a group is widened, the levels of the group after it are fetched (kNextLevelsHint),
+// so that they arrive while this group's rows are multiplied: without that fetch the widening
 // waited on memory and the dense path ran 1.2-1.3x the bfloat16 weight's time at 40-48 rows,
 // with it 0.96-1.12x at 16-128 rows (30 SmolLM2 layers x 4 projections, AMD EPYC Zen 5).
 template <typename L>
@@ -263,7 +263,7 @@ void widen_groups(const uint8_t* lp, const Factors& scales, const Factors& zeros
       const typename L::DenseGroup group(scales, zeros, at);
       for (int64_t p = g * group_size / 2; p < (g + 1) * group_size / 2; ++p) {
         if (next != nullptr && starts_line<L>(p))
-          _mm_prefetch(reinterpret_cast<const char*>(next + p * L::kPairBytes), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(next + p * L::kPairBytes), kNextLevelsHint);
         L::widen_weights(lp + (c * K2 + p) * L::kPairBytes, group,
                          out + ((c - c0) * K2 + p) * kColumns * 2);
       }
