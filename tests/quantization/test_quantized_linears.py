@@ -355,11 +355,13 @@ def test_gate_ups_dense_path_fuses_silu_and_mul_bit_for_bit(monkeypatch, kernel,
     then the level's silu_and_mul, without the [rows, 2 * width] product. Width 48 is not
     whole column groups: the two ops run one after the other."""
     from paged_core.cpu.extension import cpu_extension_available, cpu_ops
-    from paged_core.cpu.isa import LINEAR_SETTING, unsupported_reason
+    from paged_core.cpu.isa import LINEAR_SETTING, has_amx_bf16, unsupported_reason
 
     if unsupported_reason("avx512_bf16") or not cpu_extension_available("avx512_bf16"):
         pytest.skip(f"the column layout is the avx512_bf16 level's: "
                     f"{unsupported_reason('avx512_bf16') or 'its kernels do not build here'}")
+    if kernel == "amx" and not has_amx_bf16():
+        pytest.skip("this CPU lacks amx_bf16 (needed by PAGED_CORE_CPU_LINEAR=amx)")
     monkeypatch.setenv("PAGED_CORE_CPU_ISA", "avx512_bf16")
     monkeypatch.setenv(LINEAR_SETTING, kernel)
     gen = torch.Generator().manual_seed(rows + width)
