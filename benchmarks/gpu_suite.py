@@ -55,7 +55,8 @@ STEP_MODES = {"llama-3.2-1b": ("eager", "graphs", "graphs-async", "graphs-ahead"
               "llama-3.1-8b": ("graphs", "graphs-async", "graphs-ahead")}
 # paged-core's modes on the mix (``gpu_engine.MIX_MODES``; fewer at 8B, where each loads 16 GB)
 MIX_MODES = {"llama-3.2-1b": ("paged-core", "paged-core-sync", "paged-core-256",
-                              "paged-core-async", "paged-core-decode-graphs",
+                              "paged-core-capture-256", "paged-core-async",
+                              "paged-core-decode-graphs",
                               "paged-core-decode-graphs-async"),
              "llama-3.1-8b": ("paged-core", "paged-core-sync", "paged-core-256",
                               "paged-core-async")}

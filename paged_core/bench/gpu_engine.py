@@ -51,9 +51,11 @@ STEP_MODES = {"eager": {"enforce_eager": True, **_ONE_STEP_AT_A_TIME},
               "graphs": _ONE_STEP_AT_A_TIME, "graphs-async": _ASYNC_ONLY, "graphs-ahead": {}}
 _DECODE_GRAPHS = {"cudagraph_mode": "FULL_DECODE_ONLY"}
 # "paged-core-256": the step limits of runs 1-11 (before the defaults followed the card: 1024
-# sequences and 16384 tokens on an H100 or H200, ``config.batch_limits``)
+# sequences and 16384 tokens on an H100 or H200, ``config.batch_limits``); "...-capture-256":
+# graphs for steps of up to 256 sequences or tokens (the default: 512, vLLM's)
 MIX_MODES = {"paged-core": {}, "paged-core-sync": _ONE_STEP_AT_A_TIME,
              "paged-core-256": {"max_num_seqs": 256, "max_num_batched_tokens": 8192},
+             "paged-core-capture-256": {"max_cudagraph_capture_size": 256},
              "paged-core-async": _ASYNC_ONLY,
              "paged-core-decode-graphs": {**_DECODE_GRAPHS, **_ONE_STEP_AT_A_TIME},
              "paged-core-decode-graphs-async": {**_DECODE_GRAPHS, **_ASYNC_ONLY}}

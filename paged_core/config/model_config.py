@@ -36,11 +36,11 @@ class ModelConfig:
     graphs on a single CUDA device (``executor.cuda_graphs``: a Llama-3.2-1B-shaped model
     decodes one sequence in 1.6 ms a step instead of 20 on an H200); MoE models, tensor
     parallelism, LoRA and the CPU always run eagerly. ``cudagraph_mode`` (vLLM's name and
-    values) picks which steps replay graphs: ``"FULL"`` (the default) decode steps and every
-    other step of at most ``max_cudagraph_capture_size`` tokens (prefill chunks beside
-    decodes, speculative verification: 11-16% more output tokens a second than decode graphs
-    alone on an H200's offline mix); ``"FULL_DECODE_ONLY"`` decode steps; ``"NONE"`` none,
-    as ``enforce_eager``.
+    values) picks which steps replay graphs: ``"FULL"`` (the default) decode steps of at most
+    ``max_cudagraph_capture_size`` sequences and every other step of at most that many tokens
+    (prefill chunks beside decodes, speculative verification: 11-16% more output tokens a
+    second than decode graphs alone on an H200's offline mix); ``"FULL_DECODE_ONLY"`` those
+    decode steps; ``"NONE"`` none, as ``enforce_eager``.
     """
 
     model: str | None = None

@@ -4,8 +4,8 @@ A step launches a few hundred small kernels; replaying a captured graph launches
 one. Graphs are captured once, after the KV cache exists, with vLLM's ``cudagraph_mode``:
 
 - ``FULL_DECODE_ONLY``: decode steps (every sequence adds one token), for the padded batch
-  sizes ``capture_sizes`` (1, 2, 4, 8, then every 8 up to ``max_num_seqs``, at most 256),
-  with the attention kernel's decode tiles;
+  sizes ``capture_sizes`` (1, 2, 4, 8, then every 8 up to ``max_num_seqs``, at most
+  ``max_cudagraph_capture_size``), with the attention kernel's decode tiles;
 - ``FULL``: those, and every other step of at most ``max_cudagraph_capture_size`` tokens
   (prefill chunks beside decodes, speculative verification), for the padded token counts
   ``mixed_capture_sizes`` (``bucketed_num_tokens``'s sizes), each with room for
@@ -38,13 +38,11 @@ from .packed_batch import PackedBatch, bucketed_num_tokens
 
 logger = logging.getLogger("paged_core.cuda_graphs")
 
-_MAX_CAPTURE_SIZE = 256
 
-
-def capture_sizes(max_num_seqs: int) -> list[int]:
+def capture_sizes(max_num_seqs: int, max_capture_size: int) -> list[int]:
     """Decode batch sizes to capture: 1, 2, 4, 8, then multiples of 8 up to ``max_num_seqs``
-    (capped at 256), always including the cap itself."""
-    cap = min(max_num_seqs, _MAX_CAPTURE_SIZE)
+    (capped at ``max_capture_size``), always including the cap itself."""
+    cap = min(max_num_seqs, max_capture_size)
     sizes = [s for s in (1, 2, 4) if s < cap] + list(range(8, cap + 1, 8))
     if not sizes or sizes[-1] != cap:
         sizes.append(cap)
@@ -60,15 +58,16 @@ def mixed_capture_sizes(max_tokens: int) -> list[int]:
 
 
 class StepGraphs:
-    """Captured forwards of ``model`` over ``kv_caches`` (see the module docstring);
-    ``max_mixed_tokens`` 0 captures decode steps only."""
+    """Captured forwards of ``model`` over ``kv_caches`` (see the module docstring): decode
+    steps of up to ``max_capture_size`` sequences, other steps of up to ``max_mixed_tokens``
+    tokens (0: decode steps only)."""
 
     def __init__(self, model, backend: AttentionBackend,
                  kv_caches: list[tuple[torch.Tensor, torch.Tensor]], max_num_seqs: int,
                  max_model_len: int, block_size: int, device: torch.device,
-                 max_mixed_tokens: int = 0) -> None:
+                 max_capture_size: int, max_mixed_tokens: int = 0) -> None:
         self.model, self.backend, self.kv_caches = model, backend, kv_caches
-        self.sizes = capture_sizes(max_num_seqs)
+        self.sizes = capture_sizes(max_num_seqs, max_capture_size)
         self.mixed_sizes = mixed_capture_sizes(max_mixed_tokens)
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len

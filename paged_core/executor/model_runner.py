@@ -67,13 +67,14 @@ class ModelRunner:
         # call returns.
         self.non_blocking_inputs = False
 
-    def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int,
+    def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int, max_capture_size: int,
                             max_mixed_tokens: int = 0) -> None:
-        """Capture the forward as CUDA graphs (``cuda_graphs``): decode steps, and with
-        ``max_mixed_tokens`` the other steps of up to that many tokens; steps that fit one
-        replay it from then on."""
+        """Capture the forward as CUDA graphs (``cuda_graphs``): decode steps of up to
+        ``max_capture_size`` sequences, and with ``max_mixed_tokens`` the other steps of up to
+        that many tokens; steps that fit one replay it from then on."""
         graphs = StepGraphs(self.model, self.backend, self.kv_caches, max_num_seqs,
-                            max_model_len, self.block_size, self.device, max_mixed_tokens)
+                            max_model_len, self.block_size, self.device, max_capture_size,
+                            max_mixed_tokens)
         graphs.capture()
         self.cuda_graphs = graphs
 

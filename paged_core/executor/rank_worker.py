@@ -92,7 +92,8 @@ class Worker:
         if uses_cuda_graphs(config, spec.device, tp, model):
             mixed = (min(config.max_cudagraph_capture_size, config.max_num_batched_tokens)
                      if config.cudagraph_mode == "FULL" else 0)
-            self.runner.capture_cuda_graphs(config.max_num_seqs, spec.max_model_len, mixed)
+            self.runner.capture_cuda_graphs(config.max_num_seqs, spec.max_model_len,
+                                            config.max_cudagraph_capture_size, mixed)
         self.num_blocks = num_blocks
         self.sampler = Sampler(torch.Generator().manual_seed(config.seed))  # draws on the CPU
         all_ranks_loaded(tp)

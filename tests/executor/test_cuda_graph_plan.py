@@ -15,12 +15,13 @@ from ..tiny_models import build_tiny_model
 
 
 def test_capture_sizes_cover_every_batch_up_to_the_cap():
-    assert capture_sizes(1) == [1]
-    assert capture_sizes(8) == [1, 2, 4, 8]
-    assert capture_sizes(20) == [1, 2, 4, 8, 16, 20]
-    sizes = capture_sizes(1024)
-    assert sizes[-1] == 256 and all(b % 8 == 0 for b in sizes[3:])
-    assert all(any(s >= n for s in sizes) for n in range(1, 257))
+    assert capture_sizes(1, 512) == [1]
+    assert capture_sizes(8, 512) == [1, 2, 4, 8]
+    assert capture_sizes(20, 512) == [1, 2, 4, 8, 16, 20]
+    assert capture_sizes(1024, 100)[-2:] == [96, 100]  # the cap itself, off the multiples of 8
+    sizes = capture_sizes(1024, 512)
+    assert sizes[-1] == 512 and all(b % 8 == 0 for b in sizes[3:])
+    assert all(any(s >= n for s in sizes) for n in range(1, 513))
 
 
 def test_mixed_capture_sizes_are_the_bucketed_token_counts():
@@ -46,7 +47,8 @@ def _graphs(tmp_path, tokenizer, max_mixed_tokens: int) -> StepGraphs:
     folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
     model = load_model(folder, load_hf_config(folder), 128, torch.float32, torch.device("cpu"))
     return StepGraphs(model, None, [], max_num_seqs=4, max_model_len=128, block_size=16,
-                      device=torch.device("cpu"), max_mixed_tokens=max_mixed_tokens)
+                      device=torch.device("cpu"), max_capture_size=512,
+                      max_mixed_tokens=max_mixed_tokens)
 
 
 def test_decode_only_graphs_serve_decode_steps_that_fit_and_nothing_else(tmp_path, tokenizer):
