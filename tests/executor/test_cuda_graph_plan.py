@@ -40,15 +40,17 @@ def _step(query_lens: list[int], context: int = 40) -> object:
     return pack_batch(batch, block_size=16)
 
 
-def _graphs(tmp_path, tokenizer, max_mixed_tokens: int) -> StepGraphs:
-    """Graphs planned (never captured: no GPU here) for a tiny model, 4 sequences, 128 tokens."""
+def _graphs(tmp_path, tokenizer, max_mixed_tokens: int, max_num_seqs: int = 4,
+            max_capture_size: int = 512) -> StepGraphs:
+    """Graphs planned (never captured: no GPU here) for a tiny model, ``max_num_seqs``
+    sequences (4), 128 tokens."""
     from paged_core.models.model_loader import load_hf_config, load_model
 
     folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
     model = load_model(folder, load_hf_config(folder), 128, torch.float32, torch.device("cpu"))
-    return StepGraphs(model, None, [], max_num_seqs=4, max_model_len=128, block_size=16,
-                      device=torch.device("cpu"), max_capture_size=512,
-                      max_mixed_tokens=max_mixed_tokens)
+    return StepGraphs(model, None, [], max_num_seqs=max_num_seqs, max_model_len=128,
+                      block_size=16, device=torch.device("cpu"),
+                      max_capture_size=max_capture_size, max_mixed_tokens=max_mixed_tokens)
 
 
 def test_decode_only_graphs_serve_decode_steps_that_fit_and_nothing_else(tmp_path, tokenizer):
@@ -71,6 +73,17 @@ def test_full_graphs_also_serve_prefill_chunks_beside_decodes(tmp_path, tokenize
     assert graphs.graph_for(_step([2], context=200)) is None  # a wider block table than captured
     # the buffers hold the largest step of either kind
     assert graphs.input_ids.shape[0] == 24 and graphs.query_start_loc.shape[0] == 5
+
+
+def test_decode_graphs_go_up_to_the_capture_size_as_vllms_do(tmp_path, tokenizer):
+    """A decode step of 300 sequences replays a decode graph (the attention kernel's decode
+    tiles) under the default capture size of 512; capped at 256 it falls to a mixed graph."""
+    default = _graphs(tmp_path, tokenizer, 512, max_num_seqs=1024)
+    assert default.sizes[-1] == 512 and default.mixed_sizes[-1] == 512
+    assert default.graph_for(_step([1] * 300)) == (False, 304)
+    capped = _graphs(tmp_path, tokenizer, 512, max_num_seqs=1024, max_capture_size=256)
+    assert capped.sizes[-1] == 256
+    assert capped.graph_for(_step([1] * 300)) == (True, bucketed_num_tokens(300))
 
 
 def test_enforce_eager_and_cudagraph_mode_are_checked_settings():
