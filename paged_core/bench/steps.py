@@ -8,7 +8,11 @@ sees one) and once timed, every step split into phases by ``PhaseTimer``
 (``decode``: every sequence decodes one token; ``mixed``: prompt chunks too) and by
 how many sequences they carry (1, 2, 3-4, 5-8, ...); each group reports its mean
 milliseconds per phase. The totals say which phase to make cheaper, the groups at
-which batch sizes.
+which batch sizes. ``--quantized KIND`` serves the embedded model's weights as one of
+``bench throughput``'s quantized systems (``quantized_models.QUANTIZED_KINDS``: its own Q4_1
+GGUF, compressed-tensors W4A16 / W8A16 / W8A8, ...) and ``--max-num-seqs N`` caps the
+sequences a step carries, so a quantized lone-user or 8-sequence step can be taken apart
+beside a bfloat16 one.
 
 On the CPU each group is also set against memory: its steps' mean bytes to read (the
 weights a decode step reads whole, ``model_bytes.step_weight_bytes``, plus the KV bytes
@@ -28,6 +32,7 @@ from ..executor.model_runner import kv_cache_bytes_per_block
 from .engine_driver import make_engine, run_until_done, submit
 from .machine_rates import memory_bandwidth
 from .model_bytes import step_weight_bytes
+from .quantized_models import QUANTIZED_KINDS, quantized_engine_args
 from .report import new_figure, save_plot
 from .step_phases import PHASES, PhaseTimer, StepRecord
 from .throughput import KV_CACHE_MEMORY, add_workload_arguments, workload_spec
@@ -42,6 +47,11 @@ COLORS = dict(zip(PHASES, ("tab:purple", "tab:orange", "tab:olive", "tab:blue", 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_workload_arguments(parser, default="long-tail")
+    parser.add_argument("--quantized", choices=QUANTIZED_KINDS, default=None, metavar="KIND",
+                        help="serve the embedded model quantized as KIND (one of "
+                             f"{', '.join(QUANTIZED_KINDS)}) instead of at --dtype")
+    parser.add_argument("--max-num-seqs", type=int, default=None,
+                        help="at most this many sequences a step (e.g. 8)")
     parser.add_argument("--name", default=NAME, help="result file name (without extension)")
 
 
@@ -55,7 +65,10 @@ def size_group(num_seqs: int) -> str:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     requests = sharegpt_like(workload_spec(args), embedded_tokenizer())
-    engine = make_engine(args.dtype, kv_cache_memory=KV_CACHE_MEMORY)
+    engine_args = quantized_engine_args(args.quantized) if args.quantized else {}
+    if args.max_num_seqs:
+        engine_args["max_num_seqs"] = args.max_num_seqs
+    engine = make_engine(args.dtype, kv_cache_memory=KV_CACHE_MEMORY, **engine_args)
     runner = engine.core.executor.runner
     layers = ("one C++ call (attention counted in forward)"
               if runner.model.decoder_stack is not None else "Python")
@@ -77,6 +90,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         engine.shutdown()
     generated = sum(len(out.outputs[0].token_ids) for out in finished.values())
     return {"workload": summarize(requests), "workload_name": args.workload, "dtype": args.dtype,
+            "quantized": args.quantized, "max_num_seqs": engine.config.max_num_seqs,
             "attention_backend": engine.attention_backend, "layers": layers,
             "output_tokens": generated, "memory": memory,
             **summarize_steps(timer.steps, memory)}
@@ -143,7 +157,7 @@ def _shares(result: dict[str, Any]) -> str:
 def print_summary(results: dict[str, Any]) -> None:
     w = results["workload"]
     print(f"{w['num_requests']} requests, {results['output_tokens']} output tokens, "
-          f"{results['num_steps']} steps, {results['seconds']:.1f} s, dtype {results['dtype']}")
+          f"{results['num_steps']} steps, {results['seconds']:.1f} s, {_weights_label(results)}")
     print(f"share of the run: {_shares(results)}")
     memory = results.get("memory")
     if memory is not None:
@@ -179,11 +193,17 @@ def plot(results: dict[str, Any], out_dir, name: str) -> None:
     save_plot(fig, out_dir, name)
 
 
+def _weights_label(result: dict[str, Any]) -> str:
+    """The weights the run served: its dtype (``bfloat16``), or ``w4a16 weights, bfloat16``."""
+    kind = result.get("quantized")
+    return f"{kind} weights, {result['dtype']}" if kind else result["dtype"]
+
+
 def readme_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     w = result["workload"]
     rows = [("workload", f"{w['num_requests']} requests ({result['workload_name']}), "
                          f"{w['prompt_tokens']} prompt + {w['output_tokens']} output tokens, "
-                         f"{result['dtype']}, {result['attention_backend']} attention"),
+                         f"{_weights_label(result)}, {result['attention_backend']} attention"),
             ("decoder layers", result.get("layers", "Python")),
             ("run", f"{result['num_steps']} steps, {result['seconds']:.1f} s, "
                     f"{result['output_tokens'] / result['seconds']:.1f} output tok/s"),
