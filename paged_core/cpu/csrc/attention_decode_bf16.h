@@ -46,18 +46,23 @@ constexpr int kDecodePrefetchChunks = 2;
 // prefetches alone keep too few lines in flight, so each run is started into L2 this early,
 // in one of two ways (Bf16Problem::kv_first_line, the caller's choice: paged_core.cpu.kv_prefetch
 // picks by CPU vendor):
-// - every line of both runs (kv_first_line false). On the AMD EPYC Zen 4 (family 25 model 17,
-//   avx512_bf16) that read 1.39-1.65x the GB/s of the first line only for SmolLM2's shape
-//   (1-64 sequences of 512-2048 keys, cold KV) and 1.12-1.16x for Llama-8B-like, 0.91-0.98x
-//   with the KV already in cache (0.4-8.6 MiB), interleaved in one process (2 and 6 chunks
-//   ahead read 0.78-0.86x and 0.97-1.03x of 4 for SmolLM2's shape, cold);
+// - every line of both runs (kv_first_line false), dealt out over the kChunk / 2 value pair
+//   steps of the chunk kDecodeL2Chunks before (start_share_in_l2: 4 lines of each run a step
+//   at head_dim 64, 8 at 128), not all at that chunk's start. On the AMD EPYC Zen 4 (family
+//   25 model 17, avx512_bf16) the one burst of 64-128 prefetches a chunk had read 12.3-14.4
+//   GB/s where the shares read 20.3-24.1 (SmolLM2's shape, 16-48 sequences of 320-1024 keys,
+//   scattered blocks, cold KV), 15.7-21.2 against 23.8-27.9 with each sequence's blocks one
+//   after another, 8.4-13.8 against 11.5-15.7 for one sequence of 512 keys (both interleaved
+//   in one process, 2026-12-04); the burst had beaten the first line only by 1.39-1.65x. 3
+//   and 5 chunks ahead read 0.88-0.98x and 0.95-1.04x of 4, T0 prefetches 0.63-0.88x;
 // - each run's first line only (kv_first_line true), which sets Intel's L2 stream prefetcher
 //   on the rest of the run: on the Intel(R) Xeon(R) Processor (family 6 model 167, amx_bf16)
-//   1.11-1.28x every line for SmolLM2's shape and 1.12-1.31x for Llama-8B-like (1-64
-//   sequences of 512-2048 keys, cold KV, vdpbf16ps and AMX scores, interleaved in one
+//   1.11-1.28x the every-line burst for SmolLM2's shape and 1.12-1.31x for Llama-8B-like
+//   (1-64 sequences of 512-2048 keys, cold KV, vdpbf16ps and AMX scores, interleaved in one
 //   process), 1.28-1.39x with 24-96 MiB of KV in its cache (two builds, each in its own
 //   process, alternated): every line's software prefetches hold the core's few fill buffers,
-//   which the stream prefetcher does not need.
+//   which the stream prefetcher does not need. (The shares came later, on the Zen 4 alone;
+//   they have not met that Xeon.)
 // Serving reads a layer's KV cold: the other layers' weights pass through the cache between
 // two of its steps.
 constexpr int kDecodeL2Chunks = 4;
@@ -155,8 +160,8 @@ struct ChunkRows {
 };
 
 // A chunk's K rows and its V rows (each kChunk rows of head_dim D, one run) started into L2
-// (kDecodeL2Chunks): every line, with the tiles' prefetch_row, or (first_line) each run's
-// first line, for the CPU's stream prefetcher to fetch the rest.
+// (kDecodeL2Chunks ahead) at once: every line, with the tiles' prefetch_row, or (first_line)
+// each run's first line, for the CPU's stream prefetcher to fetch the rest.
 template <int D>
 inline void start_chunk_in_l2(const ChunkRows& rows, bool first_line) {
   if (first_line) {
@@ -166,6 +171,22 @@ inline void start_chunk_in_l2(const ChunkRows& rows, bool first_line) {
   }
   prefetch_row(rows.k, kChunk * D);
   prefetch_row(rows.v, kChunk * D);
+}
+
+// Share `step` (of kChunk / 2, one per value pair step of the chunk that runs meanwhile) of
+// every line of a chunk's K and V runs, started into L2: the runs' lines [step * kPerStep,
+// (step + 1) * kPerStep) each, so the whole chunk goes out over the pair steps.
+template <int D>
+inline void start_share_in_l2(const ChunkRows& rows, int step) {
+  constexpr int kLines = kChunk * D * 2 / 64, kSteps = kChunk / 2, kPerStep = kLines / kSteps;
+  static_assert(kLines % kSteps == 0, "each pair step starts whole lines");
+  const char* k = reinterpret_cast<const char*>(rows.k) + 64 * kPerStep * step;
+  const char* v = reinterpret_cast<const char*>(rows.v) + 64 * kPerStep * step;
+  #pragma GCC unroll 8
+  for (int l = 0; l < kPerStep; ++l) {
+    _mm_prefetch(k + 64 * l, _MM_HINT_T1);
+    _mm_prefetch(v + 64 * l, _MM_HINT_T1);
+  }
 }
 
 // A thread's decode units as one stream of chunks: unit u's, then next's (nullptr: none).
@@ -248,13 +269,17 @@ bool decode_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* n
     ChunkRows& ahead = ring[(c + kAhead) % (kAhead + 1)];
     if (!stream.rows(c + kAhead, kZeroRows, ahead)) return false;
     const ChunkRows now = ring[c % (kAhead + 1)];
-    ChunkRows far;
+    ChunkRows far;  // started into L2 at once (first lines), or a share a value pair step
     if (!stream.rows(c + kDecodeL2Chunks, kZeroRows, far)) return false;
-    start_chunk_in_l2<D>(far, pb.kv_first_line);
+    const bool shares = !pb.kv_first_line;
+    if (!shares) start_chunk_in_l2<D>(far, true);
     const int64_t c0 = start + c * kChunk;
     const int vis_lo = static_cast<int>(std::max<int64_t>(first - c0, 0));
     const int vis_hi = static_cast<int>(std::min<int64_t>(u.key_hi - c0, kChunk));
-    if (vis_hi <= vis_lo) continue;  // the window starts past this chunk
+    if (vis_hi <= vis_lo) {  // the window starts past this chunk: no pair steps to share
+      if (shares) start_chunk_in_l2<D>(far, false);
+      continue;
+    }
     const __mmask16 visible = static_cast<__mmask16>(((1u << vis_hi) - 1) & ~((1u << vis_lo) - 1));
 
     __m512 raw[R];
@@ -293,6 +318,7 @@ bool decode_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* n
         pairs[2 * x] = (__m512bh)lo;
         pairs[2 * x + 1] = (__m512bh)hi;
       }
+      if (shares) start_share_in_l2<D>(far, i);
       const __m512i lane = _mm512_set1_epi32(i);
       #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
