@@ -6,8 +6,10 @@ blocks of 16) at random places, a few chunks after asking for them
 (``attention_decode_bf16.h``). Two ways to ask, the same bits either way (a prefetch moves
 no data the kernel computes with):
 
-- ``every_line``: a software prefetch of every line of both runs. AMD's cores need it: on a
-  Zen 4 it read 1.12-1.65x the GB/s of the first line only (cold KV).
+- ``every_line``: a software prefetch of every line of both runs, dealt out in shares over
+  the value pair steps of an earlier chunk. AMD's cores need it: on a Zen 4 the lines in one
+  burst read 1.12-1.65x the GB/s of the first line only, and the shares 1.14-1.68x the burst
+  (cold KV).
 - ``first_line``: a prefetch of each run's first line, which sets Intel's L2 stream
   prefetcher on the rest; every line's prefetches would hold the few fill buffers a core
   has, which the stream prefetcher does not need. On an Intel Xeon with AMX (family 6 model
