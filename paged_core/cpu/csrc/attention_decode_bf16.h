@@ -10,8 +10,8 @@
 // products with every row reduced to 16 scores in registers (decode_scores); the values' key
 // pairs are interleaved in registers and multiplied straight into outputs held in registers
 // for the whole unit; every cache line two chunks ahead (into the thread's next unit, at the
-// end of this one) is prefetched into L1 beside the load of the matching line here, and every
-// K and V line kDecodeL2Chunks ahead into L2 at the start of each chunk. Decode
+// end of this one) is prefetched into L1 beside the load of the matching line here, and the
+// K and V lines kDecodeL2Chunks ahead into L2 over each chunk's value pair steps. Decode
 // of SmolLM2's shape (64 sequences x 2048 keys, bfloat16) read 22-24 GB/s through the tiles
 // and 26-28 GB/s here, interleaved in one process on the 2-core AMD EPYC Zen 5; a bare loop
 // of the same reads and arithmetic over random blocks, 33-38 GB/s.
@@ -159,18 +159,11 @@ struct ChunkRows {
   const uint16_t* v;
 };
 
-// A chunk's K rows and its V rows (each kChunk rows of head_dim D, one run) started into L2
-// (kDecodeL2Chunks ahead) at once: every line, with the tiles' prefetch_row, or (first_line)
-// each run's first line, for the CPU's stream prefetcher to fetch the rest.
-template <int D>
-inline void start_chunk_in_l2(const ChunkRows& rows, bool first_line) {
-  if (first_line) {
-    _mm_prefetch(reinterpret_cast<const char*>(rows.k), _MM_HINT_T1);
-    _mm_prefetch(reinterpret_cast<const char*>(rows.v), _MM_HINT_T1);
-    return;
-  }
-  prefetch_row(rows.k, kChunk * D);
-  prefetch_row(rows.v, kChunk * D);
+// The first line of a chunk's K run and of its V run (kChunk rows of head_dim D each) started
+// into L2 (kDecodeL2Chunks ahead), for the CPU's stream prefetcher to fetch the rest.
+inline void start_first_lines_in_l2(const ChunkRows& rows) {
+  _mm_prefetch(reinterpret_cast<const char*>(rows.k), _MM_HINT_T1);
+  _mm_prefetch(reinterpret_cast<const char*>(rows.v), _MM_HINT_T1);
 }
 
 // Share `step` (of kChunk / 2, one per value pair step of the chunk that runs meanwhile) of
@@ -269,15 +262,16 @@ bool decode_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* n
     ChunkRows& ahead = ring[(c + kAhead) % (kAhead + 1)];
     if (!stream.rows(c + kAhead, kZeroRows, ahead)) return false;
     const ChunkRows now = ring[c % (kAhead + 1)];
-    ChunkRows far;  // started into L2 at once (first lines), or a share a value pair step
+    ChunkRows far;  // started into L2 by its first lines, or a share a value pair step
     if (!stream.rows(c + kDecodeL2Chunks, kZeroRows, far)) return false;
     const bool shares = !pb.kv_first_line;
-    if (!shares) start_chunk_in_l2<D>(far, true);
+    if (!shares) start_first_lines_in_l2(far);
     const int64_t c0 = start + c * kChunk;
     const int vis_lo = static_cast<int>(std::max<int64_t>(first - c0, 0));
     const int vis_hi = static_cast<int>(std::min<int64_t>(u.key_hi - c0, kChunk));
-    if (vis_hi <= vis_lo) {  // the window starts past this chunk: no pair steps to share
-      if (shares) start_chunk_in_l2<D>(far, false);
+    if (vis_hi <= vis_lo) {  // the window starts past this chunk: every share goes out now
+      if (shares)
+        for (int i = 0; i < kChunk / 2; ++i) start_share_in_l2<D>(far, i);
       continue;
     }
     const __mmask16 visible = static_cast<__mmask16>(((1u << vis_hi) - 1) & ~((1u << vis_lo) - 1));
