@@ -38,13 +38,16 @@ def memory_bandwidth(num_bytes: int, passes: int) -> dict[str, float]:
 
 def linear_kind(dtype: torch.dtype, cpu_isa: str) -> str:
     """Which linear a ``dtype`` model uses at ``cpu_isa``: ``F.linear``, ``packed <dtype>``
-    (oneDNN), ``bf16_dot`` or ``amx`` (``Bf16DotLinear``, with AMX tiles for many rows)."""
+    (oneDNN), ``bf16_dot`` or ``amx`` (``Bf16DotLinear`` in bfloat16, with AMX tiles for many
+    rows), or ``bf16_dot (<level>)`` (``Bf16DotLinear`` widening bfloat16 weights to float32
+    at the ``avx2`` or ``avx512`` level). Two levels share a name only where they run the
+    same kernel: ``bench attention`` times each name once."""
     compute = packed_linear_dtype(torch.device("cpu"), dtype, cpu_isa)
     if compute is None:
         return "F.linear"
     level = bf16_dot_level(dtype, compute, cpu_isa)
     if level is not None:
-        return selected_bf16_linear() if level == "avx512_bf16" else "bf16_dot"
+        return selected_bf16_linear() if level == "avx512_bf16" else f"bf16_dot ({level})"
     return f"packed {str(compute).removeprefix('torch.')}"
 
 

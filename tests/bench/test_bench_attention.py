@@ -86,11 +86,22 @@ def test_linear_kind_follows_the_engine():
     if torch.backends.mkldnn.is_available():
         assert linear_kind(torch.float16, "avx2") == "packed float32"
         dot = cpu_extension_available("avx2") and selected_bf16_linear() != "onednn"
-        assert linear_kind(torch.bfloat16, "avx2") == ("bf16_dot" if dot else "packed float32")
+        assert linear_kind(torch.bfloat16, "avx2") == ("bf16_dot (avx2)" if dot
+                                                       else "packed float32")
         native = ("avx512_bf16" in supported_cpu_isas()  # else oneDNN's bfloat16 linear
                   and selected_bf16_linear() != "onednn")  # (auto: amx on AMX CPUs)
         expected = selected_bf16_linear() if native else "packed bfloat16"
         assert linear_kind(torch.bfloat16, "avx512_bf16") == expected
+
+
+def test_each_level_of_paged_cores_linear_is_timed_as_its_own_kind():
+    """The avx2 level widens bfloat16 weights to float32 where the avx512_bf16 level multiplies
+    them in bfloat16: one name for both made the avx512_bf16 prefill rows of a CPU without AMX
+    report the avx2 linear's rate (about half its own) beside their attention."""
+    kinds = {level: linear_kind(torch.bfloat16, level) for level in ("avx2", "avx512",
+                                                                     "avx512_bf16")}
+    ours = {level: kind for level, kind in kinds.items() if "bf16_dot" in kind}
+    assert len(set(ours.values())) == len(ours), kinds
 
 
 @pytest.fixture(scope="module")
