@@ -160,6 +160,20 @@ int64_t check_factors(const at::Tensor& levels, const at::Tensor& scales,
 // channel, the same products took 10-28% longer at 1-8 rows: 30 SmolLM2 layers x 4
 // projections, AMD EPYC Zen 5). kChains sums per row and 16 outputs (pairs taken kChains at a
 // time) keep few rows from waiting on vdpbf16ps' latency.
+//
+// One row (a one-sequence decode step) of 4-bit levels is bound by arithmetic and bytes
+// about equally on AMD EPYC family 25 model 17 (Zen 4, avx512_bf16, 2 cores, 2026-12-04): a
+// pair of 32 outputs took 1.40 ns a core with its levels in L2 (the slope between SmolLM2's
+// o_proj and gate_up, one thread), so 2 cores compute ~46 GB/s of levels, as fast as that
+// VM's memory reads them (33-61 GB/s by the hour); the 30 layers' 66 MB of Q4_1 levels took
+// 2.4-2.9 ms in a decode step, both costs added more than overlapped. Tried there and not
+// kept: widening a whole 64-byte line by in-lane unpacks with 0x43 bytes against x doubled up
+// per line (11 vector instructions a line instead of 16, the same bits): 1.25 ns a pair in
+// L2, but the decode stack 2.61 against 2.41 ms (the doubled x, 24 KB for 1536 inputs,
+// shares L1 with the streamed levels); two column groups side by side (eight independent
+// sums): no faster in L2, the stack 3.71 against 2.90 ms; fetching levels 4-8 KB ahead in
+// each thread's stream, into L1 or L2, instead of a column group ahead: 2.68-2.81 against
+// 2.73 ms (medians of 5, alternated in one process).
 template <typename L, int R>
 void column_rows(const int32_t* x, int64_t ldx, const float* xsum, const ColumnGroup& col,
                  int64_t groups, int64_t pairs_per_group, const RowsOut& y, __mmask16 mask_lo,
