@@ -170,10 +170,12 @@ int64_t check_factors(const at::Tensor& levels, const at::Tensor& scales,
 // kept: widening a whole 64-byte line by in-lane unpacks with 0x43 bytes against x doubled up
 // per line (11 vector instructions a line instead of 16, the same bits): 1.25 ns a pair in
 // L2, but the decode stack 2.61 against 2.41 ms (the doubled x, 24 KB for 1536 inputs,
-// shares L1 with the streamed levels); two column groups side by side (eight independent
-// sums): no faster in L2, the stack 3.71 against 2.90 ms; fetching levels 4-8 KB ahead in
-// each thread's stream, into L1 or L2, instead of a column group ahead: 2.68-2.81 against
-// 2.73 ms (medians of 5, alternated in one process).
+// shares L1 with the streamed levels); the same unpacks with x spread by one vpermd a line:
+// 1.33 ns a pair, the stack 2.61-2.88 against 2.64-3.00 ms (three runs, within their noise);
+// two column groups side by side (eight independent sums): no faster in L2, the stack 3.71
+// against 2.90 ms; fetching levels 4-8 KB ahead in each thread's stream, into L1 or L2,
+// instead of a column group ahead: 2.68-2.81 against 2.73 ms (medians of 5, alternated in
+// one process).
 template <typename L, int R>
 void column_rows(const int32_t* x, int64_t ldx, const float* xsum, const ColumnGroup& col,
                  int64_t groups, int64_t pairs_per_group, const RowsOut& y, __mmask16 mask_lo,
