@@ -11,9 +11,9 @@ It serves a model only where the Python path would run exactly those kernels
 Python layers): one rank, the fused C++ ops of a CPU level, dense MLPs (no experts) and
 per-head q/k norms at most, every projection a
 plain ``nn.Linear``, one that ``cpu_linear.packed_linear`` built or a weight-only 4- or
-8-bit ``Int4Linear`` / ``Int8Linear`` (whose levels the stack multiplies with the same C++
-kernels and dense threshold, ``set_quantized``; batch-invariant tiling, tensor-parallel
-layers and W8A8 keep Python), and per step (``serves``) an attention
+8-bit ``Int4Linear`` / ``Int8Linear`` or a ``W8A8Linear`` (whose levels the stack multiplies
+with the same C++ kernels and thresholds, ``set_quantized``; batch-invariant tiling and
+tensor-parallel layers keep Python), and per step (``serves``) an attention
 backend that sends these caches to the C++ kernel of the same level.
 
 LoRA adapters run inside it too: ``set_lora`` hands it a projection's slot tables (those of
@@ -31,6 +31,7 @@ from ..attention.cpu_kernels import bf16_attention_amx
 from ..cpu.kv_prefetch import kv_first_line
 from ..quantization.int4_linear import Int4Linear
 from ..quantization.int8_linear import Int8Linear
+from ..quantization.w8a8_linear import W8A8Linear
 from .bf16_dot_linear import Bf16DotLinear
 from .cpu_linear import PACKED_LINEARS
 from .elementwise import FusedCpuOps
@@ -96,7 +97,8 @@ class CpuDecoderStack:
             layer, PROJECTIONS.index(projection), module.bits,
             module.levels, module.scales, module.offsets, module.zeros, module.group_size,
             module.dense_rows, module.dense_dtype, module.column_outputs, module.amx_min_rows,
-            module.int8_tile_rows, module.row_dense)
+            module.int8_tile_rows, module.row_dense,
+            module.int8_sums_from_rows if type(module) is W8A8Linear else -1)
 
     def set_lora(self, layer: int, projection: str, a: torch.Tensor, b_t: torch.Tensor,
                  part_starts: list[int]) -> None:
@@ -159,9 +161,9 @@ def _amx_min_rows(projections: tuple[nn.Module, ...]) -> int:
 # The projections of a layer, in the C++ stack's order.
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
-# Weight-only quantized linears the stack runs itself (exactly these types: W8A8Linear, a
-# subclass, quantizes its inputs first).
-QUANTIZED_LINEARS = (Int4Linear, Int8Linear)
+# Quantized linears the stack runs itself (exactly these types; W8A8Linear quantizes its
+# inputs first, as the stack's w8a8_product does).
+QUANTIZED_LINEARS = (Int4Linear, Int8Linear, W8A8Linear)
 
 # Exactly these types (subclasses may compute otherwise); a RowParallelLinear of one rank
 # is a plain nn.Linear.

@@ -16,7 +16,7 @@ from paged_core.quantization.compressed_tensors_format import CompressedTensorsF
 from paged_core.quantization.int4_linear import Int4Linear
 from paged_core.quantization.int8_linear import Int8Linear
 from paged_core.quantization.quantized_linear import QuantizedLinear
-from paged_core.quantization.w8a8_linear import W8A8Linear
+from paged_core.quantization.w8a8_linear import W8A8_SETTING, W8A8Linear
 
 from ..w8a8_reference import quantize_activations_per_token
 from ..reference import assert_close_with_cached_prefix, assert_greedy_close, \
@@ -77,6 +77,16 @@ def test_engine_is_close_to_transformers(checkpoints, tokenizer, name):
     _, _, linear, loads_packed = SCHEMES[name]
     _assert_close_to_transformers(checkpoint if loads_packed else twin, checkpoint, tokenizer,
                                   linear, activations_int8=name == "W8A8")
+
+
+@pytest.mark.parametrize("kernel", ["int8", "float32"])
+def test_w8a8_is_close_to_transformers_on_either_kernel(checkpoints, tokenizer, monkeypatch,
+                                                         kernel):
+    """``PAGED_CORE_CPU_W8A8`` forces the integer GEMM for every call, or the float32 kernels
+    for every call (the default mixes them by rows): greedy output stays close either way."""
+    monkeypatch.setenv(W8A8_SETTING, kernel)
+    checkpoint, twin = checkpoints["W8A8"]
+    _assert_close_to_transformers(twin, checkpoint, tokenizer, W8A8Linear, activations_int8=True)
 
 
 def test_embedded_model_w4a16_is_close_to_transformers(embedded_folder, tokenizer, tmp_path):

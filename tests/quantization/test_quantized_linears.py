@@ -19,7 +19,8 @@ from paged_core.quantization.int4_linear import Int4Linear, Int4Weight, pack_nib
 from paged_core.quantization.int8_linear import IQ4_NL_VALUES, Int8Linear, Int8Weight
 from paged_core.quantization.projections import ConcatLinear, quantized_linear
 from paged_core.quantization.quantized_linear import DENSE_ROWS_SETTING
-from paged_core.quantization.w8a8_linear import W8A8Linear
+from paged_core.quantization.w8a8_linear import INT8_SUMS_FROM_ROWS, W8A8_SETTING, W8A8Linear, \
+    int8_sums_from_rows
 
 
 def int4_weight(out, width, group_size, gen):
@@ -311,19 +312,80 @@ def test_without_the_cpp_kernels_every_call_is_dense():
     torch.testing.assert_close(layer(x), F.linear(x, weight.dequantize(), layer.bias))
 
 
-def test_w8a8_is_the_integer_product_of_per_token_levels():
-    gen = torch.Generator().manual_seed(0)
+@pytest.mark.parametrize("kernel", ["auto", "int8", "float32"])
+@pytest.mark.parametrize("rows", [1, 5, 6, 40])
+def test_w8a8_is_the_integer_product_of_per_token_levels(monkeypatch, kernel, rows):
+    monkeypatch.setenv(W8A8_SETTING, kernel)
+    gen = torch.Generator().manual_seed(rows)
     weight = int8_weight(24, 64, 64, gen)
     weight.activations_int8 = True
-    x = torch.randn(5, 64, generator=gen)
-    x[2] = 0  # a zero row: scale 1, levels 0
+    x = torch.randn(rows, 64, generator=gen)
+    x[rows // 2] = 0  # a zero row: scale 1, levels 0
     layer = quantized_linear([weight], False, torch.float32)
     assert type(layer) is W8A8Linear
     scale = (x.abs().amax(1, keepdim=True) / 127).double()
-    scale[2] = 1
+    scale[rows // 2] = 1
     levels = torch.round(x.double() / scale).clamp(-128, 127)
     expected = (levels @ weight.q.double().T) * scale * weight.scales[:, 0].double()
     torch.testing.assert_close(layer(x).double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def _int8_dot_cpu(monkeypatch, has_vnni):
+    """``torch.cpu.get_capabilities`` as on a CPU with (or without) int8 dot products."""
+    caps = {flag: False for flag in ("avx512_vnni", "avx_vnni", "amx_int8")}
+    caps["avx512_vnni"] = has_vnni
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+
+
+@pytest.mark.parametrize("setting,has_vnni,from_rows", [
+    ("", True, INT8_SUMS_FROM_ROWS), ("auto", False, 0), ("int8", False, 1), ("int8", True, 1),
+    ("float32", True, 0), (" INT8 ", True, 1)])
+def test_the_w8a8_setting_picks_integer_sums_from_some_rows(monkeypatch, setting, has_vnni,
+                                                            from_rows):
+    """``PAGED_CORE_CPU_W8A8``: ``auto`` takes integer sums from ``INT8_SUMS_FROM_ROWS`` rows
+    on CPUs with int8 dot products and never on the others; ``int8`` always, on any CPU;
+    ``float32`` never."""
+    monkeypatch.setenv(W8A8_SETTING, setting)
+    _int8_dot_cpu(monkeypatch, has_vnni)
+    assert int8_sums_from_rows() == from_rows
+
+
+def test_an_unknown_w8a8_kernel_is_refused_naming_the_setting(monkeypatch):
+    monkeypatch.setenv(W8A8_SETTING, "vnni")
+    weight = int8_weight(8, 64, 64, torch.Generator().manual_seed(0))
+    weight.activations_int8 = True
+    with pytest.raises(ValueError, match=f"{W8A8_SETTING}='vnni'.*int8, float32"):
+        W8A8Linear(weight, False, torch.bfloat16)
+
+
+@pytest.mark.parametrize("rows", [5, 6, 12, 64])
+def test_w8a8_takes_exact_integer_sums_from_its_rows_on_a_vnni_cpu(monkeypatch, rows):
+    """On a CPU with int8 dot products, from ``INT8_SUMS_FROM_ROWS`` rows the sums come from
+    ATen's int8 GEMM: exactly the int64 sums of the levels, times the channel's scale, then
+    the token's, in float32 (bit for bit); fewer rows take the float32 kernels' bits, which
+    differ where the sums pass 2^24 (inputs of 1536 features; bfloat16 rows). From
+    ``dense_rows`` rows the float32 path multiplies the dequantized weight in bfloat16."""
+    _int8_dot_cpu(monkeypatch, True)
+    gen = torch.Generator().manual_seed(rows)
+    weight = int8_weight(40, 1536, 1536, gen)
+    weight.q[0] = 127  # with inputs near 1 (levels near 127) its sums pass 2^24
+    weight.activations_int8 = True
+    x = (1 + torch.randn(rows, 1536, generator=gen) * 0.01).bfloat16()
+    monkeypatch.setenv(W8A8_SETTING, "float32")
+    float_layer = W8A8Linear(weight, False, torch.bfloat16)
+    float_sums = float_layer.product(x)
+    monkeypatch.setenv(W8A8_SETTING, "auto")
+    y = W8A8Linear(weight, False, torch.bfloat16).product(x)
+    xf = x.float()
+    scale = xf.abs().amax(1, keepdim=True) / 127
+    levels = torch.round(xf / scale).clamp(-128, 127)
+    sums = levels.long() @ weight.q.long().T
+    assert sums.abs().max() > 2 ** 24  # past float32's exact integers
+    expected = (sums.float() * weight.scales[:, 0]) * scale
+    assert not torch.equal(float_sums, expected)
+    if rows < float_layer.dense_rows:
+        torch.testing.assert_close(float_sums, expected, atol=1e-3, rtol=1e-5)
+    assert torch.equal(y, expected if rows >= INT8_SUMS_FROM_ROWS else float_sums)
 
 
 def test_parts_of_different_kinds_run_side_by_side():

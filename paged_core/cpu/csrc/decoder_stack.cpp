@@ -75,6 +75,8 @@ struct QuantizedWeight {
   int64_t amx_min_rows;        // the column layout: AMX tiles from this many rows
   int64_t int8_tile_rows;      // 8-bit column layout: calls of up to this many rows on AMX-INT8
   bool row_dense;              // the row layout's many rows: row_layout_dense (bfloat16)
+  int64_t w8a8_int8_sums_from_rows;  // >= 0: W8A8 (w8a8_product, integer sums from this many
+                                     // rows; 0: never); -1: weight-only levels
 
   // silu_and_mul of a gate_up's product(rows) (bfloat16 rows, no bias), in the dense path's
   // epilogue where the column layout takes that path: the same bits (column_dense_silu_and_mul);
@@ -89,9 +91,13 @@ struct QuantizedWeight {
     return std::nullopt;
   }
 
-  // rows [M, in] -> rows W^T: float32 (the kernels; the column kernel rounds to bfloat16 as
-  // it stores where out is bfloat16), or dense_dtype / bfloat16 (many rows; row_dense).
+  // rows [M, in] -> rows W^T: float32 (the kernels, and W8A8's product; the column kernel
+  // rounds to bfloat16 as it stores where out is bfloat16), or dense_dtype / bfloat16 (many
+  // rows; row_dense).
   at::Tensor product(const at::Tensor& rows, at::ScalarType out) const {
+    if (w8a8_int8_sums_from_rows >= 0)
+      return paged_core_cpu::w8a8_product(rows, levels, scales, w8a8_int8_sums_from_rows,
+                                          dense_rows, dense_dtype);
     if (column_outputs > 0) return column_product(rows.to(at::kBFloat16).contiguous(), out);
     if (rows.size(0) >= dense_rows) {
 #if PAGED_CORE_BF16_DOT
@@ -321,13 +327,14 @@ class DecoderStack : public torch::CustomClassHolder {
   // by weight-only levels of `bits` (QuantizedWeight; offsets and zeros for 4 bits, and for 8
   // where the weight has zeros;
   // column_outputs > 0: column_pack's layout, its many-rows GEMM on AMX from amx_min_rows
-  // rows, its calls of up to int8_tile_rows rows on AMX-INT8 tiles) instead of the weight
+  // rows, its calls of up to int8_tile_rows rows on AMX-INT8 tiles; w8a8_int8_sums_from_rows
+  // >= 0: W8A8, its rows quantized per token, QuantizedWeight's field) instead of the weight
   // add_layer gave it; its bias stays.
   void set_quantized(int64_t layer, int64_t projection, int64_t bits, at::Tensor levels,
                      at::Tensor scales, std::optional<at::Tensor> offsets,
                      std::optional<at::Tensor> zeros, int64_t group_size, int64_t dense_rows,
                      at::ScalarType dense_dtype, int64_t column_outputs, int64_t amx_min_rows,
-                     int64_t int8_tile_rows, bool row_dense) {
+                     int64_t int8_tile_rows, bool row_dense, int64_t w8a8_int8_sums_from_rows) {
     TORCH_CHECK(bits == 8 || (bits == 4 && offsets && zeros),
                 "quantized projections are 8-bit, or 4-bit with offsets and zeros");
     TORCH_CHECK(offsets.has_value() == zeros.has_value(), "give offsets and zeros together");
@@ -339,7 +346,7 @@ class DecoderStack : public torch::CustomClassHolder {
     projection_at(layer, projection).quantized = QuantizedWeight{
         bits, std::move(levels), std::move(scales), offsets.value_or(at::Tensor()),
         zeros.value_or(at::Tensor()), group_size, dense_rows, dense_dtype, column_outputs,
-        amx_min_rows, int8_tile_rows, row_dense};
+        amx_min_rows, int8_tile_rows, row_dense, w8a8_int8_sums_from_rows};
   }
 
   // Give projection `projection` (0 qkv, 1 o, 2 gate_up, 3 down) of layer `layer` the LoRA

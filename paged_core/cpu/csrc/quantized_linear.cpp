@@ -13,9 +13,14 @@
 // threads. Sums run in a different order than a dense GEMM's (the usual float rounding).
 // int4_dequantize / int8_dequantize: W itself, float32 [N, K] (for many rows at once, where
 // one dense GEMM beats these per-row dots).
+// w8a8_product: W8A8 (quantization/w8a8_linear.py), the rows quantized to int8 levels per row,
+// then integer sums (ATen's int8 GEMM) or these float32 kernels.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/_int_mm.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/mul.h>
 #include <torch/library.h>
 
 #include "cpu_common.h"
@@ -26,7 +31,9 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -241,9 +248,57 @@ at::Tensor dequantize(const at::Tensor& levels, const at::Tensor& scales,
   return w;
 }
 
+// Each row of x (float32 [M, K], contiguous) as int8 levels round(x / scale) (half to even,
+// within -128..127) and its scale absmax / 127 (1 for a row of zeros): float32 [M, 1]. The
+// same float32 operations as quantization/w8a8_linear.py's torch formula, so the same bits.
+std::tuple<at::Tensor, at::Tensor> token_levels(const at::Tensor& x) {
+  const int64_t M = x.size(0), K = x.size(1);
+  at::Tensor levels = at::empty({M, K}, x.options().dtype(at::kChar));
+  at::Tensor scales = at::empty({M, 1}, x.options());
+  const float* xp = x.data_ptr<float>();
+  int8_t* lp = levels.data_ptr<int8_t>();
+  float* sp = scales.data_ptr<float>();
+  at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, K)),
+                   [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      const float* row = xp + m * K;
+      float amax = 0.f;
+#pragma omp simd reduction(max : amax)
+      for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(row[k]));
+      float scale = amax / 127.f;
+      if (scale == 0.f) scale = 1.f;
+      sp[m] = scale;
+      int8_t* out = lp + m * K;
+#pragma omp simd
+      for (int64_t k = 0; k < K; ++k)
+        out[k] = static_cast<int8_t>(std::min(127.f, std::max(-128.f, std::rint(row[k] / scale))));
+    }
+  });
+  return {levels, scales};
+}
+
 }  // namespace
 
 namespace paged_core_cpu {
+
+at::Tensor w8a8_product(const at::Tensor& rows, const at::Tensor& levels, const at::Tensor& scales,
+                        int64_t int8_sums_from_rows, int64_t dense_rows,
+                        at::ScalarType dense_dtype) {
+  TORCH_CHECK(rows.dim() == 2 && levels.dim() == 2 && levels.scalar_type() == at::kChar &&
+                  rows.size(1) == levels.size(1) && scales.numel() == levels.size(0),
+              "w8a8_product: rows [M, K], int8 levels [N, K] and N channel scales");
+  const at::Tensor x = rows.to(at::kFloat).contiguous();
+  auto [token_q, token_scales] = token_levels(x);
+  const int64_t M = x.size(0), K = x.size(1);
+  if (int8_sums_from_rows > 0 && M >= int8_sums_from_rows)  // exact int32 sums
+    return at::mul(at::_int_mm(token_q, levels.t()), scales.reshape({-1})).mul_(token_scales);
+  const at::Tensor q = token_q.to(at::kFloat);
+  if (M >= dense_rows) {
+    const at::Tensor w = int8_dequantize(levels, scales, std::nullopt, K);
+    return at::linear(q.to(dense_dtype), w.to(dense_dtype)).to(at::kFloat).mul_(token_scales);
+  }
+  return int8_gemm(q, levels, scales, std::nullopt, K).mul_(token_scales);
+}
 
 at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
                      const at::Tensor& offsets, int64_t group_size) {
@@ -277,4 +332,7 @@ PAGED_CORE_LIBRARY_FRAGMENT(m) {
   m.def("int8_gemm(Tensor x, Tensor levels, Tensor scales, Tensor? offsets, int group_size) -> Tensor");
   m.impl("int4_gemm", c10::DispatchKey::CPU, TORCH_FN(int4_gemm));
   m.impl("int8_gemm", c10::DispatchKey::CPU, TORCH_FN(int8_gemm));
+  m.def("w8a8_product(Tensor rows, Tensor levels, Tensor scales, int int8_sums_from_rows, "
+        "int dense_rows, ScalarType dense_dtype) -> Tensor");
+  m.impl("w8a8_product", c10::DispatchKey::CPU, TORCH_FN(w8a8_product));
 }

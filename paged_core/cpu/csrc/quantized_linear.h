@@ -24,6 +24,16 @@ at::Tensor int4_dequantize(const at::Tensor& levels, const at::Tensor& scales,
 at::Tensor int8_dequantize(const at::Tensor& levels, const at::Tensor& scales,
                            const std::optional<at::Tensor>& zeros, int64_t group_size);
 
+// W8A8 (quantization/w8a8_linear.py): rows [M, K] (float32 or bfloat16) quantized per row to
+// int8 levels (scale absmax / 127), times int8 levels [N, K] with one scale per channel
+// (scales, N floats): integer sums (at::_int_mm) from int8_sums_from_rows rows (0: never),
+// scaled by the channel's then the row's scale; else the levels as float32 through int8_gemm
+// (from dense_rows rows, the dequantized weight in dense_dtype), times the row's scale.
+// float32 [M, N].
+at::Tensor w8a8_product(const at::Tensor& rows, const at::Tensor& levels, const at::Tensor& scales,
+                        int64_t int8_sums_from_rows, int64_t dense_rows,
+                        at::ScalarType dense_dtype);
+
 #if PAGED_CORE_BF16_DOT
 // quantized_row_dense.cpp: x [M, K] -> x W^T bfloat16 for many rows, the row layout's levels
 // (zeros: 4-bit, and 8-bit ones that have them) widened a column group at a time into
