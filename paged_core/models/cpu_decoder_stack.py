@@ -98,7 +98,8 @@ class CpuDecoderStack:
             module.levels, module.scales, module.offsets, module.zeros, module.group_size,
             module.dense_rows, module.dense_dtype, module.column_outputs, module.amx_min_rows,
             module.int8_tile_rows, module.row_dense,
-            module.int8_sums_from_rows if type(module) is W8A8Linear else -1)
+            *((module.int8_sums_from_rows, module.vnni_sums) if type(module) is W8A8Linear
+              else (-1, None)))
 
     def set_lora(self, layer: int, projection: str, a: torch.Tensor, b_t: torch.Tensor,
                  part_starts: list[int]) -> None:

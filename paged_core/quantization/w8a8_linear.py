@@ -5,26 +5,33 @@ symmetric per token (row), scale ``absmax / 127``, levels rounded half to even:
 
     y[t, o] = x_scale[t] * w_scale[o] * sum_i xq[t, i] * wq[o, i]
 
-Both levels stay as stored (``Int8Linear``'s row layout: ``levels`` ``[out, in]`` int8). The
-sums are taken one of two ways:
+Each call quantizes its rows in one C++ pass (``w8a8_product``, which the C++ decoder stack
+calls too), then takes the sums one of three ways, ``PAGED_CORE_CPU_W8A8``
+(``selected_w8a8_kernel``):
 
-- integer: ATen's int8 GEMM (``torch._int_mm``: oneDNN's VNNI / AMX-INT8 kernels), exact
-  int32 sums, then times the channel's scale and the token's in float32;
-- float32: the activation levels as float32 numbers through ``Int8Linear``'s kernels (its
-  float32 dense product from ``dense_rows`` rows), then times the token's scale.
+- ``vnni``: paged-core's int8 kernel (``vnni_columns`` in ``cpu/csrc/quantized_linear.cpp``):
+  the levels repacked at load in groups of 16 outputs, every call's exact int32 sums by
+  ``vpdpbusd``; the AVX-512 builds on CPUs with AVX512-VNNI (``int8_vnni_ready``);
+- ``onednn``: the stored levels ``[out, in]`` and ATen's int8 GEMM (``torch._int_mm``,
+  oneDNN), exact int32 sums, on any CPU (5x slower per decode step than the bf16 model on an
+  AVX2 EPYC without VNNI);
+- ``float32``: the stored levels through ``Int8Linear``'s float32 kernels, the activation
+  levels as float32 numbers (from ``dense_rows`` rows the dequantized weight in the dense
+  dtype), then the token's scale.
 
-``PAGED_CORE_CPU_W8A8`` (``int8_sums_from_rows``) picks: ``int8`` (every call integer; any
-CPU, slow without VNNI), ``float32`` (never), or ``auto`` (the default): integer from
-``INT8_SUMS_FROM_ROWS`` rows on CPUs with int8 dot products (``avx512_vnni``, ``avx_vnni``,
-``amx_int8``), float32 below that and on the others. Measured on the AMD EPYC Zen 4 (family
-25 model 17, avx512_vnni, 2 threads, one process alternating), the 120 projections of 30
-SmolLM2 layers with cold weights: integer against float32 1 row 5.9 / 4.4 ms, 4 rows 9.2-10.2
-/ 8.5-8.6, 6 rows 8.9-10.9 / 12.5, 8 rows 9.9 / 16.3, 64 rows 26.6 / 141 ms (the float32
-dense product dequantizes each weight per call; bfloat16 weights on ``vdpbf16ps``: 6.1, 8.0,
-33.0 ms at 1, 8, 64 rows); on an AVX2 EPYC without VNNI the integer GEMM made decode steps
-5x slower than the bf16 model's. The integer sums are exact and scaled once; the float32
-kernels scale each lane's partial sum before adding them (their dense product, each weight),
-so the two paths differ in the last bits. A row of zeros gets scale 1 (levels 0).
+``auto`` (the default): ``vnni`` where it runs; else, on CPUs with int8 dot products
+(``avx_vnni``, ``amx_int8``), ``onednn`` from ``ONEDNN_FROM_ROWS`` rows and ``float32`` below;
+else ``float32``. Integer sums are multiplied by the channel's scale, then the token's, in
+float32, so ``vnni`` and ``onednn`` give the same bits whatever the rows, a token alone or in
+a batch; the float32 kernels scale each lane's partial sum before adding them, so they differ
+in the last bits. A row of zeros gets scale 1 (levels 0).
+
+The 120 projections of 30 SmolLM2 layers, cold weights, one process alternating, AMD EPYC
+Zen 4 (family 25 model 17, avx512_vnni), 2 threads: ``vnni`` 3.9 / 4.1 / 4.8 / 5.5 / 8.3 /
+13.4 ms at 1 / 2 / 4 / 8 / 16 / 32 rows, ``onednn`` 5.7 / 7.9 / 8.4 / 9.5 / 13.5 / 17.1,
+bfloat16 weights on ``vdpbf16ps`` 7.2 / 7.6 / 7.3 / 8.5 / 11.2 / 17.2 (the ``float32``
+kernels, another run: 4.4 at 1 row, 8.5 at 4, 16.3 at 8, 141 at 64); 4 layers at 64 / 128 /
+512 rows: ``vnni`` 2.8 / 5.5 / 22.8 ms, ``onednn`` 2.7 / 4.8 / 17.4, bfloat16 4.2 / 8.2 / 32.7.
 """
 from __future__ import annotations
 
@@ -35,25 +42,35 @@ import torch
 from .int8_linear import Int8Linear, Int8Weight
 
 W8A8_SETTING = "PAGED_CORE_CPU_W8A8"
-W8A8_KERNELS = ("int8", "float32")
-# auto: calls of at least this many rows take the integer GEMM where the CPU has VNNI
-INT8_SUMS_FROM_ROWS = 6
+W8A8_KERNELS = ("vnni", "onednn", "float32")
+# auto without the vnni kernel: calls of at least this many rows take oneDNN's int8 GEMM where
+# the CPU has int8 dot products (from 5-6 rows it beat the float32 kernels on the Zen 4 above)
+ONEDNN_FROM_ROWS = 6
 # torch.cpu.get_capabilities() flags of int8 dot product instructions
 _INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 
 
-def int8_sums_from_rows() -> int:
-    """From how many rows the W8A8 linears built now take integer sums (0: never), as
-    ``PAGED_CORE_CPU_W8A8`` says (module doc). Raises ``ValueError`` naming the setting for a
-    value it does not know."""
+def selected_w8a8_kernel(kernels) -> tuple[str, int]:
+    """The kernel (``W8A8_KERNELS``) that W8A8 linears built now with the C++ ``kernels`` (the
+    selected level's ops, None where they do not build) take, and from how many rows their
+    sums are integer (0: never): ``PAGED_CORE_CPU_W8A8`` if set (then ``vnni`` and ``onednn``
+    take every call), else ``auto``'s choice (module doc). Raises ``ValueError`` naming the
+    setting for a value it does not know, or for ``vnni`` where that kernel cannot run."""
     raw = os.environ.get(W8A8_SETTING, "").strip().lower() or "auto"
+    vnni_ready = kernels is not None and bool(kernels.int8_vnni_ready())
     if raw == "auto":
+        if vnni_ready:
+            return "vnni", 1
         caps = torch.cpu.get_capabilities()
-        return INT8_SUMS_FROM_ROWS if any(caps.get(f) is True for f in _INT8_DOT_FLAGS) else 0
+        int8_dot = any(caps.get(flag) is True for flag in _INT8_DOT_FLAGS)
+        return ("onednn", ONEDNN_FROM_ROWS) if int8_dot else ("float32", 0)
     if raw not in W8A8_KERNELS:
         raise ValueError(f"{W8A8_SETTING}={raw!r} is not a W8A8 kernel; choose auto or one of "
                          f"{', '.join(W8A8_KERNELS)}")
-    return 1 if raw == "int8" else 0
+    if raw == "vnni" and not vnni_ready:
+        raise ValueError(f"{W8A8_SETTING}=vnni needs paged-core's AVX-512 kernels on a CPU with "
+                         f"AVX512-VNNI; choose auto, onednn or float32")
+    return raw, 0 if raw == "float32" else 1
 
 
 class W8A8Linear(Int8Linear):
@@ -63,17 +80,20 @@ class W8A8Linear(Int8Linear):
             raise ValueError("W8A8 weights need one scale per output channel, got groups of "
                              f"{weight.group_size}")
         super().__init__(weight, has_bias, dtype, dense_dtype)
-        self.int8_sums_from_rows = int8_sums_from_rows()
+        # int8_sums_from_rows: from how many rows the sums are integer (0: never)
+        self.kernel, self.int8_sums_from_rows = selected_w8a8_kernel(self.kernels)
         self.channel_scales = self.scales.reshape(-1)  # [out] float32, the same storage
+        self.vnni_sums = None  # vnni: 128 * each output's sum of levels (w8a8_vnni_pack)
+        if self.kernel == "vnni":  # the levels in its layout only
+            self.levels, self.vnni_sums = self.kernels.w8a8_vnni_pack(self.levels)
 
     def product(self, rows: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """float32 whatever ``out_dtype``: the activation scale multiplies the sums last. The C++
-        ``w8a8_product`` where the kernels build (the decoder stack calls it too), else the
-        same formula in torch ops."""
+        ``w8a8_product`` where the kernels build, else the same formula in torch ops."""
         if self.kernels is not None:
             return self.kernels.w8a8_product(rows, self.levels, self.channel_scales,
-                                             self.int8_sums_from_rows, self.dense_rows,
-                                             self.dense_dtype)
+                                             self.vnni_sums, self.int8_sums_from_rows,
+                                             self.dense_rows, self.dense_dtype)
         rows = rows.float()
         scale = rows.abs().amax(dim=1, keepdim=True) / 127
         scale = torch.where(scale == 0, torch.ones_like(scale), scale)

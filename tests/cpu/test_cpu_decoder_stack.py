@@ -133,18 +133,22 @@ def test_stack_matches_the_python_layers_with_quantized_weights(scheme, dtype, t
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("kernel", ["auto", "int8", "float32"])
+@pytest.mark.parametrize("kernel", ["auto", "vnni", "onednn", "float32"])
 def test_stack_matches_the_python_layers_with_w8a8(kernel, dtype, tokenizer, tmp_path, cpu_isa,
                                                    monkeypatch):
     """W8A8 projections run in the stack by the same ``w8a8_product``: each step's rows
-    quantized per token, then integer sums or the float32 kernels as ``PAGED_CORE_CPU_W8A8``
-    says (``auto`` mixes them by rows on a CPU with VNNI), prefill chunks on the float32 dense
-    path past ``dense_rows``."""
+    quantized per token, then the kernel ``PAGED_CORE_CPU_W8A8`` names (``auto``: vnni where
+    it runs, else oneDNN's int8 GEMM from some rows or the float32 kernels, their dense path
+    past ``dense_rows``)."""
     pytest.importorskip("compressed_tensors")
     from paged_core.bench.quantized_models import compressed_tensors_checkpoint
+    from paged_core.cpu.extension import cpu_ops
     from paged_core.quantization.quantized_linear import DENSE_ROWS_SETTING
-    from paged_core.quantization.w8a8_linear import INT8_SUMS_FROM_ROWS, W8A8_SETTING, W8A8Linear
+    from paged_core.quantization.w8a8_linear import W8A8_SETTING, W8A8Linear
 
+    if kernel == "vnni" and not cpu_ops(cpu_isa).int8_vnni_ready():
+        pytest.skip(f"the vnni W8A8 kernel needs an AVX-512 build on a CPU with AVX512-VNNI; "
+                    f"this run is {cpu_isa}")
     monkeypatch.setenv(DENSE_ROWS_SETTING, "24")  # below this test's prompts: both paths run
     monkeypatch.setenv(W8A8_SETTING, kernel)
     folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
@@ -152,5 +156,5 @@ def test_stack_matches_the_python_layers_with_w8a8(kernel, dtype, tokenizer, tmp
     llm = _generate_through_both_paths(checkpoint, dtype, cpu_isa)
     projection = llm.engine.core.executor.runner.model.layers[0].mlp.down_proj
     assert type(projection) is W8A8Linear
-    expected = {"int8": [1], "float32": [0]}.get(kernel, [0, INT8_SUMS_FROM_ROWS])
-    assert projection.int8_sums_from_rows in expected
+    assert kernel in ("auto", projection.kernel)
+    assert (projection.vnni_sums is not None) == (projection.kernel == "vnni")

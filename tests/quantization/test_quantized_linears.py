@@ -10,6 +10,8 @@ Q5_1 and Q5_K: 5 bits too); ``int8-wide-zeros``
 (the whole range and zeros: GPTQ or compressed-tensors asymmetric 8-bit); ``int8-iq4`` (levels
 that are all llama.cpp's IQ4_NL values, as GGUF IQ4_NL and IQ4_XS: the column layout keeps
 their 4-bit indices)."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,8 +21,8 @@ from paged_core.quantization.int4_linear import Int4Linear, Int4Weight, pack_nib
 from paged_core.quantization.int8_linear import IQ4_NL_VALUES, Int8Linear, Int8Weight
 from paged_core.quantization.projections import ConcatLinear, quantized_linear
 from paged_core.quantization.quantized_linear import DENSE_ROWS_SETTING
-from paged_core.quantization.w8a8_linear import INT8_SUMS_FROM_ROWS, W8A8_SETTING, W8A8Linear, \
-    int8_sums_from_rows
+from paged_core.quantization.w8a8_linear import ONEDNN_FROM_ROWS, W8A8_KERNELS, W8A8_SETTING, \
+    W8A8Linear, selected_w8a8_kernel
 
 
 def int4_weight(out, width, group_size, gen):
@@ -312,10 +314,25 @@ def test_without_the_cpp_kernels_every_call_is_dense():
     torch.testing.assert_close(layer(x), F.linear(x, weight.dequantize(), layer.bias))
 
 
-@pytest.mark.parametrize("kernel", ["auto", "int8", "float32"])
+def _use_w8a8_kernel(monkeypatch, kernel):
+    """``PAGED_CORE_CPU_W8A8=kernel`` for the test; ``vnni`` skips, saying why, where paged-core's
+    int8 kernel cannot run."""
+    monkeypatch.setenv(W8A8_SETTING, kernel)
+    if kernel == "vnni" and not _vnni_ready():
+        pytest.skip("the vnni W8A8 kernel needs paged-core's AVX-512 build on a CPU with "
+                    "AVX512-VNNI; this machine has neither or not both")
+
+
+def _vnni_ready() -> bool:
+    from paged_core.cpu.extension import cpu_extension_available, cpu_ops
+
+    return cpu_extension_available() and bool(cpu_ops().int8_vnni_ready())
+
+
+@pytest.mark.parametrize("kernel", ["auto", *W8A8_KERNELS])
 @pytest.mark.parametrize("rows", [1, 5, 6, 40])
 def test_w8a8_is_the_integer_product_of_per_token_levels(monkeypatch, kernel, rows):
-    monkeypatch.setenv(W8A8_SETTING, kernel)
+    _use_w8a8_kernel(monkeypatch, kernel)
     gen = torch.Generator().manual_seed(rows)
     weight = int8_weight(24, 64, 64, gen)
     weight.activations_int8 = True
@@ -330,51 +347,46 @@ def test_w8a8_is_the_integer_product_of_per_token_levels(monkeypatch, kernel, ro
     torch.testing.assert_close(layer(x).double(), expected, atol=1e-5, rtol=1e-5)
 
 
-def _int8_dot_cpu(monkeypatch, has_vnni):
-    """``torch.cpu.get_capabilities`` as on a CPU with (or without) int8 dot products."""
-    caps = {flag: False for flag in ("avx512_vnni", "avx_vnni", "amx_int8")}
-    caps["avx512_vnni"] = has_vnni
-    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
-
-
-@pytest.mark.parametrize("setting,has_vnni,from_rows", [
-    ("", True, INT8_SUMS_FROM_ROWS), ("auto", False, 0), ("int8", False, 1), ("int8", True, 1),
-    ("float32", True, 0), (" INT8 ", True, 1)])
-def test_the_w8a8_setting_picks_integer_sums_from_some_rows(monkeypatch, setting, has_vnni,
-                                                            from_rows):
-    """``PAGED_CORE_CPU_W8A8``: ``auto`` takes integer sums from ``INT8_SUMS_FROM_ROWS`` rows
-    on CPUs with int8 dot products and never on the others; ``int8`` always, on any CPU;
-    ``float32`` never."""
+@pytest.mark.parametrize("setting,vnni_ready,int8_dot,chosen", [
+    ("", True, True, ("vnni", 1)), ("auto", False, True, ("onednn", ONEDNN_FROM_ROWS)),
+    ("auto", False, False, ("float32", 0)), ("onednn", False, False, ("onednn", 1)),
+    (" VNNI ", True, True, ("vnni", 1)), ("float32", True, True, ("float32", 0))])
+def test_the_w8a8_setting_picks_a_kernel(monkeypatch, setting, vnni_ready, int8_dot, chosen):
+    """``PAGED_CORE_CPU_W8A8``: ``auto`` takes paged-core's vnni kernel where it runs, else
+    oneDNN's int8 GEMM from ``ONEDNN_FROM_ROWS`` rows on CPUs with int8 dot products, else the
+    float32 kernels; a kernel named takes every call."""
     monkeypatch.setenv(W8A8_SETTING, setting)
-    _int8_dot_cpu(monkeypatch, has_vnni)
-    assert int8_sums_from_rows() == from_rows
+    caps = {flag: False for flag in ("avx512_vnni", "avx_vnni", "amx_int8")}
+    caps["avx_vnni"] = int8_dot
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+    assert selected_w8a8_kernel(SimpleNamespace(int8_vnni_ready=lambda: vnni_ready)) == chosen
+    if not vnni_ready:
+        assert selected_w8a8_kernel(None) == chosen  # no C++ kernels at all
 
 
-def test_an_unknown_w8a8_kernel_is_refused_naming_the_setting(monkeypatch):
-    monkeypatch.setenv(W8A8_SETTING, "vnni")
-    weight = int8_weight(8, 64, 64, torch.Generator().manual_seed(0))
-    weight.activations_int8 = True
-    with pytest.raises(ValueError, match=f"{W8A8_SETTING}='vnni'.*int8, float32"):
-        W8A8Linear(weight, False, torch.bfloat16)
+@pytest.mark.parametrize("setting,message", [("int8", "'int8' is not a W8A8 kernel"),
+                                             ("vnni", "vnni needs paged-core's AVX-512")])
+def test_w8a8_kernels_that_cannot_be_taken_are_refused_naming_the_setting(monkeypatch, setting,
+                                                                           message):
+    monkeypatch.setenv(W8A8_SETTING, setting)
+    with pytest.raises(ValueError, match=f"{W8A8_SETTING}={message}"):
+        selected_w8a8_kernel(SimpleNamespace(int8_vnni_ready=lambda: False))
 
 
-@pytest.mark.parametrize("rows", [5, 6, 12, 64])
-def test_w8a8_takes_exact_integer_sums_from_its_rows_on_a_vnni_cpu(monkeypatch, rows):
-    """On a CPU with int8 dot products, from ``INT8_SUMS_FROM_ROWS`` rows the sums come from
-    ATen's int8 GEMM: exactly the int64 sums of the levels, times the channel's scale, then
-    the token's, in float32 (bit for bit); fewer rows take the float32 kernels' bits, which
-    differ where the sums pass 2^24 (inputs of 1536 features; bfloat16 rows). From
-    ``dense_rows`` rows the float32 path multiplies the dequantized weight in bfloat16."""
-    _int8_dot_cpu(monkeypatch, True)
+@pytest.mark.parametrize("kernel", ["vnni", "onednn"])
+@pytest.mark.parametrize("rows", [1, 5, 9, 12, 64])
+def test_w8a8_integer_kernels_give_the_exact_sums_scaled(monkeypatch, kernel, rows):
+    """vnni and onednn take exactly the int64 sums of the levels, times the channel's scale,
+    then the token's, in float32: the same bits for every row count (bfloat16 rows, 1536
+    features, sums past 2^24, 40 outputs: a partial group of 16); the float32 kernels differ
+    in the last bits there, and are close below ``dense_rows`` (past it they multiply the
+    dequantized weight in bfloat16)."""
+    _use_w8a8_kernel(monkeypatch, kernel)
     gen = torch.Generator().manual_seed(rows)
     weight = int8_weight(40, 1536, 1536, gen)
     weight.q[0] = 127  # with inputs near 1 (levels near 127) its sums pass 2^24
     weight.activations_int8 = True
     x = (1 + torch.randn(rows, 1536, generator=gen) * 0.01).bfloat16()
-    monkeypatch.setenv(W8A8_SETTING, "float32")
-    float_layer = W8A8Linear(weight, False, torch.bfloat16)
-    float_sums = float_layer.product(x)
-    monkeypatch.setenv(W8A8_SETTING, "auto")
     y = W8A8Linear(weight, False, torch.bfloat16).product(x)
     xf = x.float()
     scale = xf.abs().amax(1, keepdim=True) / 127
@@ -382,10 +394,37 @@ def test_w8a8_takes_exact_integer_sums_from_its_rows_on_a_vnni_cpu(monkeypatch, 
     sums = levels.long() @ weight.q.long().T
     assert sums.abs().max() > 2 ** 24  # past float32's exact integers
     expected = (sums.float() * weight.scales[:, 0]) * scale
+    assert torch.equal(y, expected)
+    monkeypatch.setenv(W8A8_SETTING, "float32")
+    float_layer = W8A8Linear(weight, False, torch.bfloat16)
+    float_sums = float_layer.product(x)
     assert not torch.equal(float_sums, expected)
     if rows < float_layer.dense_rows:
         torch.testing.assert_close(float_sums, expected, atol=1e-3, rtol=1e-5)
-    assert torch.equal(y, expected if rows >= INT8_SUMS_FROM_ROWS else float_sums)
+
+
+@pytest.mark.parametrize("rows,features,outputs", [(1, 70, 33), (8, 65, 16), (11, 4, 17)])
+def test_the_vnni_kernel_takes_any_width_and_output_count(monkeypatch, rows, features, outputs):
+    """``w8a8_product`` on ``w8a8_vnni_pack``'s layout where the features are no multiple of 4
+    (nor of the kernel's 64-byte steps) and the outputs no multiple of 16: zero padding adds
+    nothing; the exact sums, scaled, with a zero row (scale 1)."""
+    _use_w8a8_kernel(monkeypatch, "vnni")
+    from paged_core.cpu.extension import cpu_ops
+
+    ops = cpu_ops()
+    gen = torch.Generator().manual_seed(features)
+    q = torch.randint(-128, 128, (outputs, features), generator=gen, dtype=torch.int8)
+    channel_scales = torch.rand(outputs, generator=gen)
+    x = torch.randn(rows, features, generator=gen)
+    x[0] = 0
+    packed, vnni_sums = ops.w8a8_vnni_pack(q)
+    assert packed.shape == ((outputs + 15) // 16, (features + 3) // 4, 16, 4)
+    y = ops.w8a8_product(x, packed, channel_scales, vnni_sums, 1, 24, torch.float32)
+    scale = x.abs().amax(1, keepdim=True) / 127
+    scale[0] = 1
+    levels = torch.round(x / scale).clamp(-128, 127)
+    expected = ((levels.long() @ q.long().T).float() * channel_scales) * scale
+    assert torch.equal(y, expected)
 
 
 def test_parts_of_different_kinds_run_side_by_side():

@@ -77,6 +77,7 @@ struct QuantizedWeight {
   bool row_dense;              // the row layout's many rows: row_layout_dense (bfloat16)
   int64_t w8a8_int8_sums_from_rows;  // >= 0: W8A8 (w8a8_product, integer sums from this many
                                      // rows; 0: never); -1: weight-only levels
+  at::Tensor w8a8_vnni_sums;  // W8A8 with levels in w8a8_vnni_pack's layout: its biased sums
 
   // silu_and_mul of a gate_up's product(rows) (bfloat16 rows, no bias), in the dense path's
   // epilogue where the column layout takes that path: the same bits (column_dense_silu_and_mul);
@@ -96,8 +97,8 @@ struct QuantizedWeight {
   // rows; row_dense).
   at::Tensor product(const at::Tensor& rows, at::ScalarType out) const {
     if (w8a8_int8_sums_from_rows >= 0)
-      return paged_core_cpu::w8a8_product(rows, levels, scales, w8a8_int8_sums_from_rows,
-                                          dense_rows, dense_dtype);
+      return paged_core_cpu::w8a8_product(rows, levels, scales, given(w8a8_vnni_sums),
+                                          w8a8_int8_sums_from_rows, dense_rows, dense_dtype);
     if (column_outputs > 0) return column_product(rows.to(at::kBFloat16).contiguous(), out);
     if (rows.size(0) >= dense_rows) {
 #if PAGED_CORE_BF16_DOT
@@ -328,13 +329,15 @@ class DecoderStack : public torch::CustomClassHolder {
   // where the weight has zeros;
   // column_outputs > 0: column_pack's layout, its many-rows GEMM on AMX from amx_min_rows
   // rows, its calls of up to int8_tile_rows rows on AMX-INT8 tiles; w8a8_int8_sums_from_rows
-  // >= 0: W8A8, its rows quantized per token, QuantizedWeight's field) instead of the weight
-  // add_layer gave it; its bias stays.
+  // >= 0: W8A8, its rows quantized per token, QuantizedWeight's fields, with w8a8_vnni_sums
+  // where its levels are w8a8_vnni_pack's) instead of the weight add_layer gave it; its bias
+  // stays.
   void set_quantized(int64_t layer, int64_t projection, int64_t bits, at::Tensor levels,
                      at::Tensor scales, std::optional<at::Tensor> offsets,
                      std::optional<at::Tensor> zeros, int64_t group_size, int64_t dense_rows,
                      at::ScalarType dense_dtype, int64_t column_outputs, int64_t amx_min_rows,
-                     int64_t int8_tile_rows, bool row_dense, int64_t w8a8_int8_sums_from_rows) {
+                     int64_t int8_tile_rows, bool row_dense, int64_t w8a8_int8_sums_from_rows,
+                     std::optional<at::Tensor> w8a8_vnni_sums) {
     TORCH_CHECK(bits == 8 || (bits == 4 && offsets && zeros),
                 "quantized projections are 8-bit, or 4-bit with offsets and zeros");
     TORCH_CHECK(offsets.has_value() == zeros.has_value(), "give offsets and zeros together");
@@ -346,7 +349,8 @@ class DecoderStack : public torch::CustomClassHolder {
     projection_at(layer, projection).quantized = QuantizedWeight{
         bits, std::move(levels), std::move(scales), offsets.value_or(at::Tensor()),
         zeros.value_or(at::Tensor()), group_size, dense_rows, dense_dtype, column_outputs,
-        amx_min_rows, int8_tile_rows, row_dense, w8a8_int8_sums_from_rows};
+        amx_min_rows, int8_tile_rows, row_dense, w8a8_int8_sums_from_rows,
+        w8a8_vnni_sums.value_or(at::Tensor())};
   }
 
   // Give projection `projection` (0 qkv, 1 o, 2 gate_up, 3 down) of layer `layer` the LoRA

@@ -14,11 +14,18 @@
 // int4_dequantize / int8_dequantize: W itself, float32 [N, K] (for many rows at once, where
 // one dense GEMM beats these per-row dots).
 // w8a8_product: W8A8 (quantization/w8a8_linear.py), the rows quantized to int8 levels per row,
-// then integer sums (ATen's int8 GEMM) or these float32 kernels.
+// then integer sums (vnni_columns below, or ATen's int8 GEMM) or these float32 kernels.
+// vnni_columns: int8 levels in groups of 16 outputs, [N/16][K/4][16][4] (w8a8_vnni_pack), times
+// a block of up to 8 rows: per 4 k, one 64-byte load of the group's levels and per row one
+// broadcast of its 4 levels (biased to unsigned bytes, + 128) and one vpdpbusd, no horizontal
+// sums; 128 * the row sums of the levels are taken back at the end: exact int32 sums, scaled
+// as they are stored.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_int_mm.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/mul.h>
 #include <torch/library.h>
@@ -38,7 +45,11 @@
 
 namespace {
 
+using paged_core_cpu::Elem;
+
 constexpr int64_t kRowsInFlight = 4;
+// Outputs of a group of w8a8_vnni_pack's layout: the int32 lanes of a zmm.
+constexpr int64_t VNNI_GROUP_OUTPUTS = 16;
 
 inline int64_t row_grain(int64_t K, int64_t M) {
   return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, K * M));
@@ -248,48 +259,193 @@ at::Tensor dequantize(const at::Tensor& levels, const at::Tensor& scales,
   return w;
 }
 
-// Each row of x (float32 [M, K], contiguous) as int8 levels round(x / scale) (half to even,
-// within -128..127) and its scale absmax / 127 (1 for a row of zeros): float32 [M, 1]. The
-// same float32 operations as quantization/w8a8_linear.py's torch formula, so the same bits.
-std::tuple<at::Tensor, at::Tensor> token_levels(const at::Tensor& x) {
-  const int64_t M = x.size(0), K = x.size(1);
-  at::Tensor levels = at::empty({M, K}, x.options().dtype(at::kChar));
-  at::Tensor scales = at::empty({M, 1}, x.options());
-  const float* xp = x.data_ptr<float>();
-  int8_t* lp = levels.data_ptr<int8_t>();
-  float* sp = scales.data_ptr<float>();
+// Each row of x (float32 or bfloat16 [M, K], contiguous) as int8 levels round(x / scale)
+// (half to even, within -128..127) and its scale absmax / 127 (1 for a row of zeros): float32
+// [M, 1]. The same float32 operations as quantization/w8a8_linear.py's torch formula, so the
+// same bits. biased_width > 0: the levels as unsigned bytes level + 128 in rows of
+// biased_width >= K (128 past K: a level 0), vnni_columns' rows.
+template <typename T>
+void token_levels_of(const T* xp, int64_t M, int64_t K, int64_t width, uint8_t bias, uint8_t* lp,
+                     float* sp) {
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, K)),
                    [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
-      const float* row = xp + m * K;
+      const T* row = xp + m * K;
       float amax = 0.f;
 #pragma omp simd reduction(max : amax)
-      for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(row[k]));
+      for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(Elem<T>::load(row[k])));
       float scale = amax / 127.f;
       if (scale == 0.f) scale = 1.f;
       sp[m] = scale;
-      int8_t* out = lp + m * K;
+      uint8_t* out = lp + m * width;
 #pragma omp simd
-      for (int64_t k = 0; k < K; ++k)
-        out[k] = static_cast<int8_t>(std::min(127.f, std::max(-128.f, std::rint(row[k] / scale))));
+      for (int64_t k = 0; k < K; ++k) {
+        const float level =
+            std::min(127.f, std::max(-128.f, std::rint(Elem<T>::load(row[k]) / scale)));
+        out[k] = static_cast<uint8_t>(static_cast<int8_t>(level)) ^ bias;
+      }
+      for (int64_t k = K; k < width; ++k) out[k] = 0x80;
     }
   });
+}
+
+std::tuple<at::Tensor, at::Tensor> token_levels(const at::Tensor& x, int64_t biased_width = 0) {
+  const int64_t M = x.size(0), K = x.size(1);
+  const int64_t width = biased_width > 0 ? biased_width : K;
+  at::Tensor levels = at::empty({M, width}, x.options().dtype(biased_width > 0 ? at::kByte : at::kChar));
+  at::Tensor scales = at::empty({M, 1}, x.options().dtype(at::kFloat));
+  uint8_t* lp = static_cast<uint8_t*>(levels.data_ptr());
+  const uint8_t bias = biased_width > 0 ? 0x80 : 0;
+  if (x.scalar_type() == at::kBFloat16)
+    token_levels_of(static_cast<const uint16_t*>(x.data_ptr()), M, K, width, bias, lp,
+                    scales.data_ptr<float>());
+  else
+    token_levels_of(x.data_ptr<float>(), M, K, width, bias, lp, scales.data_ptr<float>());
   return {levels, scales};
 }
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define PAGED_CORE_VNNI_COLUMNS 1
+constexpr int64_t kVnniGroup = VNNI_GROUP_OUTPUTS;
+constexpr int64_t kVnniRows = 8;     // rows of x per pass over a pair of groups
+constexpr int64_t kVnniAhead = 1024; // bytes of a group's levels between a prefetch and its load
+
+// The scales of vnni_columns' sums: one per output channel (N), one per row (M).
+struct VnniScales {
+  const float* channel;
+  const float* token;
+};
+
+// Rows [m0, m0 + R) of the biased rows xu (Kp bytes each) times the two groups g, g + 1 of
+// packed levels (g alone where g + 1 == groups): their exact int32 sums, as float32 times the
+// channel's scale, then the row's (each product rounded, as at::mul would), into out [M, N].
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+void vnni_group_pair(const uint8_t* xu, int64_t Kp, const int8_t* packed, int64_t quads, int64_t g,
+                     int64_t groups, int64_t m0, const int32_t* biased_sums, VnniScales scales,
+                     int64_t N, float* out) {
+  const bool two = g + 1 < groups;
+  const int8_t* p0 = packed + g * quads * 64;
+  const int8_t* p1 = two ? p0 + quads * 64 : p0;
+  __m512i acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+  for (int64_t t = 0; t < quads; ++t) {
+    _mm_prefetch(reinterpret_cast<const char*>(p0 + t * 64 + kVnniAhead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p1 + t * 64 + kVnniAhead), _MM_HINT_T0);
+    const __m512i w0 = _mm512_loadu_si512(p0 + t * 64), w1 = _mm512_loadu_si512(p1 + t * 64);
+    for (int r = 0; r < R; ++r) {
+      int32_t quad;
+      __builtin_memcpy(&quad, xu + (m0 + r) * Kp + 4 * t, 4);
+      const __m512i x = _mm512_set1_epi32(quad);
+      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], x, w0);
+      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], x, w1);
+    }
+  }
+  for (int h = 0; h < (two ? 2 : 1); ++h) {
+    const int64_t n0 = (g + h) * kVnniGroup;
+    const __m512i bias = _mm512_loadu_si512(biased_sums + n0);
+    const __mmask16 live = static_cast<__mmask16>((1u << std::min<int64_t>(kVnniGroup, N - n0)) - 1);
+    const __m512 channel = _mm512_maskz_loadu_ps(live, scales.channel + n0);
+    for (int r = 0; r < R; ++r) {
+      const __m512 sums = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][h], bias));
+      const __m512 y = _mm512_mul_ps(_mm512_mul_ps(sums, channel),
+                                     _mm512_set1_ps(scales.token[m0 + r]));
+      _mm512_mask_storeu_ps(out + (m0 + r) * N + n0, live, y);
+    }
+  }
+}
+
+// xu: biased rows [M, Kp]; packed, biased_sums: w8a8_vnni_pack's; channel_scales [N] and
+// token_scales [M] float32: the scaled sums, float32 [M, N]. Pairs of groups are split between
+// threads; each runs every block of rows over its pairs.
+at::Tensor vnni_columns(const at::Tensor& xu, const at::Tensor& packed,
+                        const at::Tensor& biased_sums, const at::Tensor& channel_scales,
+                        const at::Tensor& token_scales) {
+  const int64_t M = xu.size(0), Kp = xu.size(1), groups = packed.size(0), quads = packed.size(1);
+  const int64_t N = channel_scales.numel();
+  at::Tensor y = at::empty({M, N}, token_scales.options());
+  const uint8_t* xp = xu.data_ptr<uint8_t>();
+  const int8_t* pp = packed.data_ptr<int8_t>();
+  const int32_t* bp = biased_sums.data_ptr<int32_t>();
+  const VnniScales scales{channel_scales.data_ptr<float>(), token_scales.data_ptr<float>()};
+  float* out = y.data_ptr<float>();
+  at::parallel_for(0, (groups + 1) / 2, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      for (int64_t m0 = 0; m0 < M; m0 += kVnniRows) {
+        const int64_t g = 2 * i;
+        switch (std::min<int64_t>(kVnniRows, M - m0)) {
+#define PAGED_CORE_VNNI_ROWS(R) \
+  case R: vnni_group_pair<R>(xp, Kp, pp, quads, g, groups, m0, bp, scales, N, out); break;
+          PAGED_CORE_VNNI_ROWS(1) PAGED_CORE_VNNI_ROWS(2) PAGED_CORE_VNNI_ROWS(3)
+          PAGED_CORE_VNNI_ROWS(4) PAGED_CORE_VNNI_ROWS(5) PAGED_CORE_VNNI_ROWS(6)
+          PAGED_CORE_VNNI_ROWS(7)
+#undef PAGED_CORE_VNNI_ROWS
+          default: vnni_group_pair<kVnniRows>(xp, Kp, pp, quads, g, groups, m0, bp, scales, N, out);
+        }
+      }
+  });
+  return y;
+}
+#endif
 
 }  // namespace
 
 namespace paged_core_cpu {
 
+bool int8_vnni_ready() {
+#if defined(PAGED_CORE_VNNI_COLUMNS)
+  return __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
+std::vector<at::Tensor> w8a8_vnni_pack(const at::Tensor& levels) {
+  TORCH_CHECK(levels.dim() == 2 && levels.scalar_type() == at::kChar && levels.is_contiguous(),
+              "w8a8_vnni_pack: contiguous int8 levels [N, K]");
+  const int64_t N = levels.size(0), K = levels.size(1);
+  const int64_t groups = (N + VNNI_GROUP_OUTPUTS - 1) / VNNI_GROUP_OUTPUTS, quads = (K + 3) / 4;
+  at::Tensor packed = at::zeros({groups, quads, VNNI_GROUP_OUTPUTS, 4}, levels.options());
+  at::Tensor biased_sums = at::zeros({groups * VNNI_GROUP_OUTPUTS}, levels.options().dtype(at::kInt));
+  const int8_t* lp = levels.data_ptr<int8_t>();
+  int8_t* pp = packed.data_ptr<int8_t>();
+  int32_t* bp = biased_sums.data_ptr<int32_t>();
+  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      int32_t sum = 0;
+      int8_t* group = pp + n / VNNI_GROUP_OUTPUTS * quads * VNNI_GROUP_OUTPUTS * 4 +
+                      n % VNNI_GROUP_OUTPUTS * 4;
+      for (int64_t k = 0; k < K; ++k) {
+        group[k / 4 * VNNI_GROUP_OUTPUTS * 4 + k % 4] = lp[n * K + k];
+        sum += lp[n * K + k];
+      }
+      bp[n] = 128 * sum;
+    }
+  });
+  return {packed, biased_sums};
+}
+
 at::Tensor w8a8_product(const at::Tensor& rows, const at::Tensor& levels, const at::Tensor& scales,
-                        int64_t int8_sums_from_rows, int64_t dense_rows,
-                        at::ScalarType dense_dtype) {
+                        const std::optional<at::Tensor>& vnni_sums, int64_t int8_sums_from_rows,
+                        int64_t dense_rows, at::ScalarType dense_dtype) {
+  const at::Tensor x = (rows.scalar_type() == at::kBFloat16 ? rows : rows.to(at::kFloat)).contiguous();
+  const int64_t M = x.size(0), K = x.size(1), N = scales.numel();
+  if (vnni_sums) {  // levels: w8a8_vnni_pack's; every call on vnni_columns
+    TORCH_CHECK(rows.dim() == 2 && levels.dim() == 4 && levels.size(1) == (K + 3) / 4 &&
+                    levels.size(0) * VNNI_GROUP_OUTPUTS == vnni_sums->numel() &&
+                    N <= vnni_sums->numel() && int8_vnni_ready(),
+                "w8a8_product: rows [M, K] and w8a8_vnni_pack's levels of K features, on a "
+                "CPU with AVX512-VNNI");
+#if defined(PAGED_CORE_VNNI_COLUMNS)
+    auto [biased_rows, token_scales] = token_levels(x, levels.size(1) * 4);
+    return vnni_columns(biased_rows, levels, *vnni_sums, scales.reshape({-1}).contiguous(),
+                        token_scales);
+#endif
+  }
   TORCH_CHECK(rows.dim() == 2 && levels.dim() == 2 && levels.scalar_type() == at::kChar &&
-                  rows.size(1) == levels.size(1) && scales.numel() == levels.size(0),
+                  rows.size(1) == levels.size(1) && N == levels.size(0),
               "w8a8_product: rows [M, K], int8 levels [N, K] and N channel scales");
-  const at::Tensor x = rows.to(at::kFloat).contiguous();
   auto [token_q, token_scales] = token_levels(x);
-  const int64_t M = x.size(0), K = x.size(1);
   if (int8_sums_from_rows > 0 && M >= int8_sums_from_rows)  // exact int32 sums
     return at::mul(at::_int_mm(token_q, levels.t()), scales.reshape({-1})).mul_(token_scales);
   const at::Tensor q = token_q.to(at::kFloat);
@@ -332,7 +488,10 @@ PAGED_CORE_LIBRARY_FRAGMENT(m) {
   m.def("int8_gemm(Tensor x, Tensor levels, Tensor scales, Tensor? offsets, int group_size) -> Tensor");
   m.impl("int4_gemm", c10::DispatchKey::CPU, TORCH_FN(int4_gemm));
   m.impl("int8_gemm", c10::DispatchKey::CPU, TORCH_FN(int8_gemm));
-  m.def("w8a8_product(Tensor rows, Tensor levels, Tensor scales, int int8_sums_from_rows, "
-        "int dense_rows, ScalarType dense_dtype) -> Tensor");
+  m.def("w8a8_product(Tensor rows, Tensor levels, Tensor scales, Tensor? vnni_sums, "
+        "int int8_sums_from_rows, int dense_rows, ScalarType dense_dtype) -> Tensor");
   m.impl("w8a8_product", c10::DispatchKey::CPU, TORCH_FN(w8a8_product));
+  m.def("int8_vnni_ready() -> bool", &int8_vnni_ready);
+  m.def("w8a8_vnni_pack(Tensor levels) -> Tensor[]");
+  m.impl("w8a8_vnni_pack", c10::DispatchKey::CPU, TORCH_FN(w8a8_vnni_pack));
 }

@@ -25,14 +25,20 @@ at::Tensor int8_dequantize(const at::Tensor& levels, const at::Tensor& scales,
                            const std::optional<at::Tensor>& zeros, int64_t group_size);
 
 // W8A8 (quantization/w8a8_linear.py): rows [M, K] (float32 or bfloat16) quantized per row to
-// int8 levels (scale absmax / 127), times int8 levels [N, K] with one scale per channel
-// (scales, N floats): integer sums (at::_int_mm) from int8_sums_from_rows rows (0: never),
-// scaled by the channel's then the row's scale; else the levels as float32 through int8_gemm
-// (from dense_rows rows, the dequantized weight in dense_dtype), times the row's scale.
-// float32 [M, N].
+// int8 levels (scale absmax / 127), times int8 weight levels with one scale per channel
+// (scales, N floats). With vnni_sums (levels and vnni_sums: w8a8_vnni_pack's, on a CPU with
+// AVX512-VNNI) every call takes exact integer sums on vnni_columns; else levels [N, K] and
+// integer sums (at::_int_mm) from int8_sums_from_rows rows (0: never), below that the levels
+// as float32 through int8_gemm (from dense_rows rows, the dequantized weight in dense_dtype).
+// Sums times the channel's scale, then the row's: float32 [M, N].
 at::Tensor w8a8_product(const at::Tensor& rows, const at::Tensor& levels, const at::Tensor& scales,
-                        int64_t int8_sums_from_rows, int64_t dense_rows,
-                        at::ScalarType dense_dtype);
+                        const std::optional<at::Tensor>& vnni_sums, int64_t int8_sums_from_rows,
+                        int64_t dense_rows, at::ScalarType dense_dtype);
+// Whether this build and CPU run vnni_columns (AVX-512 builds on CPUs with AVX512-VNNI).
+bool int8_vnni_ready();
+// int8 levels [N, K] as vnni_columns takes them: [ceil(N/16), ceil(K/4), 16, 4] int8 (zeros
+// past N and K), and 128 * each row's sum of levels, int32 [ceil(N/16) * 16].
+std::vector<at::Tensor> w8a8_vnni_pack(const at::Tensor& levels);
 
 #if PAGED_CORE_BF16_DOT
 // quantized_row_dense.cpp: x [M, K] -> x W^T bfloat16 for many rows, the row layout's levels
