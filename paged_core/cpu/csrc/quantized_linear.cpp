@@ -24,7 +24,6 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_int_mm.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/mul.h>
@@ -49,7 +48,7 @@ using paged_core_cpu::Elem;
 
 constexpr int64_t kRowsInFlight = 4;
 // Outputs of a group of w8a8_vnni_pack's layout: the int32 lanes of a zmm.
-constexpr int64_t VNNI_GROUP_OUTPUTS = 16;
+constexpr int64_t kVnniGroup = 16;
 
 inline int64_t row_grain(int64_t K, int64_t M) {
   return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, K * M));
@@ -292,7 +291,8 @@ void token_levels_of(const T* xp, int64_t M, int64_t K, int64_t width, uint8_t b
 std::tuple<at::Tensor, at::Tensor> token_levels(const at::Tensor& x, int64_t biased_width = 0) {
   const int64_t M = x.size(0), K = x.size(1);
   const int64_t width = biased_width > 0 ? biased_width : K;
-  at::Tensor levels = at::empty({M, width}, x.options().dtype(biased_width > 0 ? at::kByte : at::kChar));
+  const at::ScalarType level_type = biased_width > 0 ? at::kByte : at::kChar;
+  at::Tensor levels = at::empty({M, width}, x.options().dtype(level_type));
   at::Tensor scales = at::empty({M, 1}, x.options().dtype(at::kFloat));
   uint8_t* lp = static_cast<uint8_t*>(levels.data_ptr());
   const uint8_t bias = biased_width > 0 ? 0x80 : 0;
@@ -306,7 +306,6 @@ std::tuple<at::Tensor, at::Tensor> token_levels(const at::Tensor& x, int64_t bia
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define PAGED_CORE_VNNI_COLUMNS 1
-constexpr int64_t kVnniGroup = VNNI_GROUP_OUTPUTS;
 constexpr int64_t kVnniRows = 8;     // rows of x per pass over a pair of groups
 constexpr int64_t kVnniAhead = 1024; // bytes of a group's levels between a prefetch and its load
 
@@ -344,7 +343,8 @@ void vnni_group_pair(const uint8_t* xu, int64_t Kp, const int8_t* packed, int64_
   for (int h = 0; h < (two ? 2 : 1); ++h) {
     const int64_t n0 = (g + h) * kVnniGroup;
     const __m512i bias = _mm512_loadu_si512(biased_sums + n0);
-    const __mmask16 live = static_cast<__mmask16>((1u << std::min<int64_t>(kVnniGroup, N - n0)) - 1);
+    const int64_t outputs = std::min<int64_t>(kVnniGroup, N - n0);
+    const __mmask16 live = static_cast<__mmask16>((1u << outputs) - 1);
     const __m512 channel = _mm512_maskz_loadu_ps(live, scales.channel + n0);
     for (int r = 0; r < R; ++r) {
       const __m512 sums = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][h], bias));
@@ -404,19 +404,19 @@ std::vector<at::Tensor> w8a8_vnni_pack(const at::Tensor& levels) {
   TORCH_CHECK(levels.dim() == 2 && levels.scalar_type() == at::kChar && levels.is_contiguous(),
               "w8a8_vnni_pack: contiguous int8 levels [N, K]");
   const int64_t N = levels.size(0), K = levels.size(1);
-  const int64_t groups = (N + VNNI_GROUP_OUTPUTS - 1) / VNNI_GROUP_OUTPUTS, quads = (K + 3) / 4;
-  at::Tensor packed = at::zeros({groups, quads, VNNI_GROUP_OUTPUTS, 4}, levels.options());
-  at::Tensor biased_sums = at::zeros({groups * VNNI_GROUP_OUTPUTS}, levels.options().dtype(at::kInt));
+  const int64_t groups = (N + kVnniGroup - 1) / kVnniGroup, quads = (K + 3) / 4;
+  at::Tensor packed = at::zeros({groups, quads, kVnniGroup, 4}, levels.options());
+  at::Tensor biased_sums = at::zeros({groups * kVnniGroup}, levels.options().dtype(at::kInt));
   const int8_t* lp = levels.data_ptr<int8_t>();
   int8_t* pp = packed.data_ptr<int8_t>();
   int32_t* bp = biased_sums.data_ptr<int32_t>();
   at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       int32_t sum = 0;
-      int8_t* group = pp + n / VNNI_GROUP_OUTPUTS * quads * VNNI_GROUP_OUTPUTS * 4 +
-                      n % VNNI_GROUP_OUTPUTS * 4;
+      int8_t* group = pp + n / kVnniGroup * quads * kVnniGroup * 4 +
+                      n % kVnniGroup * 4;
       for (int64_t k = 0; k < K; ++k) {
-        group[k / 4 * VNNI_GROUP_OUTPUTS * 4 + k % 4] = lp[n * K + k];
+        group[k / 4 * kVnniGroup * 4 + k % 4] = lp[n * K + k];
         sum += lp[n * K + k];
       }
       bp[n] = 128 * sum;
@@ -428,11 +428,13 @@ std::vector<at::Tensor> w8a8_vnni_pack(const at::Tensor& levels) {
 at::Tensor w8a8_product(const at::Tensor& rows, const at::Tensor& levels, const at::Tensor& scales,
                         const std::optional<at::Tensor>& vnni_sums, int64_t int8_sums_from_rows,
                         int64_t dense_rows, at::ScalarType dense_dtype) {
-  const at::Tensor x = (rows.scalar_type() == at::kBFloat16 ? rows : rows.to(at::kFloat)).contiguous();
+  TORCH_CHECK(rows.dim() == 2, "w8a8_product: rows [M, K]");
+  const bool bf16 = rows.scalar_type() == at::kBFloat16;  // token_levels reads it as it is
+  const at::Tensor x = (bf16 ? rows : rows.to(at::kFloat)).contiguous();
   const int64_t M = x.size(0), K = x.size(1), N = scales.numel();
   if (vnni_sums) {  // levels: w8a8_vnni_pack's; every call on vnni_columns
-    TORCH_CHECK(rows.dim() == 2 && levels.dim() == 4 && levels.size(1) == (K + 3) / 4 &&
-                    levels.size(0) * VNNI_GROUP_OUTPUTS == vnni_sums->numel() &&
+    TORCH_CHECK(levels.dim() == 4 && levels.size(1) == (K + 3) / 4 &&
+                    levels.size(0) * kVnniGroup == vnni_sums->numel() &&
                     N <= vnni_sums->numel() && int8_vnni_ready(),
                 "w8a8_product: rows [M, K] and w8a8_vnni_pack's levels of K features, on a "
                 "CPU with AVX512-VNNI");
@@ -442,8 +444,8 @@ at::Tensor w8a8_product(const at::Tensor& rows, const at::Tensor& levels, const 
                         token_scales);
 #endif
   }
-  TORCH_CHECK(rows.dim() == 2 && levels.dim() == 2 && levels.scalar_type() == at::kChar &&
-                  rows.size(1) == levels.size(1) && N == levels.size(0),
+  TORCH_CHECK(levels.dim() == 2 && levels.scalar_type() == at::kChar && K == levels.size(1) &&
+                  N == levels.size(0),
               "w8a8_product: rows [M, K], int8 levels [N, K] and N channel scales");
   auto [token_q, token_scales] = token_levels(x);
   if (int8_sums_from_rows > 0 && M >= int8_sums_from_rows)  // exact int32 sums
