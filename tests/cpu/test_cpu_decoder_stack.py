@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from ..tiny_models import build_tiny_model
+from ..w8a8_reference import use_w8a8_kernel
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -142,15 +143,11 @@ def test_stack_matches_the_python_layers_with_w8a8(kernel, dtype, tokenizer, tmp
     past ``dense_rows``)."""
     pytest.importorskip("compressed_tensors")
     from paged_core.bench.quantized_models import compressed_tensors_checkpoint
-    from paged_core.cpu.extension import cpu_ops
     from paged_core.quantization.quantized_linear import DENSE_ROWS_SETTING
-    from paged_core.quantization.w8a8_linear import W8A8_SETTING, W8A8Linear
+    from paged_core.quantization.w8a8_linear import W8A8Linear
 
-    if kernel == "vnni" and not cpu_ops(cpu_isa).int8_vnni_ready():
-        pytest.skip(f"the vnni W8A8 kernel needs an AVX-512 build on a CPU with AVX512-VNNI; "
-                    f"this run is {cpu_isa}")
+    use_w8a8_kernel(monkeypatch, kernel, cpu_isa)
     monkeypatch.setenv(DENSE_ROWS_SETTING, "24")  # below this test's prompts: both paths run
-    monkeypatch.setenv(W8A8_SETTING, kernel)
     folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
     checkpoint, _ = compressed_tensors_checkpoint(folder, "W8A8", str(tmp_path / "W8A8"))
     llm = _generate_through_both_paths(checkpoint, dtype, cpu_isa)

@@ -16,9 +16,9 @@ from paged_core.quantization.compressed_tensors_format import CompressedTensorsF
 from paged_core.quantization.int4_linear import Int4Linear
 from paged_core.quantization.int8_linear import Int8Linear
 from paged_core.quantization.quantized_linear import QuantizedLinear
-from paged_core.quantization.w8a8_linear import W8A8_KERNELS, W8A8_SETTING, W8A8Linear
+from paged_core.quantization.w8a8_linear import W8A8_KERNELS, W8A8Linear
 
-from ..w8a8_reference import quantize_activations_per_token
+from ..w8a8_reference import quantize_activations_per_token, use_w8a8_kernel
 from ..reference import assert_close_with_cached_prefix, assert_greedy_close, \
     engine_top_logprobs, hf_greedy_top_logprobs, passage_token_ids
 from ..tiny_models import build_tiny_model
@@ -85,12 +85,7 @@ def test_w8a8_is_close_to_transformers_on_every_kernel(checkpoints, tokenizer, m
     """``PAGED_CORE_CPU_W8A8`` names the kernel for every call (``auto``, the default, is
     ``test_engine_is_close_to_transformers``): greedy output stays close on each; ``vnni``
     skips, saying why, where it cannot run."""
-    monkeypatch.setenv(W8A8_SETTING, kernel)
-    from paged_core.cpu.extension import cpu_extension_available, cpu_ops
-
-    if kernel == "vnni" and not (cpu_extension_available() and cpu_ops().int8_vnni_ready()):
-        pytest.skip("the vnni W8A8 kernel needs paged-core's AVX-512 build on a CPU with "
-                    "AVX512-VNNI")
+    use_w8a8_kernel(monkeypatch, kernel)
     checkpoint, twin = checkpoints["W8A8"]
     _assert_close_to_transformers(twin, checkpoint, tokenizer, W8A8Linear, activations_int8=True)
 

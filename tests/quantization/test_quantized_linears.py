@@ -24,6 +24,8 @@ from paged_core.quantization.quantized_linear import DENSE_ROWS_SETTING
 from paged_core.quantization.w8a8_linear import ONEDNN_FROM_ROWS, W8A8_KERNELS, W8A8_SETTING, \
     W8A8Linear, selected_w8a8_kernel
 
+from ..w8a8_reference import use_w8a8_kernel
+
 
 def int4_weight(out, width, group_size, gen):
     q = torch.randint(0, 16, (out, width), generator=gen, dtype=torch.uint8)
@@ -314,25 +316,10 @@ def test_without_the_cpp_kernels_every_call_is_dense():
     torch.testing.assert_close(layer(x), F.linear(x, weight.dequantize(), layer.bias))
 
 
-def _use_w8a8_kernel(monkeypatch, kernel):
-    """``PAGED_CORE_CPU_W8A8=kernel`` for the test; ``vnni`` skips, saying why, where paged-core's
-    int8 kernel cannot run."""
-    monkeypatch.setenv(W8A8_SETTING, kernel)
-    if kernel == "vnni" and not _vnni_ready():
-        pytest.skip("the vnni W8A8 kernel needs paged-core's AVX-512 build on a CPU with "
-                    "AVX512-VNNI; this machine has neither or not both")
-
-
-def _vnni_ready() -> bool:
-    from paged_core.cpu.extension import cpu_extension_available, cpu_ops
-
-    return cpu_extension_available() and bool(cpu_ops().int8_vnni_ready())
-
-
 @pytest.mark.parametrize("kernel", ["auto", *W8A8_KERNELS])
 @pytest.mark.parametrize("rows", [1, 5, 6, 40])
 def test_w8a8_is_the_integer_product_of_per_token_levels(monkeypatch, kernel, rows):
-    _use_w8a8_kernel(monkeypatch, kernel)
+    use_w8a8_kernel(monkeypatch, kernel)
     gen = torch.Generator().manual_seed(rows)
     weight = int8_weight(24, 64, 64, gen)
     weight.activations_int8 = True
@@ -381,7 +368,7 @@ def test_w8a8_integer_kernels_give_the_exact_sums_scaled(monkeypatch, kernel, ro
     features, sums past 2^24, 40 outputs: a partial group of 16); the float32 kernels differ
     in the last bits there, and are close below ``dense_rows`` (past it they multiply the
     dequantized weight in bfloat16)."""
-    _use_w8a8_kernel(monkeypatch, kernel)
+    use_w8a8_kernel(monkeypatch, kernel)
     gen = torch.Generator().manual_seed(rows)
     weight = int8_weight(40, 1536, 1536, gen)
     weight.q[0] = 127  # with inputs near 1 (levels near 127) its sums pass 2^24
@@ -408,7 +395,7 @@ def test_the_vnni_kernel_takes_any_width_and_output_count(monkeypatch, rows, fea
     """``w8a8_product`` on ``w8a8_vnni_pack``'s layout where the features are no multiple of 4
     (nor of the kernel's 64-byte steps) and the outputs no multiple of 16: zero padding adds
     nothing; the exact sums, scaled, with a zero row (scale 1)."""
-    _use_w8a8_kernel(monkeypatch, "vnni")
+    use_w8a8_kernel(monkeypatch, "vnni")
     from paged_core.cpu.extension import cpu_ops
 
     ops = cpu_ops()
