@@ -69,15 +69,20 @@ COLUMN_AMX_MIN_ROWS = 2
 # 8.0, 16 rows 22.1 / 8.0).
 COLUMN_UNTILED_DENSE_ROWS = 4
 # The column layout on vdpbf16ps: the column kernel widens the levels again for every 4 rows
-# (fetching the next column group's levels line by line as it reads its own); the dense path
-# widens one column group at a time into L1 (the next group's levels fetched meanwhile), then
-# runs bf16_dot_linear's row tiles over it. 4-bit rows take the dense path from 40 rows,
-# 8-bit rows, whose widening costs more, from 12 (30 SmolLM2 layers x 4 projections, AMD EPYC
+# (full-range 8-bit levels: every 8 rows, by halves; fetching the next column group's levels
+# line by line as it reads its own); the dense path widens one column group at a time into
+# L1 (the next group's levels fetched meanwhile), then runs bf16_dot_linear's row tiles over
+# it. 4-bit rows take the dense path from 40 rows (30 SmolLM2 layers x 4 projections, AMD EPYC
 # Zen 5, avx512_bf16, one run: 4-bit, groups of 64, column against dense 24 rows 7.9 against
 # 8.3 ms, 40 rows 12.6 against 12.7, 48 rows 14.3 against 14.3, bfloat16 weights 8.9 / 12.9 /
-# 13.7; 8-bit, one scale per channel, 8 rows 4.3 against 4.8, 12 rows 5.8 against 5.7, 16
-# rows 7.4 against 7.1).
-COLUMN_DENSE_ROWS = {4: 40, 8: 12}
+# 13.7), full-range 8-bit rows from 36 (one scale per channel, one process alternating, AMD
+# EPYC family 25 model 17, avx512_bf16: 12 rows 10.1 against 11.4, 24 rows 16.1 against 17.2,
+# 32 rows 20.6 against 21.0, 40 rows 25.2 against 24.9). 8-bit levels within -64..63 (int7,
+# GGUF Q6_K), which keep passes of 4 rows, keep the threshold measured for 8-bit levels in
+# those passes (Zen 5 above, one scale per channel: 8 rows 4.3 against 4.8, 12 rows 5.8
+# against 5.7, 16 rows 7.4 against 7.1).
+COLUMN_DENSE_ROWS = {4: 40, 8: 36}
+INT7_COLUMN_DENSE_ROWS = 12
 # The row layout's many-rows path for bfloat16 linears at the avx2 and avx512 levels
 # (row_layout_dense: bfloat16 weights widened a column group at a time, on bf16_dot_linear's
 # tiles). 4-bit rows take it from 12 rows, 8-bit ones, whose row kernel widens its levels for
@@ -186,7 +191,8 @@ class QuantizedLinear(nn.Module):
             return None
         bits = 4 if packing in ("int5", "iq4") else self.bits  # about the stored levels' cost
         self.column_outputs = self.out_features
-        self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING, COLUMN_DENSE_ROWS[bits]))
+        dense_from = INT7_COLUMN_DENSE_ROWS if packing == "int7" else COLUMN_DENSE_ROWS[bits]
+        self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING, dense_from))
         if self._amx_selected():  # AMX tiles selected and granted (the dense path's too)
             self.amx_min_rows = COLUMN_AMX_MIN_ROWS
             tiled = self.group_size % 32 == 0  # the column kernel takes them as well

@@ -133,7 +133,7 @@ def test_bf16_column_kernels_equal_the_dequantized_product(cpu_isa, kind, group_
                                                             "int8-five"))
     assert torch.equal(layer.dequantized_weight(), weight.dequantize())
     x = torch.randn(rows, 256, generator=gen).bfloat16()
-    # below the dense threshold (set here; by default 40 rows for 4 bits, 12 for 8) every call
+    # below the dense threshold (set here; by default 40 rows for 4 bits, 36 for 8) every call
     # takes the column kernels' float32 sums
     layer.dense_rows = rows + 1
     product = layer.product(x)
@@ -281,6 +281,28 @@ def test_the_row_layouts_dense_path_multiplies_bfloat16_weights_on_bf16_dot(cpu_
         assert torch.equal(layer.product(x[row:row + 1]), dense[row:row + 1])
     layer.dense_rows = rows + 1  # fewer rows: the row kernels' float32 sums
     assert layer.product(x).dtype is torch.float32
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8", "int8-wide-zeros"])
+def test_every_row_of_a_column_call_gets_the_bits_it_gets_alone(cpu_isa, kind):
+    """On vdpbf16ps a row's sums run in one order whatever the rows beside it: 13 rows are
+    tiles of 4, 4, 4 and 1 rows over both halves of each column group for 4 bits, and tiles
+    of 8 and 5 rows by halves (16 outputs a pass) for full-range 8-bit levels; every row
+    equals its product alone, and the product is the dequantized weight's."""
+    gen = torch.Generator().manual_seed(13)
+    make, linear = weight_and_linear(kind)
+    weight = make(70, 256, 64, gen)
+    layer = linear(weight, False, torch.bfloat16)
+    if not layer.column_outputs or layer.amx_min_rows:
+        pytest.skip(f"the vdpbf16ps column kernels are the avx512_bf16 level's without AMX; this "
+                    f"run is {cpu_isa}{' with AMX tiles' if layer.amx_min_rows else ''}")
+    layer.dense_rows = 14
+    x = torch.randn(13, 256, generator=gen).bfloat16()
+    product = layer.product(x)
+    expected = F.linear(x.double(), weight.dequantize().double())
+    torch.testing.assert_close(product.double(), expected, atol=1e-5, rtol=1e-5)
+    for row in range(13):
+        assert torch.equal(layer.product(x[row:row + 1]), product[row:row + 1]), row
 
 
 @pytest.mark.parametrize("threads", [1, 3])

@@ -32,7 +32,8 @@
 // bias) are exact products added in float32; then y += s * sums (+ (o - bias' s) * the
 // group's sum of x: BiasedLevels in quantized_column_layout.h). Rows are taken up to 4 at a
 // time (their sums and the widened levels stay in registers; more rows widen the levels
-// again, from L1); a row's sums run in one order whatever the rows beside it. While a thread's
+// again, from L1; full-range 8-bit levels, up to 8 at a time in two passes of 16 outputs:
+// widens_by_halves); a row's sums run in one order whatever the rows beside it. While a thread's
 // first row tile runs a column group, the next group's levels and scales are fetched into L1
 // (30 SmolLM2 layers, one row, one process alternating: int4 8.1 -> 6.3 ms, int8 12.2 -> 9.0
 // ms on a 2-core Xeon with AMX).
@@ -68,6 +69,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "bf16_dot_linear.h"
@@ -84,8 +86,9 @@ namespace {
 
 using namespace paged_core_cpu::column_layout;
 
-constexpr int kRowTile = 4;       // rows per pass over a column group
-constexpr int kChains = 2;        // sums per row and 16 outputs: even and odd pairs
+constexpr int kBothHalvesRows = 4;  // rows per pass over a column group's 32 outputs
+constexpr int kRowTile = 8;         // rows per pass by halves (16 outputs), where L takes them
+constexpr int kChains = 2;          // sums per row and 16 outputs: even and odd pairs
 
 // The kind of column_pack's levels: uint8 pairs of 32 bytes (4-bit), 40 (5-bit, -16..15) or 64
 // (7-bit); int8 pairs of 64 (8-bit), 40 (5-bit, 0..31) or 32 (IQ4's 4-bit indices).
@@ -176,17 +179,21 @@ int64_t check_factors(const at::Tensor& levels, const at::Tensor& scales,
 // against 2.90 ms; fetching levels 4-8 KB ahead in each thread's stream, into L1 or L2,
 // instead of a column group ahead: 2.68-2.81 against 2.73 ms (medians of 5, alternated in
 // one process).
-template <typename L, int R>
+//
+// Outputs 16 h .. 16 h + 15 for the halves h in [H0, H1) only (both by default).
+template <typename L, int R, int H0 = 0, int H1 = 2>
 void column_rows(const int32_t* x, int64_t ldx, const float* xsum, const ColumnGroup& col,
                  int64_t groups, int64_t pairs_per_group, const RowsOut& y, __mmask16 mask_lo,
                  __mmask16 mask_hi, const ColumnGroup& next) {
-  constexpr int U = kChains;
-  __m512 total[R][2];
-  for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm512_setzero_ps();
+  constexpr int U = kChains, NH = H1 - H0;  // halves [H0, H1): outputs 16 h .. 16 h + 15
+  __m512 total[R][NH];
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < NH; ++h) total[r][h] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    __m512 acc[U][R][2];
+    __m512 acc[U][R][NH];
     for (int u = 0; u < U; ++u)
-      for (int r = 0; r < R; ++r) acc[u][r][0] = acc[u][r][1] = _mm512_setzero_ps();
+      for (int r = 0; r < R; ++r)
+        for (int h = 0; h < NH; ++h) acc[u][r][h] = _mm512_setzero_ps();
     if (next.levels != nullptr) fetch_factors(next, g);
     const int64_t end = (g + 1) * pairs_per_group;
     for (int64_t p = g * pairs_per_group; p < end; p += U)
@@ -194,27 +201,51 @@ void column_rows(const int32_t* x, int64_t ldx, const float* xsum, const ColumnG
         if (next.levels != nullptr && starts_line<L>(p + u))
           _mm_prefetch(reinterpret_cast<const char*>(next.levels + (p + u) * L::kPairBytes),
                        kNextLevelsHint);
-        __m512bh lo, hi;
-        L::widen(col.levels + (p + u) * L::kPairBytes, lo, hi);
+        __m512bh half[2];  // a half outside [H0, H1) is never read: the compiler drops it
+        L::widen(col.levels + (p + u) * L::kPairBytes, half[0], half[1]);
         for (int r = 0; r < R; ++r) {
           const __m512bh xp = (__m512bh)_mm512_set1_epi32(x[r * ldx + p + u]);
-          acc[u][r][0] = _mm512_dpbf16_ps(acc[u][r][0], lo, xp);
-          acc[u][r][1] = _mm512_dpbf16_ps(acc[u][r][1], hi, xp);
+          for (int h = 0; h < NH; ++h)
+            acc[u][r][h] = _mm512_dpbf16_ps(acc[u][r][h], half[H0 + h], xp);
         }
       }
     const GroupFactors<L> factors(col, g);
     for (int r = 0; r < R; ++r)
-      for (int h = 0; h < 2; ++h) {
+      for (int h = 0; h < NH; ++h) {
         __m512 sums = acc[0][r][h];
         for (int u = 1; u < U; ++u) sums = _mm512_add_ps(sums, acc[u][r][h]);
-        total[r][h] = factors.add(h, sums, L::kOffsets ? xsum[r * groups + g] : 0.f, total[r][h]);
+        const float xs = L::kOffsets ? xsum[r * groups + g] : 0.f;
+        total[r][h] = factors.add(H0 + h, sums, xs, total[r][h]);
       }
   }
-  for (int r = 0; r < R; ++r) {
-    y.store(r, 0, mask_lo, total[r][0]);
-    y.store(r, 16, mask_hi, total[r][1]);
-  }
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < NH; ++h)
+      y.store(r, 16 * (H0 + h), H0 + h == 0 ? mask_lo : mask_hi, total[r][h]);
 }
+
+// Rows [0, R) of a column group, 4 < R <= 8, in two passes of one half (16 outputs) each: the
+// levels are widened once per half for all R rows (the sums of each row and output run as in
+// column_rows over both halves: the same bits), where passes of up to 4 rows over both halves
+// widen them again for every 4 rows.
+template <typename L, int R>
+void column_rows_by_half(const int32_t* x, int64_t ldx, const float* xsum, const ColumnGroup& col,
+                         int64_t groups, int64_t pairs_per_group, const RowsOut& y,
+                         __mmask16 mask_lo, __mmask16 mask_hi, const ColumnGroup& next) {
+  column_rows<L, R, 0, 1>(x, ldx, xsum, col, groups, pairs_per_group, y, mask_lo, mask_hi, next);
+  column_rows<L, R, 1, 2>(x, ldx, xsum, col, groups, pairs_per_group, y, mask_lo, mask_hi,
+                          ColumnGroup{});
+}
+
+// Whether rows past kBothHalvesRows take column_rows_by_half (up to kRowTile at a time), for
+// levels whose widening costs more than the sums they feed: full-range 8-bit levels (two
+// conversions through float32). 30 SmolLM2 layers x 4 projections, one scale per channel,
+// one process alternating (AMD EPYC family 25 model 17, avx512_bf16, 2 threads): 5 rows 6.21
+// against 7.97 ms in passes of 4 rows, 6 rows 6.49 / 8.28, 8 rows 7.51 / 9.09, 11 rows 10.34 /
+// 12.01 (bfloat16 weights 6.12 / 6.67 / 7.23 / 8.15). 4-bit levels, widened in 3-4
+// instructions a pair, ran 2-7% slower by halves (8 rows 7.39 against 6.93), so they keep
+// passes of 4.
+template <typename L>
+constexpr bool widens_by_halves = std::is_base_of_v<Int8Levels, L>;
 
 // Whether column_gemm_of takes AMX tiles for M rows (amx_min_rows 0: never): where the CPU
 // has them and whole tile steps fit a group (group_size % 32 == 0).
@@ -241,8 +272,11 @@ void column_gemm_of(const uint16_t* xp, int64_t M, int64_t K, const ColumnGroups
   }
   using Rows = void (*)(const int32_t*, int64_t, const float*, const ColumnGroup&, int64_t,
                         int64_t, const RowsOut&, __mmask16, __mmask16, const ColumnGroup&);
-  static constexpr Rows kRows[kRowTile] = {column_rows<L, 1>, column_rows<L, 2>,
-                                           column_rows<L, 3>, column_rows<L, 4>};
+  static constexpr Rows kRows[kRowTile] = {
+      column_rows<L, 1>, column_rows<L, 2>, column_rows<L, 3>, column_rows<L, 4>,
+      column_rows_by_half<L, 5>, column_rows_by_half<L, 6>, column_rows_by_half<L, 7>,
+      column_rows_by_half<L, 8>};
+  const int tile = widens_by_halves<L> ? kRowTile : kBothHalvesRows;
   const auto* x_pairs = reinterpret_cast<const int32_t*>(xp);
   // Column groups claimed as threads go (claimed_ranges.h), the next one's levels and
   // factors fetched during this one's first row tile.
@@ -252,8 +286,8 @@ void column_gemm_of(const uint16_t* xp, int64_t M, int64_t K, const ColumnGroups
       const __mmask16 lo = lanes_below(N - c * kColumns), hi = lanes_below(N - c * kColumns - 16);
       const ColumnGroup col = w.column<L>(c, K);
       const ColumnGroup next = after >= 0 ? w.column<L>(after, K) : ColumnGroup{};
-      for (int64_t m = 0; m < M; m += kRowTile) {
-        const int rows = static_cast<int>(std::min<int64_t>(kRowTile, M - m));
+      for (int64_t m = 0; m < M; m += tile) {
+        const int rows = static_cast<int>(std::min<int64_t>(tile, M - m));
         kRows[rows - 1](x_pairs + m * (K / 2), K / 2, xsum.data() + m * groups, col, groups,
                         group_size / 2, y.at(m, c * kColumns), lo, hi,
                         m == 0 ? next : ColumnGroup{});
