@@ -61,6 +61,19 @@ def weight_and_linear(kind):
     return WEIGHTS[kind], LINEARS[kind]
 
 
+def vdpbf16ps_column_linear(cpu_isa, kind, group_size, gen, path):
+    """A random ``[70, 256]`` weight of ``kind`` and its bfloat16 linear in the column layout,
+    whose ``path`` (its column kernel or dense path) runs on vdpbf16ps; skips where it does
+    not (below the avx512_bf16 level, or on AMX tiles)."""
+    make, linear = weight_and_linear(kind)
+    weight = make(70, 256, group_size, gen)
+    layer = linear(weight, False, torch.bfloat16)
+    if not layer.column_outputs or layer.amx_min_rows:
+        pytest.skip(f"the vdpbf16ps {path} is the avx512_bf16 level's without AMX; this run is "
+                    f"{cpu_isa}{' with AMX tiles' if layer.amx_min_rows else ''}")
+    return weight, layer
+
+
 def test_nibbles_pack_and_unpack_exactly():
     q = torch.randint(0, 16, (6, 128), generator=torch.Generator().manual_seed(0),
                       dtype=torch.uint8)
@@ -228,12 +241,7 @@ def test_the_dense_path_widens_each_group_for_every_block_of_rows(cpu_isa, kind)
     """300 rows: two blocks of 256 rows, each widening every column group into the thread's
     buffer again; every row as it would be alone, and the dequantized weight's product."""
     gen = torch.Generator().manual_seed(7)
-    make, linear = weight_and_linear(kind)
-    weight = make(70, 256, 32, gen)
-    layer = linear(weight, False, torch.bfloat16)
-    if not layer.column_outputs or layer.amx_min_rows:
-        pytest.skip(f"the vdpbf16ps dense path is the avx512_bf16 level's without AMX; this run "
-                    f"is {cpu_isa}{' with AMX tiles' if layer.amx_min_rows else ''}")
+    weight, layer = vdpbf16ps_column_linear(cpu_isa, kind, 32, gen, "dense path")
     layer.dense_rows = 1
     x = torch.randn(300, 256, generator=gen).bfloat16()
     dense = layer.product(x)
@@ -290,12 +298,7 @@ def test_every_row_of_a_column_call_gets_the_bits_it_gets_alone(cpu_isa, kind):
     of 8 and 5 rows by halves (16 outputs a pass) for full-range 8-bit levels; every row
     equals its product alone, and the product is the dequantized weight's."""
     gen = torch.Generator().manual_seed(13)
-    make, linear = weight_and_linear(kind)
-    weight = make(70, 256, 64, gen)
-    layer = linear(weight, False, torch.bfloat16)
-    if not layer.column_outputs or layer.amx_min_rows:
-        pytest.skip(f"the vdpbf16ps column kernels are the avx512_bf16 level's without AMX; this "
-                    f"run is {cpu_isa}{' with AMX tiles' if layer.amx_min_rows else ''}")
+    weight, layer = vdpbf16ps_column_linear(cpu_isa, kind, 64, gen, "column kernel")
     layer.dense_rows = 14
     x = torch.randn(13, 256, generator=gen).bfloat16()
     product = layer.product(x)
