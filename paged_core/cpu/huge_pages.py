@@ -87,6 +87,11 @@ def _holder_tensor(module: nn.Module, kind: str, name: str) -> torch.Tensor:
     return places[kind][name]
 
 
+def _view_of(tensor: torch.Tensor) -> tuple[torch.dtype, int, torch.Size, tuple[int, ...]]:
+    """Where ``tensor`` sits in its storage: (dtype, storage offset, size, stride)."""
+    return tensor.dtype, tensor.storage_offset(), tensor.size(), tensor.stride()
+
+
 def _rebind(module: nn.Module, kind: str, name: str, tensor: torch.Tensor) -> None:
     if kind == "param":
         module._parameters[name].data = tensor
@@ -120,15 +125,18 @@ def move_weights_to_huge_pages(model: nn.Module) -> int:
     with torch.no_grad():
         for ptr, holders in held.items():
             region = arena[starts[ptr]:starts[ptr] + sizes[ptr]]
+            # Every holder's view as it is now, before any is rebound: one Parameter object
+            # held twice (a tied LM head's WeightProduct and the embedding) is rebound by the
+            # first and must not be read again as if it were still the old storage.
+            views = [(holder, _view_of(_holder_tensor(*holder))) for holder in holders]
             first = _holder_tensor(*holders[0])
             region.copy_(torch.empty(0, dtype=torch.uint8).set_(first.untyped_storage()))
-            for module, kind, name in holders:
-                old = _holder_tensor(module, kind, name)
-                new = torch.empty(0, dtype=old.dtype).set_(
-                    region.untyped_storage(),
-                    (region.storage_offset() + old.storage_offset() * old.element_size())
-                    // old.element_size(), old.size(), old.stride())
-                _rebind(module, kind, name, new)
+            for holder, (dtype, offset, size, stride) in views:
+                element = torch.empty((), dtype=dtype).element_size()
+                start = (region.storage_offset() + offset * element) // element
+                new = torch.empty(0, dtype=dtype).set_(region.untyped_storage(), start, size,
+                                                       stride)
+                _rebind(*holder, new)
     logger.info("model weights: %.1f MiB on huge pages", total / 2**20)
     return total
 

@@ -5,10 +5,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from paged_core.cpu.huge_pages import (HUGE_PAGE, MIN_WEIGHT_BYTES, move_weights_to_huge_pages,
                                     zeros_on_huge_pages)
+from paged_core.models.row_tiles import WeightProduct
 
 WEIGHTS_SETTING = "PAGED_CORE_WEIGHTS_ON_HUGE_PAGES"
 
@@ -103,6 +105,24 @@ def test_moved_weights_keep_their_values_layout_and_sharing():
         assert "hg" in _vm_flags(m.packed.data_ptr()) and "hg" in _vm_flags(m.weight.data_ptr())
         assert "table" in dict(m.named_buffers())
     assert [m.small.data_ptr() for m in holder] == small_ptrs  # small tensors stay
+
+
+@needs_thp
+def test_a_parameter_held_by_two_modules_keeps_its_values_in_both():
+    """A tied LM head wraps the embedding's own Parameter object (``WeightProduct``, as
+    batch-invariant mode does): both holders see the weight's values after the move, the
+    first rebinding must not shift where the second looks."""
+    embedding = nn.Embedding(HUGE_PAGE // 256, 128)  # 2 MiB of float32
+    head = WeightProduct(embedding.weight)
+    model = nn.ModuleDict({"embed": embedding, "head": head})
+    before = embedding.weight.detach().clone()
+
+    assert move_weights_to_huge_pages(model) >= before.untyped_storage().nbytes()
+
+    assert head.weight is embedding.weight and torch.equal(embedding.weight, before)
+    x = torch.randn(3, 128)
+    assert torch.equal(head(x), F.linear(x, before))
+    assert "hg" in _vm_flags(embedding.weight.data_ptr())
 
 
 def test_weights_under_one_huge_page_stay_where_they_are():

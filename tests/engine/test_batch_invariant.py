@@ -10,6 +10,7 @@ from paged_core.config import EngineConfig
 from paged_core.models.row_tiles import RowTiledLinear, WeightProduct
 from paged_core.models.cpu_linear import PackedLinear
 
+from ..reference import hf_greedy, passage_token_ids
 from ..tiny_models import build_tiny_model
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):",
@@ -60,6 +61,20 @@ def test_embedded_model_in_bfloat16_gives_identical_tokens_and_logprobs_under_lo
     for a, b in zip(alone, together):
         assert a.token_ids == b.token_ids
         assert _logprob_bits(a) == _logprob_bits(b)
+
+
+def test_embedded_model_in_float32_gives_transformers_tokens_with_weights_on_huge_pages(
+        monkeypatch, hf_embedded, tokenizer):
+    """The correctness oracle holds in batch-invariant mode too, with the weights moved onto
+    huge pages as users get them by default: its tied float32 LM head (a ``WeightProduct`` of
+    the embedding's own Parameter) read garbage after the move, invariant but wrong."""
+    monkeypatch.setenv("PAGED_CORE_WEIGHTS_ON_HUGE_PAGES", "true")
+    llm = LLM(dtype="float32", batch_invariant=True, kv_cache_memory="64MiB")
+    prompts = [passage_token_ids(tokenizer, n, offset=5 * n) for n in (6, 40)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == [hf_greedy(hf_embedded, p, 12)
+                                                         for p in prompts]
 
 
 def test_float32_tiny_model_with_prefix_cache_and_chunked_prefill(tokenizer, tmp_path):
