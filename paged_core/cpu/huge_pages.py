@@ -132,8 +132,7 @@ def move_weights_to_huge_pages(model: nn.Module) -> int:
             first = _holder_tensor(*holders[0])
             region.copy_(torch.empty(0, dtype=torch.uint8).set_(first.untyped_storage()))
             for holder, (dtype, offset, size, stride) in views:
-                element = torch.empty((), dtype=dtype).element_size()
-                start = (region.storage_offset() + offset * element) // element
+                start = (region.storage_offset() + offset * dtype.itemsize) // dtype.itemsize
                 new = torch.empty(0, dtype=dtype).set_(region.untyped_storage(), start, size,
                                                        stride)
                 _rebind(*holder, new)

@@ -249,6 +249,20 @@ void column_rows_by_half(const int32_t* x, int64_t ldx, const float* xsum, const
 template <typename L>
 constexpr bool widens_by_halves = std::is_base_of_v<Int8Levels, L>;
 
+// A tile of rows of one column group (column_rows, column_rows_by_half).
+using Rows = void (*)(const int32_t*, int64_t, const float*, const ColumnGroup&, int64_t, int64_t,
+                      const RowsOut&, __mmask16, __mmask16, const ColumnGroup&);
+
+// column_rows_by_half<L, R> where L takes rows by halves, else null (those tiles never run:
+// not compiled for the kinds that keep passes of kBothHalvesRows).
+template <typename L, int R>
+constexpr Rows rows_by_half() {
+  if constexpr (widens_by_halves<L>)
+    return column_rows_by_half<L, R>;
+  else
+    return nullptr;
+}
+
 // Whether column_gemm_of takes AMX tiles for M rows (amx_min_rows 0: never): where the CPU
 // has them and whole tile steps fit a group (group_size % 32 == 0).
 bool takes_amx(int64_t M, int64_t amx_min_rows, int64_t group_size) {
@@ -272,13 +286,10 @@ void column_gemm_of(const uint16_t* xp, int64_t M, int64_t K, const ColumnGroups
     });
     return;
   }
-  using Rows = void (*)(const int32_t*, int64_t, const float*, const ColumnGroup&, int64_t,
-                        int64_t, const RowsOut&, __mmask16, __mmask16, const ColumnGroup&);
   static constexpr Rows kRows[kRowTile] = {
       column_rows<L, 1>, column_rows<L, 2>, column_rows<L, 3>, column_rows<L, 4>,
-      column_rows_by_half<L, 5>, column_rows_by_half<L, 6>, column_rows_by_half<L, 7>,
-      column_rows_by_half<L, 8>};
-  const int tile = widens_by_halves<L> ? kRowTile : kBothHalvesRows;
+      rows_by_half<L, 5>(), rows_by_half<L, 6>(), rows_by_half<L, 7>(), rows_by_half<L, 8>()};
+  constexpr int tile = widens_by_halves<L> ? kRowTile : kBothHalvesRows;
   const auto* x_pairs = reinterpret_cast<const int32_t*>(xp);
   // Column groups claimed as threads go (claimed_ranges.h), the next one's levels and
   // factors fetched during this one's first row tile.
