@@ -8,7 +8,7 @@ ops (``cpu/openmp_spin.py``, ``GOMP_SPINCOUNT``) burns the time slices the other
 process they start do without it unless told otherwise. Likewise the copy of a loaded
 model's weights onto 2 MiB pages (``cpu/huge_pages.py``; 0.4-1.3 s for a fresh process's
 first load of the embedded model): ``tests/cpu/test_huge_pages.py`` turns it on and checks
-that it changes no token.
+that it changes no token, and the parity tests (``tests/parity/conftest.py``) run with it on.
 """
 import os
 
