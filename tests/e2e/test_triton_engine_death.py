@@ -35,10 +35,10 @@ def _broken_execute(*args, **kwargs):
 
 
 class TritonPythonModel(Served):
-    async def _serve(self, sender, prompt, stream, params):
+    async def _serve(self, sender, prompt, *rest):
         if {MARKER!r} in prompt:
             self.engine.engine.core.executor.runner.execute = _broken_execute
-        await super()._serve(sender, prompt, stream, params)
+        await super()._serve(sender, prompt, *rest)
 '''
 
 
