@@ -3,7 +3,7 @@
 
 ``llmcompressor`` (which writes these for users) cannot share this venv (it pins older
 transformers and numpy 2); it calls the same library underneath: ``apply_quantization_config``
-attaches a preset scheme (``W4A16``, ``W4A16_ASYM``, ``W8A16``, ``W8A8``), the scales and zero
+attaches a preset scheme (``W4A16``, ``W4A16_ASYM``, ``W8A16``, ``W8A8``, ``W4A8``), the scales and zero
 points come from ``calculate_qparams`` over each weight's min/max (round to nearest, what
 llmcompressor's ``QuantizationModifier`` does without calibration data for weights), and
 ``ModelCompressor`` packs and saves. Beside each checkpoint a *dequantized twin*: the same
@@ -23,9 +23,9 @@ import torch
 # built with llama.cpp on first use, minutes), or a compressed-tensors scheme (groups of 64:
 # 576 features = 9 groups)
 QUANTIZED_KINDS = ("gguf-q4_1", "gguf-q4_k_m", "gguf-q5_k_m", "gguf-iq4_xs", "w4a16", "w8a16",
-                   "w8a8")
+                   "w8a8", "w4a8")
 _SCHEMES = {"w4a16": ("W4A16", 64, None), "w8a16": ("W8A16", None, "channel"),
-            "w8a8": ("W8A8", None, None)}
+            "w8a8": ("W8A8", None, None), "w4a8": ("W4A8", 64, None)}
 
 
 def quantized_engine_args(kind: str) -> dict:

@@ -11,7 +11,7 @@ It serves a model only where the Python path would run exactly those kernels
 Python layers): one rank, the fused C++ ops of a CPU level, dense MLPs (no experts) and
 per-head q/k norms at most, every projection a
 plain ``nn.Linear``, one that ``cpu_linear.packed_linear`` built or a weight-only 4- or
-8-bit ``Int4Linear`` / ``Int8Linear`` or a ``W8A8Linear`` (whose levels the stack multiplies
+8-bit ``Int4Linear`` / ``Int8Linear``, a ``W8A8Linear`` or a ``W4A8Linear`` (whose levels the stack multiplies
 with the same C++ kernels and thresholds, ``set_quantized``; batch-invariant tiling and
 tensor-parallel layers keep Python), and per step (``serves``) an attention
 backend that sends these caches to the C++ kernel of the same level.
@@ -31,6 +31,7 @@ from ..attention.cpu_kernels import bf16_attention_amx
 from ..cpu.kv_prefetch import kv_first_line
 from ..quantization.int4_linear import Int4Linear
 from ..quantization.int8_linear import Int8Linear
+from ..quantization.w4a8_linear import W4A8Linear
 from ..quantization.w8a8_linear import W8A8Linear
 from .bf16_dot_linear import Bf16DotLinear
 from .cpu_linear import PACKED_LINEARS
@@ -97,9 +98,7 @@ class CpuDecoderStack:
             layer, PROJECTIONS.index(projection), module.bits,
             module.levels, module.scales, module.offsets, module.zeros, module.group_size,
             module.dense_rows, module.dense_dtype, module.column_outputs, module.amx_min_rows,
-            module.int8_tile_rows, module.row_dense,
-            *((module.int8_sums_from_rows, module.vnni_sums) if type(module) is W8A8Linear
-              else (-1, None)))
+            module.int8_tile_rows, module.row_dense, *_int8_activations(module))
 
     def set_lora(self, layer: int, projection: str, a: torch.Tensor, b_t: torch.Tensor,
                  part_starts: list[int]) -> None:
@@ -162,9 +161,20 @@ def _amx_min_rows(projections: tuple[nn.Module, ...]) -> int:
 # The projections of a layer, in the C++ stack's order.
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
-# Quantized linears the stack runs itself (exactly these types; W8A8Linear quantizes its
-# inputs first, as the stack's w8a8_product does).
-QUANTIZED_LINEARS = (Int4Linear, Int8Linear, W8A8Linear)
+# Quantized linears the stack runs itself (exactly these types; W8A8Linear and W4A8Linear
+# quantize their inputs first, as the stack's products do).
+QUANTIZED_LINEARS = (Int4Linear, Int8Linear, W8A8Linear, W4A8Linear)
+
+
+def _int8_activations(module: nn.Module) -> tuple:
+    """``set_quantized``'s last three arguments for ``module``: from how many rows its sums are
+    integer (-1: weight-only, its inputs never quantized), W8A8's vnni sums and W4A8's packed
+    outputs (0: not ``w4a8_pack``'s layout)."""
+    if type(module) is W8A8Linear:
+        return module.int8_sums_from_rows, module.vnni_sums, 0
+    if type(module) is W4A8Linear:
+        return module.int8_sums_from_rows, None, module.w4a8_outputs
+    return -1, None, 0
 
 # Exactly these types (subclasses may compute otherwise); a RowParallelLinear of one rank
 # is a plain nn.Linear.

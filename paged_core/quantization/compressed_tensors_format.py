@@ -14,6 +14,8 @@ groups, each a scheme for the modules its ``targets`` name (``Linear``, a module
 - ``int-quantized`` / ``naive-quantized``: int8 ``weight`` with its scale; with dynamic
   per-token int8 input activations (W8A8) → ``W8A8Linear``'s weights (``Int8Weight`` with
   ``activations_int8``).
+- 4-bit weights with dynamic per-token int8 input activations (W4A8, ``pack-quantized``) →
+  ``W4A8Linear``'s weights (``Int4Weight`` with ``activations_int8``; zero points allowed).
 
 Refused, naming the module: act-order checkpoints (``weight_g_idx``), static activation
 scales, float formats (fp8, nvfp4), and group sizes the kernels do not take.
@@ -94,13 +96,15 @@ class CompressedTensorsFormat:
         activations = scheme.input_activations
         if activations is not None and not (activations.get("dynamic") and
                                             activations.get("strategy") == "token" and
+                                            activations.get("symmetric", True) and
                                             int(activations.get("num_bits", 8)) == 8):
             raise ValueError(f"{module}: input activations {activations} are not served "
-                             f"(dynamic per-token int8 only)")
-        if bits == 4 and activations is None:
+                             f"(dynamic symmetric per-token int8 only)")
+        if bits == 4:
             zeros = torch.zeros_like(scale) if zero_point is None else \
                 -_zero_points(zero_point, bits, out, scheme.format) * scale
-            return Int4Weight(levels.to(torch.uint8), scale, zeros, group_size)
+            return Int4Weight(levels.to(torch.uint8), scale, zeros, group_size,
+                              activations_int8=activations is not None)
         if bits == 8 and (zero_point is None or activations is None):
             zeros = None if zero_point is None else \
                 -_zero_points(zero_point, bits, out, scheme.format) * scale
@@ -108,8 +112,8 @@ class CompressedTensorsFormat:
                               activations_int8=activations is not None, zeros=zeros)
         raise ValueError(f"{module}: {bits}-bit {'asymmetric ' if zero_point is not None else ''}"
                          f"weights{' with int8 activations' if activations else ''} are not "
-                         f"served (4-bit and 8-bit weight-only, 8-bit symmetric with int8 "
-                         f"activations)")
+                         f"served (4-bit and 8-bit weight-only, 4-bit with int8 activations, "
+                         f"8-bit symmetric with int8 activations)")
 
     def _scheme_of(self, module: str) -> _Scheme:
         for scheme in self.schemes:

@@ -36,25 +36,29 @@ class Int4Weight:
     scales: torch.Tensor  # [out, in / group_size] float32
     zeros: torch.Tensor  # [out, in / group_size] float32
     group_size: int
+    activations_int8: bool = False  # W4A8: inputs quantized per token at run time
 
     @property
     def shape(self) -> tuple[int, int]:
         return tuple(self.q.shape)
 
     def rows(self, index) -> "Int4Weight":
-        return Int4Weight(self.q[index], self.scales[index], self.zeros[index], self.group_size)
+        return Int4Weight(self.q[index], self.scales[index], self.zeros[index], self.group_size,
+                          self.activations_int8)
 
     def columns(self, start: int, stop: int) -> "Int4Weight":
         """Input features ``start:stop`` (whole groups)."""
         g = self.group_size
         groups = slice(start // g, stop // g)
-        return Int4Weight(self.q[:, start:stop], self.scales[:, groups], self.zeros[:, groups], g)
+        return Int4Weight(self.q[:, start:stop], self.scales[:, groups], self.zeros[:, groups], g,
+                          self.activations_int8)
 
     @staticmethod
     def cat(parts: list["Int4Weight"]) -> "Int4Weight":
         """The rows of ``parts`` stacked (a fused projection: q, k, v or gate, up)."""
         return Int4Weight(torch.cat([p.q for p in parts]), torch.cat([p.scales for p in parts]),
-                          torch.cat([p.zeros for p in parts]), parts[0].group_size)
+                          torch.cat([p.zeros for p in parts]), parts[0].group_size,
+                          parts[0].activations_int8)
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weight these levels stand for."""
@@ -91,14 +95,21 @@ class Int4Linear(QuantizedLinear):
         self.group_size = weight.group_size
         scales, zeros = weight.scales.float().contiguous(), weight.zeros.float().contiguous()
         offsets = (zeros - 8 * scales).contiguous()
-        q = weight.q.to(torch.uint8)
+        self.levels, self.scales, self.offsets, self.zeros = self._stored_layout(
+            weight.q.to(torch.uint8), scales, offsets, zeros)
+
+    def _stored_layout(self, q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
+                       zeros: torch.Tensor) -> list:
+        """``[levels, scales, offsets, zeros]`` as this linear's kernels take them: the column
+        layout where it keeps one (``_column_layout``), else the row layout."""
         packed = self._column_layout(q, [scales, offsets, zeros])
-        if packed is not None:
-            self.levels, self.scales, self.offsets, self.zeros = packed
-        else:
-            self.levels = pack_nibbles(q, weight.group_size)
-            self.scales, self.offsets, self.zeros = scales, offsets, zeros
-            self._row_layout()
+        return packed if packed is not None else self._row_levels(q, scales, offsets, zeros)
+
+    def _row_levels(self, q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
+                    zeros: torch.Tensor) -> list:
+        """The row layout's ``[levels, scales, offsets, zeros]`` (``pack_nibbles``)."""
+        self._row_layout()
+        return [pack_nibbles(q, self.group_size), scales, offsets, zeros]
 
     def quantized_product(self, rows: torch.Tensor) -> torch.Tensor:
         return self.kernels.int4_gemm(rows, self.levels, self.scales, self.offsets, self.group_size)

@@ -34,6 +34,7 @@ from ..models.parallel_layers import RowParallelLinear
 from .act_order import ActOrderLinear, ActOrderWeight
 from .int4_linear import Int4Linear, Int4Weight
 from .int8_linear import Int8Linear, Int8Weight
+from .w4a8_linear import W4A8Linear
 from .w8a8_linear import W8A8Linear
 
 QuantizedWeight = Int4Weight | Int8Weight | ActOrderWeight
@@ -90,7 +91,8 @@ def quantized_linear(parts: list[QuantizedWeight], has_bias: bool, dtype: torch.
         return ActOrderLinear(quantized_linear([weight.weight], False, dtype, dense_dtype),
                               weight.order, has_bias, dtype)
     if isinstance(weight, Int4Weight):
-        return Int4Linear(weight, has_bias, dtype, dense_dtype)
+        linear = W4A8Linear if weight.activations_int8 else Int4Linear
+        return linear(weight, has_bias, dtype, dense_dtype)
     if weight.activations_int8:
         return W8A8Linear(weight, has_bias, dtype, dense_dtype)
     return Int8Linear(weight, has_bias, dtype, dense_dtype)

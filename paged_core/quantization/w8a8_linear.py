@@ -50,27 +50,48 @@ ONEDNN_FROM_ROWS = 6
 _INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 
 
+def named_int8_kernel(setting: str, scheme: str, kernels: tuple[str, ...],
+                      vnni_ready: bool) -> str:
+    """The kernel the environment variable ``setting`` names for ``scheme``'s linears (W8A8,
+    W4A8): ``auto`` where unset, else one of ``kernels``. Raises ``ValueError`` naming the
+    setting for a value it does not know, or for ``vnni`` where that kernel cannot run
+    (``vnni_ready`` false)."""
+    raw = os.environ.get(setting, "").strip().lower() or "auto"
+    if raw != "auto" and raw not in kernels:
+        raise ValueError(f"{setting}={raw!r} is not a {scheme} kernel; choose auto or one of "
+                         f"{', '.join(kernels)}")
+    if raw == "vnni" and not vnni_ready:
+        others = [k for k in ("auto", *kernels) if k != "vnni"]
+        raise ValueError(f"{setting}=vnni needs paged-core's AVX-512 kernels on a CPU with "
+                         f"AVX512-VNNI; choose {', '.join(others[:-1])} or {others[-1]}")
+    return raw
+
+
 def selected_w8a8_kernel(kernels) -> tuple[str, int]:
     """The kernel (``W8A8_KERNELS``) that W8A8 linears built now with the C++ ``kernels`` (the
     selected level's ops, None where they do not build) take, and from how many rows their
     sums are integer (0: never): ``PAGED_CORE_CPU_W8A8`` if set (then ``vnni`` and ``onednn``
-    take every call), else ``auto``'s choice (module doc). Raises ``ValueError`` naming the
-    setting for a value it does not know, or for ``vnni`` where that kernel cannot run."""
-    raw = os.environ.get(W8A8_SETTING, "").strip().lower() or "auto"
+    take every call), else ``auto``'s choice (module doc). Raises ``ValueError`` as
+    ``named_int8_kernel`` does."""
     vnni_ready = kernels is not None and bool(kernels.int8_vnni_ready())
+    raw = named_int8_kernel(W8A8_SETTING, "W8A8", W8A8_KERNELS, vnni_ready)
     if raw == "auto":
         if vnni_ready:
             return "vnni", 1
         caps = torch.cpu.get_capabilities()
         int8_dot = any(caps.get(flag) is True for flag in _INT8_DOT_FLAGS)
         return ("onednn", ONEDNN_FROM_ROWS) if int8_dot else ("float32", 0)
-    if raw not in W8A8_KERNELS:
-        raise ValueError(f"{W8A8_SETTING}={raw!r} is not a W8A8 kernel; choose auto or one of "
-                         f"{', '.join(W8A8_KERNELS)}")
-    if raw == "vnni" and not vnni_ready:
-        raise ValueError(f"{W8A8_SETTING}=vnni needs paged-core's AVX-512 kernels on a CPU with "
-                         f"AVX512-VNNI; choose auto, onednn or float32")
     return raw, 0 if raw == "float32" else 1
+
+
+def per_token_levels(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row of ``rows`` ``[M, K]`` as int8 levels held in float32 and its scale ``[M, 1]``:
+    symmetric per token, ``absmax / 127`` (1 for a row of zeros), levels rounded half to even
+    within -128..127; the bits of the C++ ``token_levels``."""
+    rows = rows.float()
+    scale = rows.abs().amax(dim=1, keepdim=True) / 127
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    return torch.round(rows / scale).clamp_(-128, 127), scale
 
 
 class W8A8Linear(Int8Linear):
@@ -94,10 +115,7 @@ class W8A8Linear(Int8Linear):
             return self.kernels.w8a8_product(rows, self.levels, self.channel_scales,
                                              self.vnni_sums, self.int8_sums_from_rows,
                                              self.dense_rows, self.dense_dtype)
-        rows = rows.float()
-        scale = rows.abs().amax(dim=1, keepdim=True) / 127
-        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-        levels = torch.round(rows / scale).clamp_(-128, 127)
+        levels, scale = per_token_levels(rows)
         if 0 < self.int8_sums_from_rows <= rows.shape[0]:
             sums = torch._int_mm(levels.to(torch.int8), self.levels.t())
             return (sums * self.channel_scales).mul_(scale)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ..tiny_models import build_tiny_model
-from ..w8a8_reference import use_w8a8_kernel
+from ..w8a8_reference import use_w4a8_kernel, use_w8a8_kernel
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -155,3 +155,26 @@ def test_stack_matches_the_python_layers_with_w8a8(kernel, dtype, tokenizer, tmp
     assert type(projection) is W8A8Linear
     assert kernel in ("auto", projection.kernel)
     assert (projection.vnni_sums is not None) == (projection.kernel == "vnni")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("kernel", ["auto", "vnni", "float32"])
+def test_stack_matches_the_python_layers_with_w4a8(kernel, dtype, tokenizer, tmp_path, cpu_isa,
+                                                   monkeypatch):
+    """W4A8 projections run in the stack by the same ops: ``w4a8_product`` on the vnni kernel's
+    layout, or each step's rows quantized per token (``token_levels``) and then ``Int4Linear``'s
+    row-layout kernels and their dense path past ``dense_rows`` (``PAGED_CORE_CPU_W4A8``)."""
+    pytest.importorskip("compressed_tensors")
+    from paged_core.bench.quantized_models import compressed_tensors_checkpoint
+    from paged_core.quantization.quantized_linear import DENSE_ROWS_SETTING
+    from paged_core.quantization.w4a8_linear import W4A8Linear
+
+    use_w4a8_kernel(monkeypatch, kernel, cpu_isa)
+    monkeypatch.setenv(DENSE_ROWS_SETTING, "24")  # below this test's prompts: both paths run
+    folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
+    checkpoint, _ = compressed_tensors_checkpoint(folder, "W4A8", str(tmp_path / "W4A8"), 32)
+    llm = _generate_through_both_paths(checkpoint, dtype, cpu_isa)
+    projection = llm.engine.core.executor.runner.model.layers[0].mlp.down_proj
+    assert type(projection) is W4A8Linear
+    assert kernel in ("auto", projection.kernel)
+    assert (projection.w4a8_outputs > 0) == (projection.kernel == "vnni")

@@ -1,5 +1,5 @@
 """compressed-tensors checkpoints served as stored: W4A16 (symmetric and with zero points),
-W8A16 (groups and per channel), W8A8 (int8 activations per token). Each decodes to exactly
+W8A16 (groups and per channel), W8A8 and W4A8 (int8 activations per token). Each decodes to exactly
 its dequantized twin's weights, and greedy output stays under the near-tie rule of
 transformers loading the same checkpoint (where it can) or its twin, with the shared
 prefix read from the cache and under tensor parallelism."""
@@ -16,9 +16,10 @@ from paged_core.quantization.compressed_tensors_format import CompressedTensorsF
 from paged_core.quantization.int4_linear import Int4Linear
 from paged_core.quantization.int8_linear import Int8Linear
 from paged_core.quantization.quantized_linear import QuantizedLinear
+from paged_core.quantization.w4a8_linear import W4A8_KERNELS, W4A8Linear
 from paged_core.quantization.w8a8_linear import W8A8_KERNELS, W8A8Linear
 
-from ..w8a8_reference import quantize_activations_per_token, use_w8a8_kernel
+from ..w8a8_reference import quantize_activations_per_token, use_w4a8_kernel, use_w8a8_kernel
 from ..reference import assert_close_with_cached_prefix, assert_greedy_close, \
     engine_top_logprobs, hf_greedy_top_logprobs, passage_token_ids
 from ..tiny_models import build_tiny_model
@@ -36,6 +37,7 @@ SCHEMES = {
     "W8A16_ASYM": (32, None, Int8Linear, False),  # zero points: Int8Weight zeros
     "W8A16-channel": (None, "channel", Int8Linear, False),
     "W8A8": (None, None, W8A8Linear, False),
+    "W4A8": (32, None, W4A8Linear, False),
 }
 
 
@@ -76,18 +78,20 @@ def test_engine_is_close_to_transformers(checkpoints, tokenizer, name):
     checkpoint, twin = checkpoints[name]
     _, _, linear, loads_packed = SCHEMES[name]
     _assert_close_to_transformers(checkpoint if loads_packed else twin, checkpoint, tokenizer,
-                                  linear, activations_int8=name == "W8A8")
+                                  linear, activations_int8=name in ("W8A8", "W4A8"))
 
 
-@pytest.mark.parametrize("kernel", W8A8_KERNELS)
-def test_w8a8_is_close_to_transformers_on_every_kernel(checkpoints, tokenizer, monkeypatch,
-                                                        kernel):
-    """``PAGED_CORE_CPU_W8A8`` names the kernel for every call (``auto``, the default, is
-    ``test_engine_is_close_to_transformers``): greedy output stays close on each; ``vnni``
-    skips, saying why, where it cannot run."""
-    use_w8a8_kernel(monkeypatch, kernel)
-    checkpoint, twin = checkpoints["W8A8"]
-    _assert_close_to_transformers(twin, checkpoint, tokenizer, W8A8Linear, activations_int8=True)
+@pytest.mark.parametrize("name,kernel", [*(("W8A8", k) for k in W8A8_KERNELS),
+                                         *(("W4A8", k) for k in W4A8_KERNELS)])
+def test_int8_activations_are_close_to_transformers_on_every_kernel(checkpoints, tokenizer,
+                                                                     monkeypatch, name, kernel):
+    """``PAGED_CORE_CPU_W8A8`` / ``PAGED_CORE_CPU_W4A8`` name the kernel for every call
+    (``auto``, the default, is ``test_engine_is_close_to_transformers``): greedy output stays
+    close on each; ``vnni`` skips, saying why, where it cannot run."""
+    (use_w8a8_kernel if name == "W8A8" else use_w4a8_kernel)(monkeypatch, kernel)
+    checkpoint, twin = checkpoints[name]
+    _assert_close_to_transformers(twin, checkpoint, tokenizer, SCHEMES[name][2],
+                                  activations_int8=True)
 
 
 def test_embedded_model_w4a16_is_close_to_transformers(embedded_folder, tokenizer, tmp_path):
@@ -163,14 +167,19 @@ def _assert_close_to_transformers(reference_folder, checkpoint, tokenizer, linea
     llm.shutdown()
 
 
-def test_tensor_parallel_cuts_quantized_weights_along_their_groups(tokenizer, tmp_path):
+@pytest.mark.parametrize("scheme", ["W4A16", "W4A8"])
+def test_tensor_parallel_cuts_quantized_weights_along_their_groups(tokenizer, tmp_path, scheme):
     """Two ranks: q/k/v and gate/up rows split, o_proj and down_proj split by whole groups
-    of 32 input features; greedy output equals the one-rank engine's, token for token."""
+    of 32 input features; greedy output stays close to transformers' and, weight-only, equals
+    the one-rank engine's token for token (W4A8's row-parallel ranks quantize their own half
+    of each row, with its own scale, as vLLM's do: close, not equal)."""
     from transformers import AutoModelForCausalLM
 
     folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
-    checkpoint, twin = compressed_tensors_checkpoint(folder, "W4A16", str(tmp_path), 32)
+    checkpoint, twin = compressed_tensors_checkpoint(folder, scheme, str(tmp_path), 32)
     reference = AutoModelForCausalLM.from_pretrained(twin, dtype=torch.float32).eval()
+    if scheme == "W4A8":
+        quantize_activations_per_token(reference)
     prompts = [passage_token_ids(tokenizer, n, offset=7 * i) for i, n in enumerate([5, 30])]
     expected = [hf_greedy_top_logprobs(reference, p, 16, TOP_K) for p in prompts]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=TOP_K)
@@ -186,7 +195,8 @@ def test_tensor_parallel_cuts_quantized_weights_along_their_groups(tokenizer, tm
             completion = out.outputs[0]
             assert_greedy_close(completion.token_ids, engine_top_logprobs(completion),
                                 ref_tokens, tops)
-    assert tokens[1] == tokens[2]
+    if scheme == "W4A16":  # weight-only: two ranks' products are one rank's
+        assert tokens[1] == tokens[2]
 
 
 def test_a_group_cut_by_tensor_parallelism_is_refused(tokenizer, tmp_path):

@@ -75,9 +75,11 @@ struct QuantizedWeight {
   int64_t amx_min_rows;        // the column layout: AMX tiles from this many rows
   int64_t int8_tile_rows;      // 8-bit column layout: calls of up to this many rows on AMX-INT8
   bool row_dense;              // the row layout's many rows: row_layout_dense (bfloat16)
-  int64_t w8a8_int8_sums_from_rows;  // >= 0: W8A8 (w8a8_product, integer sums from this many
-                                     // rows; 0: never); -1: weight-only levels
+  int64_t int8_sums_from_rows;  // >= 0: the rows quantized per token first (W8A8, or W4A8 where
+                                // bits is 4), integer sums from this many rows (0: never); -1:
+                                // weight-only levels
   at::Tensor w8a8_vnni_sums;  // W8A8 with levels in w8a8_vnni_pack's layout: its biased sums
+  int64_t w4a8_outputs;       // > 0: W4A8 levels and factors (scales) in w4a8_pack's layout
 
   // silu_and_mul of a gate_up's product(rows) (bfloat16 rows, no bias), in the dense path's
   // epilogue where the column layout takes that path: the same bits (column_dense_silu_and_mul);
@@ -96,9 +98,29 @@ struct QuantizedWeight {
   // rounds to bfloat16 as it stores where out is bfloat16), or dense_dtype / bfloat16 (many
   // rows; row_dense).
   at::Tensor product(const at::Tensor& rows, at::ScalarType out) const {
-    if (w8a8_int8_sums_from_rows >= 0)
+    if (int8_sums_from_rows >= 0 && bits == 8)
       return paged_core_cpu::w8a8_product(rows, levels, scales, given(w8a8_vnni_sums),
-                                          w8a8_int8_sums_from_rows, dense_rows, dense_dtype);
+                                          int8_sums_from_rows, dense_rows, dense_dtype);
+    if (w4a8_outputs > 0)
+      return paged_core_cpu::w4a8_product(rows.contiguous(), levels, scales, group_size,
+                                          w4a8_outputs);
+    if (int8_sums_from_rows >= 0) {  // W4A8Linear's float32 path: the levels as float32 rows
+      const paged_core_cpu::TokenLevels token =
+          paged_core_cpu::token_levels(rows.scalar_type() == at::kBFloat16
+                                           ? rows.contiguous() : rows.to(at::kFloat).contiguous());
+      return weight_only_product(token.levels.to(at::kFloat), at::kFloat)
+          .to(at::kFloat)
+          .mul_(token.scales);
+    }
+    return weight_only_product(rows, out);
+  }
+
+ private:
+  static std::optional<at::Tensor> given(const at::Tensor& t) {
+    return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+  }
+
+  at::Tensor weight_only_product(const at::Tensor& rows, at::ScalarType out) const {
     if (column_outputs > 0) return column_product(rows.to(at::kBFloat16).contiguous(), out);
     if (rows.size(0) >= dense_rows) {
 #if PAGED_CORE_BF16_DOT
@@ -114,11 +136,6 @@ struct QuantizedWeight {
     const at::Tensor x = rows.to(at::kFloat).contiguous();
     return bits == 4 ? paged_core_cpu::int4_gemm(x, levels, scales, offsets, group_size)
                      : paged_core_cpu::int8_gemm(x, levels, scales, given(offsets), group_size);
-  }
-
- private:
-  static std::optional<at::Tensor> given(const at::Tensor& t) {
-    return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
   }
 
   at::Tensor column_product(const at::Tensor& x, at::ScalarType out) const {
@@ -328,18 +345,20 @@ class DecoderStack : public torch::CustomClassHolder {
   // by weight-only levels of `bits` (QuantizedWeight; offsets and zeros for 4 bits, and for 8
   // where the weight has zeros;
   // column_outputs > 0: column_pack's layout, its many-rows GEMM on AMX from amx_min_rows
-  // rows, its calls of up to int8_tile_rows rows on AMX-INT8 tiles; w8a8_int8_sums_from_rows
-  // >= 0: W8A8, its rows quantized per token, QuantizedWeight's fields, with w8a8_vnni_sums
-  // where its levels are w8a8_vnni_pack's) instead of the weight add_layer gave it; its bias
-  // stays.
+  // rows, its calls of up to int8_tile_rows rows on AMX-INT8 tiles; int8_sums_from_rows >= 0:
+  // W8A8 (8 bits) or W4A8 (4), its rows quantized per token, QuantizedWeight's fields, with
+  // w8a8_vnni_sums where W8A8's levels are w8a8_vnni_pack's, w4a8_outputs > 0 where W4A8's are
+  // w4a8_pack's: then scales holds its factors, and offsets and zeros are not given) instead
+  // of the weight add_layer gave it; its bias stays.
   void set_quantized(int64_t layer, int64_t projection, int64_t bits, at::Tensor levels,
                      at::Tensor scales, std::optional<at::Tensor> offsets,
                      std::optional<at::Tensor> zeros, int64_t group_size, int64_t dense_rows,
                      at::ScalarType dense_dtype, int64_t column_outputs, int64_t amx_min_rows,
-                     int64_t int8_tile_rows, bool row_dense, int64_t w8a8_int8_sums_from_rows,
-                     std::optional<at::Tensor> w8a8_vnni_sums) {
-    TORCH_CHECK(bits == 8 || (bits == 4 && offsets && zeros),
-                "quantized projections are 8-bit, or 4-bit with offsets and zeros");
+                     int64_t int8_tile_rows, bool row_dense, int64_t int8_sums_from_rows,
+                     std::optional<at::Tensor> w8a8_vnni_sums, int64_t w4a8_outputs) {
+    TORCH_CHECK(bits == 8 || (bits == 4 && ((offsets && zeros) || w4a8_outputs > 0)),
+                "quantized projections are 8-bit, 4-bit with offsets and zeros, or W4A8 levels "
+                "in w4a8_pack's layout");
     TORCH_CHECK(offsets.has_value() == zeros.has_value(), "give offsets and zeros together");
     TORCH_CHECK(levels.is_contiguous() && scales.is_contiguous() && group_size > 0 &&
                     (scales.scalar_type() == at::kFloat ||
@@ -349,8 +368,8 @@ class DecoderStack : public torch::CustomClassHolder {
     projection_at(layer, projection).quantized = QuantizedWeight{
         bits, std::move(levels), std::move(scales), offsets.value_or(at::Tensor()),
         zeros.value_or(at::Tensor()), group_size, dense_rows, dense_dtype, column_outputs,
-        amx_min_rows, int8_tile_rows, row_dense, w8a8_int8_sums_from_rows,
-        w8a8_vnni_sums.value_or(at::Tensor())};
+        amx_min_rows, int8_tile_rows, row_dense, int8_sums_from_rows,
+        w8a8_vnni_sums.value_or(at::Tensor()), w4a8_outputs};
   }
 
   // Give projection `projection` (0 qkv, 1 o, 2 gate_up, 3 down) of layer `layer` the LoRA

@@ -258,52 +258,6 @@ at::Tensor dequantize(const at::Tensor& levels, const at::Tensor& scales,
   return w;
 }
 
-// Each row of x (float32 or bfloat16 [M, K], contiguous) as int8 levels round(x / scale)
-// (half to even, within -128..127) and its scale absmax / 127 (1 for a row of zeros): float32
-// [M, 1]. The same float32 operations as quantization/w8a8_linear.py's torch formula, so the
-// same bits. biased_width > 0: the levels as unsigned bytes level + 128 in rows of
-// biased_width >= K (128 past K: a level 0), vnni_columns' rows.
-template <typename T>
-void token_levels_of(const T* xp, int64_t M, int64_t K, int64_t width, uint8_t bias, uint8_t* lp,
-                     float* sp) {
-  at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, K)),
-                   [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m) {
-      const T* row = xp + m * K;
-      float amax = 0.f;
-#pragma omp simd reduction(max : amax)
-      for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(Elem<T>::load(row[k])));
-      float scale = amax / 127.f;
-      if (scale == 0.f) scale = 1.f;
-      sp[m] = scale;
-      uint8_t* out = lp + m * width;
-#pragma omp simd
-      for (int64_t k = 0; k < K; ++k) {
-        const float level =
-            std::min(127.f, std::max(-128.f, std::rint(Elem<T>::load(row[k]) / scale)));
-        out[k] = static_cast<uint8_t>(static_cast<int8_t>(level)) ^ bias;
-      }
-      for (int64_t k = K; k < width; ++k) out[k] = 0x80;
-    }
-  });
-}
-
-std::tuple<at::Tensor, at::Tensor> token_levels(const at::Tensor& x, int64_t biased_width = 0) {
-  const int64_t M = x.size(0), K = x.size(1);
-  const int64_t width = biased_width > 0 ? biased_width : K;
-  const at::ScalarType level_type = biased_width > 0 ? at::kByte : at::kChar;
-  at::Tensor levels = at::empty({M, width}, x.options().dtype(level_type));
-  at::Tensor scales = at::empty({M, 1}, x.options().dtype(at::kFloat));
-  uint8_t* lp = static_cast<uint8_t*>(levels.data_ptr());
-  const uint8_t bias = biased_width > 0 ? 0x80 : 0;
-  if (x.scalar_type() == at::kBFloat16)
-    token_levels_of(static_cast<const uint16_t*>(x.data_ptr()), M, K, width, bias, lp,
-                    scales.data_ptr<float>());
-  else
-    token_levels_of(x.data_ptr<float>(), M, K, width, bias, lp, scales.data_ptr<float>());
-  return {levels, scales};
-}
-
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define PAGED_CORE_VNNI_COLUMNS 1
 constexpr int64_t kVnniRows = 8;     // rows of x per pass over a pair of groups
@@ -439,23 +393,23 @@ at::Tensor w8a8_product(const at::Tensor& rows, const at::Tensor& levels, const 
                 "w8a8_product: rows [M, K] and w8a8_vnni_pack's levels of K features, on a "
                 "CPU with AVX512-VNNI");
 #if defined(PAGED_CORE_VNNI_COLUMNS)
-    auto [biased_rows, token_scales] = token_levels(x, levels.size(1) * 4);
-    return vnni_columns(biased_rows, levels, *vnni_sums, scales.reshape({-1}).contiguous(),
-                        token_scales);
+    const TokenLevels biased = token_levels(x, levels.size(1) * 4);
+    return vnni_columns(biased.levels, levels, *vnni_sums, scales.reshape({-1}).contiguous(),
+                        biased.scales);
 #endif
   }
   TORCH_CHECK(levels.dim() == 2 && levels.scalar_type() == at::kChar && K == levels.size(1) &&
                   N == levels.size(0),
               "w8a8_product: rows [M, K], int8 levels [N, K] and N channel scales");
-  auto [token_q, token_scales] = token_levels(x);
+  const TokenLevels token = token_levels(x);
   if (int8_sums_from_rows > 0 && M >= int8_sums_from_rows)  // exact int32 sums
-    return at::mul(at::_int_mm(token_q, levels.t()), scales.reshape({-1})).mul_(token_scales);
-  const at::Tensor q = token_q.to(at::kFloat);
+    return at::mul(at::_int_mm(token.levels, levels.t()), scales.reshape({-1})).mul_(token.scales);
+  const at::Tensor q = token.levels.to(at::kFloat);
   if (M >= dense_rows) {
     const at::Tensor w = int8_dequantize(levels, scales, std::nullopt, K);
-    return at::linear(q.to(dense_dtype), w.to(dense_dtype)).to(at::kFloat).mul_(token_scales);
+    return at::linear(q.to(dense_dtype), w.to(dense_dtype)).to(at::kFloat).mul_(token.scales);
   }
-  return int8_gemm(q, levels, scales, std::nullopt, K).mul_(token_scales);
+  return int8_gemm(q, levels, scales, std::nullopt, K).mul_(token.scales);
 }
 
 at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,

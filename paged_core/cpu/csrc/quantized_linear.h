@@ -24,6 +24,19 @@ at::Tensor int4_dequantize(const at::Tensor& levels, const at::Tensor& scales,
 at::Tensor int8_dequantize(const at::Tensor& levels, const at::Tensor& scales,
                            const std::optional<at::Tensor>& zeros, int64_t group_size);
 
+// token_levels.cpp: each row of x (float32 or bfloat16 [M, K], contiguous) as int8 levels
+// round(x / scale) (half to even, within -128..127) and its scale absmax / 127 (1 for a row of
+// zeros): the same bits as quantization/w8a8_linear.py's torch formula (per_token_levels).
+struct TokenLevels {
+  at::Tensor levels;      // int8 [M, K]; biased: uint8 level + 128 [M, biased_width]
+  at::Tensor scales;      // float32 [M, 1]
+  at::Tensor group_sums;  // float32 [M, K / group_size]: each group's sum of levels, where asked
+};
+// biased_width > 0: the levels as unsigned bytes level + 128 in rows of biased_width >= K (128
+// past K: a level 0), vnni_columns' rows. group_size > 0 (a multiple of 16 dividing K): the
+// group sums too.
+TokenLevels token_levels(const at::Tensor& x, int64_t biased_width = 0, int64_t group_size = 0);
+
 // W8A8 (quantization/w8a8_linear.py): rows [M, K] (float32 or bfloat16) quantized per row to
 // int8 levels (scale absmax / 127), times int8 weight levels with one scale per channel
 // (scales, N floats). With vnni_sums (levels and vnni_sums: w8a8_vnni_pack's, on a CPU with
@@ -39,6 +52,18 @@ bool int8_vnni_ready();
 // int8 levels [N, K] as vnni_columns takes them: [ceil(N/16), ceil(K/4), 16, 4] int8 (zeros
 // past N and K), and 128 * each row's sum of levels, int32 [ceil(N/16) * 16].
 std::vector<at::Tensor> w8a8_vnni_pack(const at::Tensor& levels);
+
+// quantized_w4a8.cpp, W4A8 (quantization/w4a8_linear.py): 4-bit levels q [N, K] (0..15),
+// with float32 scales and offsets [N, K / group_size] (W = scale * q + offset), as
+// w4a8_product takes them: {levels uint8 [ceil(N/32), K/4, 64], factors float32
+// [ceil(N/32), K/group_size, 2, 32]} (the layout: quantized_w4a8.cpp).
+std::vector<at::Tensor> w4a8_pack(const at::Tensor& q, const at::Tensor& scales,
+                                  const at::Tensor& offsets, int64_t group_size);
+// rows [M, K] (float32 or bfloat16) quantized per row (token_levels), times w4a8_pack's levels
+// on vpdpbusd (exact int32 sums per group), scaled: float32 [M, out_features]. Only where
+// int8_vnni_ready().
+at::Tensor w4a8_product(const at::Tensor& rows, const at::Tensor& levels, const at::Tensor& factors,
+                        int64_t group_size, int64_t out_features);
 
 #if PAGED_CORE_BF16_DOT
 // quantized_row_dense.cpp: x [M, K] -> x W^T bfloat16 for many rows, the row layout's levels

@@ -1,0 +1,128 @@
+"""W4A8: 4-bit group-wise weights times rows quantized per token to int8. Every kernel
+(``PAGED_CORE_CPU_W4A8``: vnni, float32, and plain torch without the C++ kernels) equals the
+formula in float64: each group's integer sums of weight levels times row levels, scaled by the
+group's scale, plus the group's offset times the group's sum of row levels, times the row's
+scale; the vnni kernel takes any output count, and quantizes rows with the bits of the torch
+formula (``per_token_levels``)."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from paged_core.quantization.int4_linear import Int4Weight
+from paged_core.quantization.projections import quantized_linear
+from paged_core.quantization.quantized_linear import DENSE_ROWS_SETTING
+from paged_core.quantization.w4a8_linear import W4A8_KERNELS, W4A8_SETTING, W4A8Linear, \
+    selected_w4a8_kernel
+from paged_core.quantization.w8a8_linear import per_token_levels
+
+from ..w8a8_reference import use_w4a8_kernel
+
+
+def w4a8_weight(out, width, group_size, gen, zeros=True):
+    q = torch.randint(0, 16, (out, width), generator=gen, dtype=torch.uint8)
+    scales = torch.rand(out, width // group_size, generator=gen) * 0.02
+    zero = torch.randn(out, width // group_size, generator=gen) * 0.01 if zeros else \
+        torch.zeros(out, width // group_size)
+    return Int4Weight(q, scales, zero, group_size, activations_int8=True)
+
+
+def expected_product(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
+    """The module doc's formula in float64 (from the rows' float32 values)."""
+    levels, scale = per_token_levels(x.float())
+    out, width = weight.q.shape
+    g = weight.group_size
+    rows = levels.double().view(len(x), width // g, g)
+    q = weight.q.double().view(out, width // g, g)
+    sums = torch.einsum("mgk,ogk->mog", rows, q)  # exact: integers below 2^53
+    offsets = weight.zeros.double() - 8 * weight.scales.double()
+    y = (sums * weight.scales.double()).sum(-1) + rows.sum(-1) @ offsets.T
+    return y * scale.double()
+
+
+@pytest.mark.parametrize("kernel", ["auto", *W4A8_KERNELS])
+@pytest.mark.parametrize("rows", [1, 4, 5, 8, 9, 17, 40])
+@pytest.mark.parametrize("zeros", [False, True])
+def test_w4a8_is_the_grouped_integer_product_of_per_token_levels(cpu_isa, monkeypatch, kernel,
+                                                                  rows, zeros):
+    """On every CPU level: float32 rows (a zero row among them: scale 1, levels 0), 96 outputs,
+    groups of 32; the float32 kernels' dense path from 24 rows."""
+    use_w4a8_kernel(monkeypatch, kernel, cpu_isa)
+    monkeypatch.setenv(DENSE_ROWS_SETTING, "24")
+    gen = torch.Generator().manual_seed(rows)
+    weight = w4a8_weight(96, 128, 32, gen, zeros)
+    x = torch.randn(rows, 128, generator=gen)
+    x[rows // 2] = 0
+    layer = quantized_linear([weight], False, torch.float32)
+    assert type(layer) is W4A8Linear and kernel in ("auto", layer.kernel)
+    y = layer(x)
+    assert y.dtype == torch.float32 and y.shape == (rows, 96)
+    torch.testing.assert_close(y.double(), expected_product(x, weight), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows,features,outputs,group_size", [
+    (1, 16, 1, 16), (3, 64, 33, 16), (8, 256, 70, 128), (11, 96, 17, 32), (20, 576, 960, 64)])
+def test_the_vnni_kernel_takes_any_output_count(cpu_isa, monkeypatch, rows, features, outputs,
+                                                group_size):
+    """``w4a8_product`` on ``w4a8_pack``'s column groups of 32 outputs where the outputs are no
+    multiple of 32 (the padding adds nothing and is never stored), bfloat16 rows as they are:
+    the formula's value, the levels quantized with ``per_token_levels``' bits."""
+    use_w4a8_kernel(monkeypatch, "vnni", cpu_isa)
+    gen = torch.Generator().manual_seed(features + outputs)
+    weight = w4a8_weight(outputs, features, group_size, gen)
+    layer = W4A8Linear(weight, False, torch.bfloat16)
+    assert layer.w4a8_outputs == outputs and layer.levels.shape == (
+        (outputs + 31) // 32, features // 4, 64)
+    x = torch.randn(rows, features, generator=gen).bfloat16()
+    y = layer.product(x)
+    assert y.dtype == torch.float32 and y.shape == (rows, outputs)
+    torch.testing.assert_close(y.double(), expected_product(x, weight), atol=1e-5, rtol=1e-5)
+
+
+def test_the_bfloat16_model_takes_bfloat16_rows_on_every_kernel(monkeypatch):
+    """``forward`` returns the input's dtype; both kernels agree to bfloat16's rounding."""
+    gen = torch.Generator().manual_seed(7)
+    weight = w4a8_weight(64, 192, 64, gen)
+    x = torch.randn(2, 3, 192, generator=gen).bfloat16()
+    outputs = {}
+    for kernel in W4A8_KERNELS:
+        use_w4a8_kernel(monkeypatch, kernel)
+        outputs[kernel] = W4A8Linear(weight, False, torch.bfloat16)(x)
+        assert outputs[kernel].dtype == torch.bfloat16 and outputs[kernel].shape == (2, 3, 64)
+    expected = expected_product(x.view(-1, 192), weight).view(2, 3, 64)
+    for y in outputs.values():
+        torch.testing.assert_close(y.double(), expected, atol=2e-2, rtol=1e-2)
+
+
+def test_without_the_cpp_kernels_the_torch_formula_runs(monkeypatch):
+    import paged_core.quantization.quantized_linear as quantized_linear_module
+
+    monkeypatch.setattr(quantized_linear_module, "cpu_extension_available", lambda level: False)
+    gen = torch.Generator().manual_seed(3)
+    weight = w4a8_weight(40, 64, 32, gen)
+    layer = W4A8Linear(weight, False, torch.float32)
+    assert layer.kernels is None and layer.kernel == "float32"
+    x = torch.randn(3, 64, generator=gen)
+    torch.testing.assert_close(layer(x).double(), expected_product(x, weight), atol=1e-5,
+                               rtol=1e-5)
+
+
+@pytest.mark.parametrize("setting,vnni_ready,chosen", [
+    ("", True, "vnni"), ("auto", False, "float32"), (" VNNI ", True, "vnni"),
+    ("float32", True, "float32")])
+def test_the_w4a8_setting_picks_a_kernel(monkeypatch, setting, vnni_ready, chosen):
+    """``PAGED_CORE_CPU_W4A8``: ``auto`` takes paged-core's vnni kernel where it runs, else the
+    float32 kernels; a kernel named takes every call."""
+    monkeypatch.setenv(W4A8_SETTING, setting)
+    assert selected_w4a8_kernel(SimpleNamespace(int8_vnni_ready=lambda: vnni_ready)) == chosen
+    if not vnni_ready:
+        assert selected_w4a8_kernel(None) == chosen  # no C++ kernels at all
+
+
+@pytest.mark.parametrize("setting,message", [("onednn", "'onednn' is not a W4A8 kernel"),
+                                             ("vnni", "vnni needs paged-core's AVX-512")])
+def test_w4a8_kernels_that_cannot_be_taken_are_refused_naming_the_setting(monkeypatch, setting,
+                                                                           message):
+    monkeypatch.setenv(W4A8_SETTING, setting)
+    with pytest.raises(ValueError, match=f"{W4A8_SETTING}={message}"):
+        selected_w4a8_kernel(SimpleNamespace(int8_vnni_ready=lambda: False))
