@@ -66,7 +66,8 @@ def test_the_vnni_kernel_takes_any_output_count(cpu_isa, monkeypatch, rows, feat
                                                 group_size):
     """``w4a8_product`` on ``w4a8_pack``'s column groups of 32 outputs where the outputs are no
     multiple of 32 (the padding adds nothing and is never stored), bfloat16 rows as they are:
-    the formula's value, the levels quantized with ``per_token_levels``' bits."""
+    the formula's value, the levels quantized with ``per_token_levels``' bits; stored as
+    bfloat16, the float32 result's ``.to`` bits."""
     use_w4a8_kernel(monkeypatch, "vnni", cpu_isa)
     gen = torch.Generator().manual_seed(features + outputs)
     weight = w4a8_weight(outputs, features, group_size, gen)
@@ -77,6 +78,8 @@ def test_the_vnni_kernel_takes_any_output_count(cpu_isa, monkeypatch, rows, feat
     y = layer.product(x)
     assert y.dtype == torch.float32 and y.shape == (rows, outputs)
     torch.testing.assert_close(y.double(), expected_product(x, weight), atol=1e-5, rtol=1e-5)
+    rounded = layer.product(x, out_dtype=torch.bfloat16)  # as it is stored: .to's bits
+    assert rounded.dtype == torch.bfloat16 and torch.equal(rounded, y.bfloat16())
 
 
 def test_the_bfloat16_model_takes_bfloat16_rows_on_every_kernel(monkeypatch):

@@ -101,9 +101,10 @@ struct QuantizedWeight {
     if (int8_sums_from_rows >= 0 && bits == 8)
       return paged_core_cpu::w8a8_product(rows, levels, scales, given(w8a8_vnni_sums),
                                           int8_sums_from_rows, dense_rows, dense_dtype);
-    if (w4a8_outputs > 0)
-      return paged_core_cpu::w4a8_product(rows.contiguous(), levels, scales, group_size,
-                                          w4a8_outputs);
+    if (w4a8_outputs > 0)  // rounded to bfloat16 as it is stored, where out is
+      return paged_core_cpu::w4a8_product(
+          rows.contiguous(), levels, scales, group_size, w4a8_outputs,
+          out == at::kBFloat16 ? std::optional<at::ScalarType>(out) : std::nullopt);
     if (int8_sums_from_rows >= 0) {  // W4A8Linear's float32 path: the levels as float32 rows
       const paged_core_cpu::TokenLevels token =
           paged_core_cpu::token_levels(rows.scalar_type() == at::kBFloat16

@@ -60,10 +60,12 @@ std::vector<at::Tensor> w8a8_vnni_pack(const at::Tensor& levels);
 std::vector<at::Tensor> w4a8_pack(const at::Tensor& q, const at::Tensor& scales,
                                   const at::Tensor& offsets, int64_t group_size);
 // rows [M, K] (float32 or bfloat16) quantized per row (token_levels), times w4a8_pack's levels
-// on vpdpbusd (exact int32 sums per group), scaled: float32 [M, out_features]. Only where
-// int8_vnni_ready().
+// on vpdpbusd (exact int32 sums per group), scaled: [M, out_features] in out_dtype (float32 by
+// default; bfloat16: each value rounded as at::Tensor::to rounds it, while it is stored). Only
+// where int8_vnni_ready().
 at::Tensor w4a8_product(const at::Tensor& rows, const at::Tensor& levels, const at::Tensor& factors,
-                        int64_t group_size, int64_t out_features);
+                        int64_t group_size, int64_t out_features,
+                        std::optional<at::ScalarType> out_dtype = std::nullopt);
 
 #if PAGED_CORE_BF16_DOT
 // quantized_row_dense.cpp: x [M, K] -> x W^T bfloat16 for many rows, the row layout's levels

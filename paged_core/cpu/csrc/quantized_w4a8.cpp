@@ -21,6 +21,7 @@
 #include <torch/library.h>
 
 #include "cpu_common.h"
+#include "cpu_simd.h"
 #include "quantized_linear.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
@@ -66,13 +67,28 @@ inline __m512i dot_add(__m512i acc, __m512i u, __m512i v) {
   return acc;
 }
 
-// Rows [m0, m0 + R) times column group `levels` / `factors`: y[m, 32c .. 32c + live) of out
-// [M, N]. `ahead`: the next column group's levels, fetched line by line meanwhile (or null);
+// Where w4a8_rows stores: y [M, N] in float32 (f) or as bfloat16 bits (b), rounded as
+// at::Tensor::to rounds.
+struct Output {
+  float* f;
+  uint16_t* b;
+  int64_t N;
+
+  __attribute__((target("avx512f,avx512bw")))
+  void store(int64_t m, int64_t n, __mmask16 mask, __m512 y) const {
+    if (b != nullptr)
+      _mm256_mask_storeu_epi16(b + m * N + n, mask, paged_core_cpu::bf16_bits16_rne(y));
+    else
+      _mm512_mask_storeu_ps(f + m * N + n, mask, y);
+  }
+};
+
+// Rows [m0, m0 + R) times column group `levels` / `factors`: y[m, n0 .. n0 + live) of out. `ahead`: the next column group's levels, fetched line by line meanwhile (or null);
 // `spill`: room for R x 32 float32 totals (used past kRegisterRows rows).
 template <int R>
 __attribute__((noinline, target("avx512f,avx512bw,avx512vnni")))
 void w4a8_rows(const QuantizedRows& x, int64_t m0, const uint8_t* levels, const float* factors,
-               const uint8_t* ahead, float* spill, float* out, int64_t N, int64_t live) {
+               const uint8_t* ahead, float* spill, const Output& out, int64_t n0, int64_t live) {
   constexpr bool kInMemory = R > kRegisterRows;
   const __m512i low = _mm512_set1_epi8(0x0F);
   __m512 total[kInMemory ? 1 : R][2];
@@ -121,8 +137,7 @@ void w4a8_rows(const QuantizedRows& x, int64_t m0, const uint8_t* levels, const 
       __m512 sum;
       if constexpr (kInMemory) sum = _mm512_loadu_ps(spill + 32 * r + 16 * h);
       else sum = total[r][h];
-      _mm512_mask_storeu_ps(out + (m0 + r) * N + 16 * h, mask,
-                            _mm512_mul_ps(sum, _mm512_set1_ps(x.scales[m0 + r])));
+      out.store(m0 + r, n0 + 16 * h, mask, _mm512_mul_ps(sum, _mm512_set1_ps(x.scales[m0 + r])));
     }
   }
 }
@@ -166,7 +181,8 @@ std::vector<at::Tensor> w4a8_pack(const at::Tensor& q, const at::Tensor& scales,
 }
 
 at::Tensor w4a8_product(const at::Tensor& rows, const at::Tensor& levels, const at::Tensor& factors,
-                        int64_t group_size, int64_t out_features) {
+                        int64_t group_size, int64_t out_features,
+                        std::optional<at::ScalarType> out_dtype) {
   TORCH_CHECK(rows.dim() == 2, "w4a8_product: rows [M, K]");
   const int64_t M = rows.size(0), K = rows.size(1), N = out_features;
   TORCH_CHECK(levels.dim() == 3 && levels.size(1) * 4 == K && levels.size(2) == kQuadBytes &&
@@ -176,7 +192,10 @@ at::Tensor w4a8_product(const at::Tensor& rows, const at::Tensor& levels, const 
               "w4a8_product: rows [M, K] and w4a8_pack's levels and factors of K features, "
               "groups of ", group_size, " and ", N, " outputs");
   TORCH_CHECK(int8_vnni_ready(), "w4a8_product needs an AVX-512 build on a CPU with AVX512-VNNI");
-  at::Tensor y = at::empty({M, N}, rows.options().dtype(at::kFloat));
+  const bool bf16_out = out_dtype == at::kBFloat16;
+  TORCH_CHECK(!out_dtype || *out_dtype == at::kFloat || bf16_out,
+              "w4a8_product: out_dtype float32 or bfloat16");
+  at::Tensor y = at::empty({M, N}, rows.options().dtype(bf16_out ? at::kBFloat16 : at::kFloat));
 #if defined(PAGED_CORE_W4A8_KERNEL)
   const bool bf16 = rows.scalar_type() == at::kBFloat16;  // token_levels reads it as it is
   const TokenLevels quantized =
@@ -187,25 +206,25 @@ at::Tensor w4a8_product(const at::Tensor& rows, const at::Tensor& levels, const 
   const int64_t columns = levels.size(0), column_bytes = K / 4 * kQuadBytes;
   const uint8_t* lp = levels.data_ptr<uint8_t>();
   const float* fp = factors.data_ptr<float>();
-  float* out = y.data_ptr<float>();
+  const Output out{bf16_out ? nullptr : y.data_ptr<float>(),
+                   bf16_out ? static_cast<uint16_t*>(y.data_ptr()) : nullptr, N};
   at::parallel_for(0, columns, 1, [&](int64_t c0, int64_t c1) {
     alignas(64) float spill[kRowBlock * kOutputs];
     for (int64_t c = c0; c < c1; ++c) {
       const uint8_t* column = lp + c * column_bytes;
       const float* f = fp + c * groups * 2 * kOutputs;
       const int64_t live = std::min<int64_t>(kOutputs, N - c * kOutputs);
-      float* o = out + c * kOutputs;
       for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
         // the next column group's levels come in while the first pass reads this one's
         const uint8_t* ahead = m0 == 0 && c + 1 < c1 ? column + column_bytes : nullptr;
         switch (std::min<int64_t>(kRowBlock, M - m0)) {
 #define PAGED_CORE_W4A8_ROWS(R) \
-  case R: w4a8_rows<R>(x, m0, column, f, ahead, spill, o, N, live); break;
+  case R: w4a8_rows<R>(x, m0, column, f, ahead, spill, out, c * kOutputs, live); break;
           PAGED_CORE_W4A8_ROWS(1) PAGED_CORE_W4A8_ROWS(2) PAGED_CORE_W4A8_ROWS(3)
           PAGED_CORE_W4A8_ROWS(4) PAGED_CORE_W4A8_ROWS(5) PAGED_CORE_W4A8_ROWS(6)
           PAGED_CORE_W4A8_ROWS(7)
 #undef PAGED_CORE_W4A8_ROWS
-          default: w4a8_rows<kRowBlock>(x, m0, column, f, ahead, spill, o, N, live);
+          default: w4a8_rows<kRowBlock>(x, m0, column, f, ahead, spill, out, c * kOutputs, live);
         }
       }
     }
@@ -221,6 +240,6 @@ PAGED_CORE_LIBRARY_FRAGMENT(m) {
   m.def("w4a8_pack(Tensor q, Tensor scales, Tensor offsets, int group_size) -> Tensor[]");
   m.impl("w4a8_pack", c10::DispatchKey::CPU, TORCH_FN(w4a8_pack));
   m.def("w4a8_product(Tensor rows, Tensor levels, Tensor factors, int group_size, "
-        "int out_features) -> Tensor");
+        "int out_features, ScalarType? out_dtype=None) -> Tensor");
   m.impl("w4a8_product", c10::DispatchKey::CPU, TORCH_FN(w4a8_product));
 }
