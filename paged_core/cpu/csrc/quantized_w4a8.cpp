@@ -60,7 +60,8 @@ struct QuantizedRows {
 };
 
 // acc + the dot products of u's unsigned and v's signed bytes, 4 by 4 (vpdpbusd), in inline
-// assembly: GCC kept two copies of the sums for the intrinsic and moved them back and forth
+// assembly: for the intrinsic GCC kept two copies of the 16 sums of 8 rows and moved them
+// back and forth every 4 features (32 register moves and 2 spills a step).
 __attribute__((always_inline, target("avx512f,avx512bw,avx512vnni")))
 inline __m512i dot_add(__m512i acc, __m512i u, __m512i v) {
   asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(v));
@@ -83,8 +84,9 @@ struct Output {
   }
 };
 
-// Rows [m0, m0 + R) times column group `levels` / `factors`: y[m, n0 .. n0 + live) of out. `ahead`: the next column group's levels, fetched line by line meanwhile (or null);
-// `spill`: room for R x 32 float32 totals (used past kRegisterRows rows).
+// Rows [m0, m0 + R) times column group `levels` / `factors`: y[m, n0 .. n0 + live) of out.
+// `ahead`: the next column group's levels, fetched line by line meanwhile (or null); `spill`:
+// room for R x 32 float32 totals (used past kRegisterRows rows).
 template <int R>
 __attribute__((noinline, target("avx512f,avx512bw,avx512vnni")))
 void w4a8_rows(const QuantizedRows& x, int64_t m0, const uint8_t* levels, const float* factors,

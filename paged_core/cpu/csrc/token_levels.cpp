@@ -117,8 +117,9 @@ TokenLevels token_levels(const at::Tensor& x, int64_t biased_width, int64_t grou
   TORCH_CHECK(group_size == 0 || (group_size % 16 == 0 && K % group_size == 0),
               "token_levels: groups of a multiple of 16 features dividing K = ", K);
   const int64_t width = biased_width > 0 ? biased_width : K;
-  TokenLevels rows{at::empty({M, width}, x.options().dtype(biased_width > 0 ? at::kByte : at::kChar)),
-                 at::empty({M, 1}, x.options().dtype(at::kFloat)), at::Tensor()};
+  const at::ScalarType level_type = biased_width > 0 ? at::kByte : at::kChar;
+  TokenLevels rows{at::empty({M, width}, x.options().dtype(level_type)),
+                   at::empty({M, 1}, x.options().dtype(at::kFloat)), at::Tensor()};
   if (group_size > 0) rows.group_sums = at::empty({M, K / group_size}, rows.scales.options());
   const LevelsOut out{static_cast<uint8_t*>(rows.levels.data_ptr()), width,
                       static_cast<uint8_t>(biased_width > 0 ? 0x80 : 0),
