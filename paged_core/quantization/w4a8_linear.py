@@ -12,9 +12,10 @@ symmetric per token (row), scale ``absmax / 127``, levels rounded half to even. 
 ``PAGED_CORE_CPU_W4A8`` (``selected_w4a8_kernel``) picks how:
 
 - ``vnni``: paged-core's kernel (``cpu/csrc/quantized_w4a8.cpp``): the levels repacked at load
-  in column groups of 32 outputs, every call's exact int32 sums per group on ``vpdpbusd``, the
-  rows quantized in the same call (``token_levels``); the AVX-512 builds on CPUs with
-  AVX512-VNNI (``int8_vnni_ready``);
+  in column groups of 32 outputs (each group's scales and offsets float16 where that holds
+  them exactly, ``narrowed_factors``: the same values in half the bytes), every call's exact
+  int32 sums per group on ``vpdpbusd``, the rows quantized in the same call
+  (``token_levels``); the AVX-512 builds on CPUs with AVX512-VNNI (``int8_vnni_ready``);
 - ``float32``: ``Int4Linear``'s row layout and kernels, the activation levels as float32
   numbers, then the token's scale.
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 import torch
 
 from .int4_linear import Int4Linear
+from .quantized_linear import narrowed_factors
 from .w8a8_linear import named_int8_kernel, per_token_levels
 
 W4A8_SETTING = "PAGED_CORE_CPU_W4A8"
@@ -68,7 +70,7 @@ class W4A8Linear(Int4Linear):
             return self._row_levels(q, scales, offsets, zeros)
         self.int8_sums_from_rows, self.w4a8_outputs = 1, self.out_features
         levels, factors = self.kernels.w4a8_pack(q.contiguous(), scales, offsets, self.group_size)
-        return [levels, factors, None, None]
+        return [levels, narrowed_factors(factors), None, None]  # float16 where exact
 
     def product(self, rows: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """The activation scale multiplies the sums last; float32, or, where ``out_dtype`` is

@@ -82,6 +82,33 @@ def test_the_vnni_kernel_takes_any_output_count(cpu_isa, monkeypatch, rows, feat
     assert rounded.dtype == torch.bfloat16 and torch.equal(rounded, y.bfloat16())
 
 
+def test_exact_float16_factors_are_kept_in_float16_with_the_same_bits(cpu_isa, monkeypatch):
+    """Symmetric scales that float16 holds exactly (a checkpoint's bf16 or fp16 scales; their
+    offsets are -8 scale) are kept as float16 (half the factor bytes a step reads); the kernel
+    widens them to the same float32 values, so the products are the float32 factors' bits.
+    Zero points whose offsets float16 cannot hold, and other scales, stay float32."""
+    use_w4a8_kernel(monkeypatch, "vnni", cpu_isa)
+    from paged_core.cpu.extension import cpu_ops
+
+    gen = torch.Generator().manual_seed(11)
+    weight = w4a8_weight(70, 128, 32, gen, zeros=False)
+    weight.scales = weight.scales.half().float()
+    layer = W4A8Linear(weight, False, torch.bfloat16)
+    assert layer.scales.dtype == torch.float16
+    offsets = weight.zeros - 8 * weight.scales
+    levels, float32_factors = cpu_ops(cpu_isa).w4a8_pack(weight.q, weight.scales, offsets, 32)
+    assert float32_factors.dtype == torch.float32
+    assert torch.equal(layer.scales.float(), float32_factors)
+    x = torch.randn(9, 128, generator=gen).bfloat16()
+    expected = cpu_ops(cpu_isa).w4a8_product(x, levels, float32_factors, 32, 70)
+    assert torch.equal(layer.product(x), expected)
+    zeros = w4a8_weight(70, 128, 32, gen).zeros.half().float()
+    asymmetric = Int4Weight(weight.q, weight.scales, zeros, 32, activations_int8=True)
+    assert W4A8Linear(asymmetric, False, torch.bfloat16).scales.dtype == torch.float32
+    weight.scales = weight.scales + 1e-9  # no longer float16 values
+    assert W4A8Linear(weight, False, torch.bfloat16).scales.dtype == torch.float32
+
+
 def test_the_bfloat16_model_takes_bfloat16_rows_on_every_kernel(monkeypatch):
     """``forward`` returns the input's dtype; both kernels agree to bfloat16's rounding."""
     gen = torch.Generator().manual_seed(7)

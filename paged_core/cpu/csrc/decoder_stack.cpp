@@ -363,9 +363,10 @@ class DecoderStack : public torch::CustomClassHolder {
     TORCH_CHECK(offsets.has_value() == zeros.has_value(), "give offsets and zeros together");
     TORCH_CHECK(levels.is_contiguous() && scales.is_contiguous() && group_size > 0 &&
                     (scales.scalar_type() == at::kFloat ||
-                     (column_outputs > 0 && scales.scalar_type() == at::kHalf)),
-                "levels and scales (float32; float16 in the column layout) must be contiguous, "
-                "group_size positive");
+                     ((column_outputs > 0 || w4a8_outputs > 0) &&
+                      scales.scalar_type() == at::kHalf)),
+                "levels and scales (float32; float16 in the column and W4A8 layouts) must be "
+                "contiguous, group_size positive");
     projection_at(layer, projection).quantized = QuantizedWeight{
         bits, std::move(levels), std::move(scales), offsets.value_or(at::Tensor()),
         zeros.value_or(at::Tensor()), group_size, dense_rows, dense_dtype, column_outputs,

@@ -7,7 +7,8 @@
 //     hold in byte 4j + i the level (0..15) of output 32c + j, feature 4t + i, in the low
 //     nibble and of output 32c + 16 + j in the high one: one load and two masks give two
 //     registers of 16 outputs x 4 features, each multiplied by a row's 4 levels broadcast;
-//   factors float32 [C, K / G, 2, 32]: each group's 32 scales, then its 32 offsets;
+//   factors float32 [C, K / G, 2, 32]: each group's 32 scales, then its 32 offsets (w4a8_product
+//   also takes them as float16, quantization.narrowed_factors' where every value is exact);
 //   outputs past N (the last column group's padding) have levels 0 and factors 0.
 // A weight is W[n, k] = scale[n, g] * level + offset[n, g] (Int4Linear's offsets: zero - 8
 // scale), so with a row's levels r (x ~ row_scale * r, quantized as token_levels does):
@@ -84,12 +85,33 @@ struct Output {
   }
 };
 
+// Per-group factors as stored: float32, or float16 (half the bytes a decode step reads).
+struct Factors {
+  const void* data;
+  bool half;
+
+  // The element i places further on.
+  Factors at(int64_t i) const {
+    return {half ? static_cast<const void*>(static_cast<const uint16_t*>(data) + i)
+                 : static_cast<const void*>(static_cast<const float*>(data) + i),
+            half};
+  }
+  // Elements [i, i + 16) as float32.
+  __attribute__((target("avx512f")))
+  __m512 load(int64_t i) const {
+    if (half)
+      return _mm512_cvtph_ps(_mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(data) + i)));
+    return _mm512_loadu_ps(static_cast<const float*>(data) + i);
+  }
+};
+
 // Rows [m0, m0 + R) times column group `levels` / `factors`: y[m, n0 .. n0 + live) of out.
 // `ahead`: the next column group's levels, fetched line by line meanwhile (or null); `spill`:
 // room for R x 32 float32 totals (used past kRegisterRows rows).
 template <int R>
 __attribute__((noinline, target("avx512f,avx512bw,avx512vnni")))
-void w4a8_rows(const QuantizedRows& x, int64_t m0, const uint8_t* levels, const float* factors,
+void w4a8_rows(const QuantizedRows& x, int64_t m0, const uint8_t* levels, const Factors& factors,
                const uint8_t* ahead, float* spill, const Output& out, int64_t n0, int64_t live) {
   constexpr bool kInMemory = R > kRegisterRows;
   const __m512i low = _mm512_set1_epi8(0x0F);
@@ -115,9 +137,9 @@ void w4a8_rows(const QuantizedRows& x, int64_t m0, const uint8_t* levels, const 
         sums[r][1] = dot_add(sums[r][1], second, row);
       }
     }
-    const float* f = factors + g * 2 * kOutputs;
     for (int h = 0; h < 2; ++h) {
-      const __m512 scale = _mm512_loadu_ps(f + 16 * h), offset = _mm512_loadu_ps(f + 32 + 16 * h);
+      const __m512 scale = factors.load(g * 2 * kOutputs + 16 * h);
+      const __m512 offset = factors.load(g * 2 * kOutputs + kOutputs + 16 * h);
       for (int r = 0; r < R; ++r) {
         const __m512 group_sum = _mm512_set1_ps(x.group_sums[(m0 + r) * x.groups + g]);
         const __m512 sum = _mm512_cvtepi32_ps(sums[r][h]);
@@ -188,10 +210,13 @@ at::Tensor w4a8_product(const at::Tensor& rows, const at::Tensor& levels, const 
   TORCH_CHECK(rows.dim() == 2, "w4a8_product: rows [M, K]");
   const int64_t M = rows.size(0), K = rows.size(1), N = out_features;
   TORCH_CHECK(levels.dim() == 3 && levels.size(1) * 4 == K && levels.size(2) == kQuadBytes &&
-                  factors.dim() == 4 && factors.size(0) == levels.size(0) &&
+                  factors.dim() == 4 && factors.is_contiguous() &&
+                  (factors.scalar_type() == at::kFloat || factors.scalar_type() == at::kHalf) &&
+                  factors.size(0) == levels.size(0) &&
                   factors.size(1) * group_size == K && levels.size(0) * kOutputs >= N &&
                   N > levels.size(0) * kOutputs - kOutputs,
-              "w4a8_product: rows [M, K] and w4a8_pack's levels and factors of K features, "
+              "w4a8_product: rows [M, K] and w4a8_pack's levels and factors (float32 or float16) "
+              "of K features, "
               "groups of ", group_size, " and ", N, " outputs");
   TORCH_CHECK(int8_vnni_ready(), "w4a8_product needs an AVX-512 build on a CPU with AVX512-VNNI");
   const bool bf16_out = out_dtype == at::kBFloat16;
@@ -207,14 +232,14 @@ at::Tensor w4a8_product(const at::Tensor& rows, const at::Tensor& levels, const 
                         quantized.group_sums.data_ptr<float>(), K, groups, group_size / 4};
   const int64_t columns = levels.size(0), column_bytes = K / 4 * kQuadBytes;
   const uint8_t* lp = levels.data_ptr<uint8_t>();
-  const float* fp = factors.data_ptr<float>();
+  const Factors all_factors{factors.data_ptr(), factors.scalar_type() == at::kHalf};
   const Output out{bf16_out ? nullptr : y.data_ptr<float>(),
                    bf16_out ? static_cast<uint16_t*>(y.data_ptr()) : nullptr, N};
   at::parallel_for(0, columns, 1, [&](int64_t c0, int64_t c1) {
     alignas(64) float spill[kRowBlock * kOutputs];
     for (int64_t c = c0; c < c1; ++c) {
       const uint8_t* column = lp + c * column_bytes;
-      const float* f = fp + c * groups * 2 * kOutputs;
+      const Factors f = all_factors.at(c * groups * 2 * kOutputs);
       const int64_t live = std::min<int64_t>(kOutputs, N - c * kOutputs);
       for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
         // the next column group's levels come in while the first pass reads this one's
