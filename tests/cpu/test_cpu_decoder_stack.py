@@ -158,12 +158,14 @@ def test_stack_matches_the_python_layers_with_w8a8(kernel, dtype, tokenizer, tmp
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("kernel", ["auto", "vnni", "float32"])
-def test_stack_matches_the_python_layers_with_w4a8(kernel, dtype, tokenizer, tmp_path, cpu_isa,
-                                                   monkeypatch):
+@pytest.mark.parametrize("kernel,scales", [("auto", "float32"), ("vnni", "float32"),
+                                           ("float32", "float32"), ("vnni", "float16")])
+def test_stack_matches_the_python_layers_with_w4a8(kernel, scales, dtype, tokenizer, tmp_path,
+                                                   cpu_isa, monkeypatch):
     """W4A8 projections run in the stack by the same ops: ``w4a8_product`` on the vnni kernel's
-    layout, or each step's rows quantized per token (``token_levels``) and then ``Int4Linear``'s
-    row-layout kernels and their dense path past ``dense_rows`` (``PAGED_CORE_CPU_W4A8``)."""
+    layout (its group factors float16 where the checkpoint's scales are), or each step's rows
+    quantized per token (``token_levels``) and then ``Int4Linear``'s row-layout kernels and
+    their dense path past ``dense_rows`` (``PAGED_CORE_CPU_W4A8``)."""
     pytest.importorskip("compressed_tensors")
     from paged_core.bench.quantized_models import compressed_tensors_checkpoint
     from paged_core.quantization.quantized_linear import DENSE_ROWS_SETTING
@@ -173,8 +175,16 @@ def test_stack_matches_the_python_layers_with_w4a8(kernel, dtype, tokenizer, tmp
     monkeypatch.setenv(DENSE_ROWS_SETTING, "24")  # below this test's prompts: both paths run
     folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
     checkpoint, _ = compressed_tensors_checkpoint(folder, "W4A8", str(tmp_path / "W4A8"), 32)
+    if scales == "float16":  # as a recipe run in float16 stores them
+        from safetensors.torch import load_file, save_file
+
+        stored = load_file(f"{checkpoint}/model.safetensors")
+        save_file({name: t.half() if name.endswith(".weight_scale") else t
+                   for name, t in stored.items()}, f"{checkpoint}/model.safetensors",
+                  metadata={"format": "pt"})
     llm = _generate_through_both_paths(checkpoint, dtype, cpu_isa)
     projection = llm.engine.core.executor.runner.model.layers[0].mlp.down_proj
     assert type(projection) is W4A8Linear
     assert kernel in ("auto", projection.kernel)
     assert (projection.w4a8_outputs > 0) == (projection.kernel == "vnni")
+    assert (projection.scales.dtype == torch.float16) == (scales == "float16")
