@@ -78,7 +78,7 @@ class W4A8Linear(Int4Linear):
         gives)."""
         if self.w4a8_outputs:
             out = out_dtype if out_dtype == torch.bfloat16 else None
-            return self.kernels.w4a8_product(rows.contiguous(), self.levels, self.scales,
+            return self.kernels.w4a8_product(rows, self.levels, self.scales,
                                              self.group_size, self.w4a8_outputs, out)
         levels, scale = per_token_levels(rows)
         return super().product(levels).float() * scale

@@ -103,12 +103,10 @@ struct QuantizedWeight {
                                           int8_sums_from_rows, dense_rows, dense_dtype);
     if (w4a8_outputs > 0)  // rounded to bfloat16 as it is stored, where out is
       return paged_core_cpu::w4a8_product(
-          rows.contiguous(), levels, scales, group_size, w4a8_outputs,
+          rows, levels, scales, group_size, w4a8_outputs,
           out == at::kBFloat16 ? std::optional<at::ScalarType>(out) : std::nullopt);
     if (int8_sums_from_rows >= 0) {  // W4A8Linear's float32 path: the levels as float32 rows
-      const paged_core_cpu::TokenLevels token =
-          paged_core_cpu::token_levels(rows.scalar_type() == at::kBFloat16
-                                           ? rows.contiguous() : rows.to(at::kFloat).contiguous());
+      const paged_core_cpu::TokenLevels token = paged_core_cpu::token_levels(rows);
       return weight_only_product(token.levels.to(at::kFloat), at::kFloat)
           .to(at::kFloat)
           .mul_(token.scales);

@@ -24,7 +24,8 @@ at::Tensor int4_dequantize(const at::Tensor& levels, const at::Tensor& scales,
 at::Tensor int8_dequantize(const at::Tensor& levels, const at::Tensor& scales,
                            const std::optional<at::Tensor>& zeros, int64_t group_size);
 
-// token_levels.cpp: each row of x (float32 or bfloat16 [M, K], contiguous) as int8 levels
+// token_levels.cpp: each row of x ([M, K]; bfloat16 read as it is, any other dtype as float32)
+// as int8 levels
 // round(x / scale) (half to even, within -128..127) and its scale absmax / 127 (1 for a row of
 // zeros): the same bits as quantization/w8a8_linear.py's torch formula (per_token_levels).
 struct TokenLevels {

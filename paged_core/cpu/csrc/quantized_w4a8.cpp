@@ -224,9 +224,7 @@ at::Tensor w4a8_product(const at::Tensor& rows, const at::Tensor& levels, const 
               "w4a8_product: out_dtype float32 or bfloat16");
   at::Tensor y = at::empty({M, N}, rows.options().dtype(bf16_out ? at::kBFloat16 : at::kFloat));
 #if defined(PAGED_CORE_W4A8_KERNEL)
-  const bool bf16 = rows.scalar_type() == at::kBFloat16;  // token_levels reads it as it is
-  const TokenLevels quantized =
-      token_levels((bf16 ? rows : rows.to(at::kFloat)).contiguous(), 0, group_size);
+  const TokenLevels quantized = token_levels(rows, 0, group_size);
   const int64_t groups = K / group_size;
   const QuantizedRows x{quantized.levels.data_ptr<int8_t>(), quantized.scales.data_ptr<float>(),
                         quantized.group_sums.data_ptr<float>(), K, groups, group_size / 4};

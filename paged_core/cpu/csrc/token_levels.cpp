@@ -112,7 +112,10 @@ void quantize_rows(const T* xp, int64_t M, int64_t K, const LevelsOut& out) {
 
 namespace paged_core_cpu {
 
-TokenLevels token_levels(const at::Tensor& x, int64_t biased_width, int64_t group_size) {
+TokenLevels token_levels(const at::Tensor& input, int64_t biased_width, int64_t group_size) {
+  // bfloat16 rows are read as they are, any other dtype as float32
+  const at::Tensor x =
+      (input.scalar_type() == at::kBFloat16 ? input : input.to(at::kFloat)).contiguous();
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(group_size == 0 || (group_size % 16 == 0 && K % group_size == 0),
               "token_levels: groups of a multiple of 16 features dividing K = ", K);
