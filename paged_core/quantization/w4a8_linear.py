@@ -12,9 +12,11 @@ symmetric per token (row), scale ``absmax / 127``, levels rounded half to even. 
 ``PAGED_CORE_CPU_W4A8`` (``selected_w4a8_kernel``) picks how:
 
 - ``vnni``: paged-core's kernel (``cpu/csrc/quantized_w4a8.cpp``): the levels repacked at load
-  in column groups of 32 outputs (each group's scales and offsets float16 where that holds
-  them exactly, ``narrowed_factors``: the same values in half the bytes), every call's exact
-  int32 sums per group on ``vpdpbusd``, the rows quantized in the same call
+  in column groups of 32 outputs (each group's scales and offsets, or for a symmetric weight,
+  whose offsets are all -8 scale, its scales alone; float16 where that holds them exactly,
+  ``narrowed_factors``: the same values in half the bytes), every call's exact int32 sums per
+  group on ``vpdpbusd`` (a symmetric weight's already minus 8 times the group's sum of row
+  levels, so one multiply-add a group), the rows quantized in the same call
   (``token_levels``); the AVX-512 builds on CPUs with AVX512-VNNI (``int8_vnni_ready``);
 - ``float32``: ``Int4Linear``'s row layout and kernels, the activation levels as float32
   numbers, then the token's scale.
@@ -56,7 +58,8 @@ def selected_w4a8_kernel(kernels) -> str:
 class W4A8Linear(Int4Linear):
     """``y = x @ W.T (+ bias)`` for an ``Int4Weight`` ``W`` whose inputs are quantized per
     token (inference only, CPU). ``w4a8_outputs > 0``: the levels and ``scales`` (each group's
-    scales and offsets) are ``w4a8_pack``'s; else ``Int4Linear``'s row layout."""
+    scales and offsets, or scales alone for a symmetric weight) are ``w4a8_pack``'s; else
+    ``Int4Linear``'s row layout."""
 
     # from how many rows the sums are integer: 1 (every call, vnni) or 0 (never, float32); the
     # C++ decoder stack's flag for "quantize the rows first"

@@ -60,20 +60,24 @@ def test_w4a8_is_the_grouped_integer_product_of_per_token_levels(cpu_isa, monkey
     torch.testing.assert_close(y.double(), expected_product(x, weight), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("zeros", [False, True])
 @pytest.mark.parametrize("rows,features,outputs,group_size", [
     (1, 16, 1, 16), (3, 64, 33, 16), (8, 256, 70, 128), (11, 96, 17, 32), (20, 576, 960, 64)])
 def test_the_vnni_kernel_takes_any_output_count(cpu_isa, monkeypatch, rows, features, outputs,
-                                                group_size):
+                                                group_size, zeros):
     """``w4a8_product`` on ``w4a8_pack``'s column groups of 32 outputs where the outputs are no
     multiple of 32 (the padding adds nothing and is never stored), bfloat16 rows as they are:
     the formula's value, the levels quantized with ``per_token_levels``' bits; stored as
-    bfloat16, the float32 result's ``.to`` bits."""
+    bfloat16, the float32 result's ``.to`` bits. A symmetric weight (no zero points: every
+    offset is -8 scale) keeps each group's scales alone, its sums starting at -8 times the
+    group's sum of row levels."""
     use_w4a8_kernel(monkeypatch, "vnni", cpu_isa)
     gen = torch.Generator().manual_seed(features + outputs)
-    weight = w4a8_weight(outputs, features, group_size, gen)
+    weight = w4a8_weight(outputs, features, group_size, gen, zeros)
     layer = W4A8Linear(weight, False, torch.bfloat16)
-    assert layer.w4a8_outputs == outputs and layer.levels.shape == (
-        (outputs + 31) // 32, features // 4, 64)
+    columns = (outputs + 31) // 32
+    assert layer.w4a8_outputs == outputs and layer.levels.shape == (columns, features // 4, 64)
+    assert layer.scales.shape == (columns, features // group_size, 2 if zeros else 1, 32)
     x = torch.randn(rows, features, generator=gen).bfloat16()
     y = layer.product(x)
     assert y.dtype == torch.float32 and y.shape == (rows, outputs)

@@ -57,8 +57,9 @@ std::vector<at::Tensor> w8a8_vnni_pack(const at::Tensor& levels);
 // quantized_w4a8.cpp, W4A8 (quantization/w4a8_linear.py): 4-bit levels q [N, K] (0..15),
 // with float32 scales and offsets [N, K / group_size] (W = scale * q + offset), as
 // w4a8_product takes them: {levels uint8 [ceil(N/32), K/4, 64], factors float32
-// [ceil(N/32), K/group_size, 2, 32]} (the layout: quantized_w4a8.cpp; w4a8_product also takes
-// the factors as float16).
+// [ceil(N/32), K/group_size, F, 32]}: scales and offsets (F = 2), or the scales alone (F = 1)
+// where every offset is -8 scale (a symmetric weight) (the layout: quantized_w4a8.cpp;
+// w4a8_product also takes the factors as float16).
 std::vector<at::Tensor> w4a8_pack(const at::Tensor& q, const at::Tensor& scales,
                                   const at::Tensor& offsets, int64_t group_size);
 // rows [M, K] (float32 or bfloat16) quantized per row (token_levels), times w4a8_pack's levels

@@ -7,14 +7,18 @@
 //     hold in byte 4j + i the level (0..15) of output 32c + j, feature 4t + i, in the low
 //     nibble and of output 32c + 16 + j in the high one: one load and two masks give two
 //     registers of 16 outputs x 4 features, each multiplied by a row's 4 levels broadcast;
-//   factors float32 [C, K / G, 2, 32]: each group's 32 scales, then its 32 offsets (w4a8_product
-//   also takes them as float16, quantization.narrowed_factors' where every value is exact);
+//   factors float32 [C, K / G, F, 32]: each group's 32 scales, then (F = 2) its 32 offsets, or
+//   (F = 1, a symmetric weight: every offset is -8 scale) the scales alone (w4a8_product also
+//   takes them as float16, quantization.narrowed_factors' where every value is exact);
 //   outputs past N (the last column group's padding) have levels 0 and factors 0.
 // A weight is W[n, k] = scale[n, g] * level + offset[n, g] (Int4Linear's offsets: zero - 8
 // scale), so with a row's levels r (x ~ row_scale * r, quantized as token_levels does):
 //   y[m, n] = row_scale[m] * sum_g (scale[n, g] * S[m, n, g] + offset[n, g] * R[m, g]),
 // S the exact int32 sum over the group of level * r, R the group's sum of r (exact in float32
-// below 2^24 / 128 features a group). Each group's sums are added in order of g, in float32.
+// below 2^24 / 128 features a group). For a symmetric weight that is
+//   y[m, n] = row_scale[m] * sum_g scale[n, g] * (S[m, n, g] - 8 R[m, g]),
+// whose sums start at -8 R and stay exact in int32: one multiply-add a group and row instead of
+// two, and no offsets to read. Each group's sums are added in order of g, in float32.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -38,6 +42,7 @@ namespace {
 
 constexpr int64_t kOutputs = 32;  // outputs of a column group
 constexpr int64_t kQuadBytes = 64;
+constexpr int32_t kMidLevel = 8;  // a symmetric weight's offsets are -kMidLevel scale
 
 #if defined(PAGED_CORE_W4A8_KERNEL)
 // Rows of x per pass over a column group; past kRegisterRows of them the float32 totals live in
@@ -47,7 +52,10 @@ constexpr int64_t kQuadBytes = 64;
 // 2026-12-05): 8 rows 3.90 ms in one pass with the totals in L1, 4.47 in two passes of 4 with
 // them in registers (the next column group fetched in the first pass only; by halves in both,
 // 4.22), 4.20 in one pass with them in registers; 6 rows 3.45 against 4.03 in passes of 4;
-// 4 rows 2.95 in registers against 3.07 in L1.
+// 4 rows 2.95 in registers against 3.07 in L1. The symmetric sums (one multiply-add a group
+// and row) against scale-and-offset ones on the same levels, runtime-switched in one process:
+// 8 rows 3.36-3.41 / 4.44-4.48 against 3.74-3.77 / 4.78-4.83 ms with the levels in L2 (two
+// speeds of the VM), 1 row within noise (same machine, 2026-12-05 12:05 UTC).
 constexpr int kRowBlock = 8;
 constexpr int kRegisterRows = 4;
 
@@ -106,14 +114,16 @@ struct Factors {
   }
 };
 
-// Rows [m0, m0 + R) times column group `levels` / `factors`: y[m, n0 .. n0 + live) of out.
-// `ahead`: the next column group's levels, fetched line by line meanwhile (or null); `spill`:
-// room for R x 32 float32 totals (used past kRegisterRows rows).
-template <int R>
+// Rows [m0, m0 + R) times column group `levels` / `factors` (scales and offsets, or for
+// kSymmetric scales alone): y[m, n0 .. n0 + live) of out. `ahead`: the next column group's
+// levels, fetched line by line meanwhile (or null); `spill`: room for R x 32 float32 totals
+// (used past kRegisterRows rows).
+template <int R, bool kSymmetric>
 __attribute__((noinline, target("avx512f,avx512bw,avx512vnni")))
 void w4a8_rows(const QuantizedRows& x, int64_t m0, const uint8_t* levels, const Factors& factors,
                const uint8_t* ahead, float* spill, const Output& out, int64_t n0, int64_t live) {
   constexpr bool kInMemory = R > kRegisterRows;
+  constexpr int64_t kGroupFactors = (kSymmetric ? 1 : 2) * kOutputs;
   const __m512i low = _mm512_set1_epi8(0x0F);
   __m512 total[kInMemory ? 1 : R][2];
   for (int r = 0; r < (kInMemory ? 0 : R); ++r) total[r][0] = total[r][1] = _mm512_setzero_ps();
@@ -122,7 +132,12 @@ void w4a8_rows(const QuantizedRows& x, int64_t m0, const uint8_t* levels, const 
   const int8_t* rows = x.levels + m0 * x.K;
   for (int64_t g = 0; g < x.groups; ++g) {
     __m512i sums[R][2];
-    for (int r = 0; r < R; ++r) sums[r][0] = sums[r][1] = _mm512_setzero_si512();
+    for (int r = 0; r < R; ++r) {
+      const float group_sum = x.group_sums[(m0 + r) * x.groups + g];  // an integer
+      sums[r][0] = sums[r][1] = kSymmetric
+          ? _mm512_set1_epi32(-kMidLevel * static_cast<int32_t>(group_sum))
+          : _mm512_setzero_si512();
+    }
     for (int64_t t = g * x.quads_per_group; t < (g + 1) * x.quads_per_group; ++t) {
       if (ahead != nullptr)
         _mm_prefetch(reinterpret_cast<const char*>(ahead + t * kQuadBytes), _MM_HINT_T0);
@@ -138,19 +153,18 @@ void w4a8_rows(const QuantizedRows& x, int64_t m0, const uint8_t* levels, const 
       }
     }
     for (int h = 0; h < 2; ++h) {
-      const __m512 scale = factors.load(g * 2 * kOutputs + 16 * h);
-      const __m512 offset = factors.load(g * 2 * kOutputs + kOutputs + 16 * h);
+      const __m512 scale = factors.load(g * kGroupFactors + 16 * h);
+      const __m512 offset = kSymmetric ? _mm512_setzero_ps()
+                                       : factors.load(g * kGroupFactors + kOutputs + 16 * h);
       for (int r = 0; r < R; ++r) {
-        const __m512 group_sum = _mm512_set1_ps(x.group_sums[(m0 + r) * x.groups + g]);
         const __m512 sum = _mm512_cvtepi32_ps(sums[r][h]);
-        if constexpr (kInMemory) {
-          float* at = spill + 32 * r + 16 * h;
-          const __m512 scaled = _mm512_fmadd_ps(scale, sum, _mm512_loadu_ps(at));
-          _mm512_storeu_ps(at, _mm512_fmadd_ps(offset, group_sum, scaled));
-        } else {
-          total[r][h] = _mm512_fmadd_ps(offset, group_sum,
-                                        _mm512_fmadd_ps(scale, sum, total[r][h]));
-        }
+        __m512 add = kInMemory ? _mm512_loadu_ps(spill + 32 * r + 16 * h) : total[r][h];
+        add = _mm512_fmadd_ps(scale, sum, add);
+        if constexpr (!kSymmetric)
+          add = _mm512_fmadd_ps(offset, _mm512_set1_ps(x.group_sums[(m0 + r) * x.groups + g]),
+                                add);
+        if constexpr (kInMemory) _mm512_storeu_ps(spill + 32 * r + 16 * h, add);
+        else total[r][h] = add;
       }
     }
   }
@@ -183,8 +197,13 @@ std::vector<at::Tensor> w4a8_pack(const at::Tensor& q, const at::Tensor& scales,
                   scales.size(1) == groups,
               "w4a8_pack: scales and offsets [N, K / group_size]");
   const at::Tensor s = scales.to(at::kFloat).contiguous(), o = offsets.to(at::kFloat).contiguous();
+  const float *sp = s.data_ptr<float>(), *op = o.data_ptr<float>();
+  const bool symmetric = std::equal(op, op + o.numel(), sp, [](float offset, float scale) {
+    return offset == -kMidLevel * scale;  // exact in float32
+  });
+  const int64_t kinds = symmetric ? 1 : 2;  // scales (and offsets)
   at::Tensor levels = at::zeros({columns, K / 4, kQuadBytes}, q.options());
-  at::Tensor factors = at::zeros({columns, groups, 2, kOutputs}, s.options());
+  at::Tensor factors = at::zeros({columns, groups, kinds, kOutputs}, s.options());
   const uint8_t* qp = q.data_ptr<uint8_t>();
   uint8_t* lp = levels.data_ptr<uint8_t>();
   float* fp = factors.data_ptr<float>();
@@ -196,9 +215,9 @@ std::vector<at::Tensor> w4a8_pack(const at::Tensor& q, const at::Tensor& scales,
       column[k / 4 * kQuadBytes + 4 * j + k % 4] |= static_cast<uint8_t>(qp[n * K + k] << shift);
     }
     for (int64_t g = 0; g < groups; ++g) {
-      float* f = fp + (c * groups + g) * 2 * kOutputs + n % kOutputs;
-      f[0] = s.data_ptr<float>()[n * groups + g];
-      f[kOutputs] = o.data_ptr<float>()[n * groups + g];
+      float* f = fp + (c * groups + g) * kinds * kOutputs + n % kOutputs;
+      f[0] = sp[n * groups + g];
+      if (!symmetric) f[kOutputs] = op[n * groups + g];
     }
   }
   return {levels, factors};
@@ -211,6 +230,7 @@ at::Tensor w4a8_product(const at::Tensor& rows, const at::Tensor& levels, const 
   const int64_t M = rows.size(0), K = rows.size(1), N = out_features;
   TORCH_CHECK(levels.dim() == 3 && levels.size(1) * 4 == K && levels.size(2) == kQuadBytes &&
                   factors.dim() == 4 && factors.is_contiguous() &&
+                  (factors.size(2) == 1 || factors.size(2) == 2) && factors.size(3) == kOutputs &&
                   (factors.scalar_type() == at::kFloat || factors.scalar_type() == at::kHalf) &&
                   factors.size(0) == levels.size(0) &&
                   factors.size(1) * group_size == K && levels.size(0) * kOutputs >= N &&
@@ -231,25 +251,28 @@ at::Tensor w4a8_product(const at::Tensor& rows, const at::Tensor& levels, const 
   const int64_t columns = levels.size(0), column_bytes = K / 4 * kQuadBytes;
   const uint8_t* lp = levels.data_ptr<uint8_t>();
   const Factors all_factors{factors.data_ptr(), factors.scalar_type() == at::kHalf};
+  const bool symmetric = factors.size(2) == 1;
   const Output out{bf16_out ? nullptr : y.data_ptr<float>(),
                    bf16_out ? static_cast<uint16_t*>(y.data_ptr()) : nullptr, N};
   at::parallel_for(0, columns, 1, [&](int64_t c0, int64_t c1) {
     alignas(64) float spill[kRowBlock * kOutputs];
     for (int64_t c = c0; c < c1; ++c) {
       const uint8_t* column = lp + c * column_bytes;
-      const Factors f = all_factors.at(c * groups * 2 * kOutputs);
+      const Factors f = all_factors.at(c * groups * factors.size(2) * kOutputs);
       const int64_t live = std::min<int64_t>(kOutputs, N - c * kOutputs);
       for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
         // the next column group's levels come in while the first pass reads this one's
         const uint8_t* ahead = m0 == 0 && c + 1 < c1 ? column + column_bytes : nullptr;
         switch (std::min<int64_t>(kRowBlock, M - m0)) {
-#define PAGED_CORE_W4A8_ROWS(R) \
-  case R: w4a8_rows<R>(x, m0, column, f, ahead, spill, out, c * kOutputs, live); break;
+#define PAGED_CORE_W4A8_ROWS(R)                                                        \
+  case R:                                                                              \
+    (symmetric ? w4a8_rows<R, true> : w4a8_rows<R, false>)(x, m0, column, f, ahead, spill, \
+                                                           out, c * kOutputs, live);      \
+    break;
           PAGED_CORE_W4A8_ROWS(1) PAGED_CORE_W4A8_ROWS(2) PAGED_CORE_W4A8_ROWS(3)
           PAGED_CORE_W4A8_ROWS(4) PAGED_CORE_W4A8_ROWS(5) PAGED_CORE_W4A8_ROWS(6)
-          PAGED_CORE_W4A8_ROWS(7)
+          PAGED_CORE_W4A8_ROWS(7) PAGED_CORE_W4A8_ROWS(kRowBlock)
 #undef PAGED_CORE_W4A8_ROWS
-          default: w4a8_rows<kRowBlock>(x, m0, column, f, ahead, spill, out, c * kOutputs, live);
         }
       }
     }
