@@ -97,11 +97,23 @@ class ModelRunner:
             if packed.ahead is not None:
                 packed.ahead.write_into(input_ids)
             hidden = self.model(input_ids, rope_rows, self.kv_caches, meta, self.backend)
-        logits = self.model.compute_logits(hidden[self._to_device(packed.logits_indices)])
-        return logits
+        return self.model.compute_logits(self._sampled_rows(hidden, packed.logits_indices))
+
+    def _sampled_rows(self, hidden: torch.Tensor, logits_indices) -> torch.Tensor:
+        """The rows of ``hidden`` whose logits the step needs. ``logits_indices`` increase, so
+        as many of them as rows are every row in order (a decode step where every sequence
+        samples): then ``hidden`` itself, without a gather."""
+        if len(logits_indices) == hidden.shape[0]:
+            return hidden
+        return hidden[self._to_device(logits_indices)]
 
     def _to_device(self, array) -> torch.Tensor:
-        return torch.from_numpy(array).to(self.device, non_blocking=self.non_blocking_inputs)
+        """A step's host array as a tensor on the model's device (on the CPU, the array's own
+        memory: no copy and no ``to`` call)."""
+        tensor = torch.from_numpy(array)
+        if self.device.type == "cpu":
+            return tensor
+        return tensor.to(self.device, non_blocking=self.non_blocking_inputs)
 
     def _device_inputs(self, packed: PackedBatch):
         to = self._to_device
