@@ -155,10 +155,11 @@ def _lora_slots(batch: list[StepInput], rows: np.ndarray, padded: int) -> np.nda
     return per_row
 
 
-def _rope_rows(batch: list[StepInput], positions: np.ndarray, rows: np.ndarray,
+def _rope_rows(batch: list[StepInput], positions: np.ndarray, rows: np.ndarray | None,
                long_rope_rows: int) -> np.ndarray:
     """Each token's rotary table row: its position, in the long factors' rows for a sequence
-    ``rotated_long``."""
+    ``rotated_long`` (``rows``, each token's sequence, is given wherever ``long_rope_rows``
+    is)."""
     if not long_rope_rows:
         return positions
     rotated = np.fromiter((s.rotated_long for s in batch), dtype=bool, count=len(batch))
