@@ -123,9 +123,9 @@ def pack_batch(batch: list[StepInput], block_size: int, bucketed: bool = False,
     padding = padded - num_tokens
     qlens = np.array(query_lens, dtype=np.int64)
     positions_array = np.array(positions + [0] * padding, dtype=np.int64)
+    lora = any(s.lora_slot >= 0 for s in batch)
     # each token's sequence, for what differs by sequence (LongRoPE rows, LoRA slots)
-    per_sequence = long_rope_rows or any(s.lora_slot >= 0 for s in batch)
-    rows = np.repeat(np.arange(len(batch)), qlens) if per_sequence else None
+    rows = np.repeat(np.arange(len(batch)), qlens) if long_rope_rows or lora else None
     return PackedBatch(
         input_ids=np.array(input_ids + [0] * padding, dtype=np.int64),
         positions=positions_array,
@@ -135,7 +135,7 @@ def pack_batch(batch: list[StepInput], block_size: int, bucketed: bool = False,
         logits_indices=np.array(logits_indices, dtype=np.int64),
         first_logits_row=np.array(first_logits_row, dtype=np.int64), num_tokens=num_tokens,
         rope_rows=_rope_rows(batch, positions_array, rows, long_rope_rows),
-        lora_slots=_lora_slots(batch, rows, padded) if per_sequence else None)
+        lora_slots=_lora_slots(batch, rows, padded) if lora else None)
 
 
 def _block_tables(batch: list[StepInput]) -> np.ndarray:
@@ -145,11 +145,10 @@ def _block_tables(batch: list[StepInput]) -> np.ndarray:
                     dtype=np.int32)
 
 
-def _lora_slots(batch: list[StepInput], rows: np.ndarray, padded: int) -> np.ndarray | None:
-    """Each row's LoRA slot (-1: the base model, and padding); None when no row has one."""
+def _lora_slots(batch: list[StepInput], rows: np.ndarray, padded: int) -> np.ndarray:
+    """Each row's LoRA slot (-1: the base model, and padding), for a step where some sequence
+    runs an adapter."""
     slots = np.fromiter((s.lora_slot for s in batch), dtype=np.int64, count=len(batch))
-    if not (slots >= 0).any():
-        return None
     per_row = np.full(padded, -1, dtype=np.int64)
     per_row[:len(rows)] = slots[rows]
     return per_row

@@ -383,9 +383,7 @@ at::Tensor w8a8_product(const at::Tensor& rows, const at::Tensor& levels, const 
                         const std::optional<at::Tensor>& vnni_sums, int64_t int8_sums_from_rows,
                         int64_t dense_rows, at::ScalarType dense_dtype) {
   TORCH_CHECK(rows.dim() == 2, "w8a8_product: rows [M, K]");
-  const bool bf16 = rows.scalar_type() == at::kBFloat16;  // token_levels reads it as it is
-  const at::Tensor x = (bf16 ? rows : rows.to(at::kFloat)).contiguous();
-  const int64_t M = x.size(0), K = x.size(1), N = scales.numel();
+  const int64_t M = rows.size(0), K = rows.size(1), N = scales.numel();
   if (vnni_sums) {  // levels: w8a8_vnni_pack's; every call on vnni_columns
     TORCH_CHECK(levels.dim() == 4 && levels.size(1) == (K + 3) / 4 &&
                     levels.size(0) * kVnniGroup == vnni_sums->numel() &&
@@ -393,7 +391,7 @@ at::Tensor w8a8_product(const at::Tensor& rows, const at::Tensor& levels, const 
                 "w8a8_product: rows [M, K] and w8a8_vnni_pack's levels of K features, on a "
                 "CPU with AVX512-VNNI");
 #if defined(PAGED_CORE_VNNI_COLUMNS)
-    const TokenLevels biased = token_levels(x, levels.size(1) * 4);
+    const TokenLevels biased = token_levels(rows, levels.size(1) * 4);
     return vnni_columns(biased.levels, levels, *vnni_sums, scales.reshape({-1}).contiguous(),
                         biased.scales);
 #endif
@@ -401,7 +399,7 @@ at::Tensor w8a8_product(const at::Tensor& rows, const at::Tensor& levels, const 
   TORCH_CHECK(levels.dim() == 2 && levels.scalar_type() == at::kChar && K == levels.size(1) &&
                   N == levels.size(0),
               "w8a8_product: rows [M, K], int8 levels [N, K] and N channel scales");
-  const TokenLevels token = token_levels(x);
+  const TokenLevels token = token_levels(rows);  // as bfloat16 or float32
   if (int8_sums_from_rows > 0 && M >= int8_sums_from_rows)  // exact int32 sums
     return at::mul(at::_int_mm(token.levels, levels.t()), scales.reshape({-1})).mul_(token.scales);
   const at::Tensor q = token.levels.to(at::kFloat);
