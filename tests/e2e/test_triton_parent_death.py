@@ -37,7 +37,7 @@ def test_the_stub_ends_when_tritonserver_is_killed(request, log_dir, tmp_path):
     with running_server(request, "triton-parent-death", cmd, f"{url}/v2/health/ready", log_dir,
                         signal.SIGINT, extra_env=env) as server:
         stubs = [child for child in psutil.Process(server.proc.pid).children(recursive=True)
-                 if "triton_python_backend_stub" in " ".join(child.cmdline())]
+                 if "triton_python_backend_stub" in _command_line(child)]
         assert stubs, "no Python-backend stub under tritonserver"
         os.kill(server.proc.pid, signal.SIGKILL)
         server.proc.wait(timeout=30)
@@ -47,6 +47,15 @@ def test_the_stub_ends_when_tritonserver_is_killed(request, log_dir, tmp_path):
         for stub in alive:  # do not leave it behind even when the assertion fails
             stub.kill()
         assert not alive, f"stub(s) {[p.pid for p in alive]} outlived tritonserver"
+
+
+def _command_line(process: psutil.Process) -> str:
+    """``process``'s command line, or "" if it ended since it was listed (tritonserver starts
+    short-lived helpers of its own)."""
+    try:
+        return " ".join(process.cmdline())
+    except psutil.NoSuchProcess:
+        return ""
 
 
 def _running(process: psutil.Process) -> bool:
