@@ -68,15 +68,14 @@ def cpu_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         raise ValueError(f"sliding_window must be positive, got {sliding_window}")
     if logits_soft_cap is not None and not logits_soft_cap > 0:
         raise ValueError(f"logits_soft_cap must be positive or None, got {logits_soft_cap}")
-    if query.stride(-1) != 1:
-        query = query.contiguous()
-    int32 = [t if t.dtype == torch.int32 and t.stride(-1) == 1 else t.to(torch.int32).contiguous()
-             for t in (block_tables, seq_lens, query_start_loc)]
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     if amx_tiles is None:
         amx_tiles = bf16_attention_amx(cpu_isa)
-    ops.paged_attention(query, k_cache, v_cache, *int32, float(scale), int(sliding_window or 0),
+    # The op takes a query whose last dim is strided, and index tensors of any integer dtype
+    # (copies where they are not int32 with contiguous rows).
+    ops.paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+                        float(scale), int(sliding_window or 0),
                         float(logits_soft_cap or 0.0), out, bool(amx_tiles), bool(decode_loop),
                         kv_first_line(kv_prefetch))
     return out

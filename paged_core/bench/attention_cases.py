@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from ..attention.cpu_kernels import cpu_paged_attention
 from ..cpu.huge_pages import zeros_on_huge_pages
+from ..cpu.kv_prefetch import selected_kv_prefetch
 from ..kernels.reference import shuffled_block_tables
 
 
@@ -110,16 +111,20 @@ class PagedStep:
     def call(self, cpu_isa: str, amx_tiles: bool = False) -> Callable[[], torch.Tensor]:
         """The step through the ``cpu_isa`` build of the C++ kernel (bfloat16 tiles on AMX
         with ``amx_tiles``), on the next table copy each invocation (its output buffer is
-        reused)."""
+        reused), with the KV prefetch policy selected now, as the engine's attention backend
+        fixes it at construction."""
         out = torch.empty_like(self.query)
         scale = self.pool.shape.head_dim ** -0.5
+        kv_prefetch = selected_kv_prefetch()
+        tables = list(self.tables)  # views made once, not per call
 
         def attend() -> torch.Tensor:
             i = self._next
             self._next = (i + 1) % self.instances
-            return cpu_paged_attention(self.query, self.pool.k, self.pool.v, self.tables[i],
+            return cpu_paged_attention(self.query, self.pool.k, self.pool.v, tables[i],
                                        self.seq_lens, self.query_start_loc, scale, out=out,
-                                       cpu_isa=cpu_isa, amx_tiles=amx_tiles)
+                                       cpu_isa=cpu_isa, amx_tiles=amx_tiles,
+                                       kv_prefetch=kv_prefetch)
         return attend
 
 

@@ -320,7 +320,7 @@ def test_decodes_on_amx_tiles_match_the_reference_and_keep_their_bits_alone(head
             assert torch.equal(alone[0], out[row])
 
 
-def test_out_argument_padding_rows_threads_and_strided_query(cpu_isa):
+def test_out_argument_padding_rows_threads_strided_query_and_int64_indices(cpu_isa):
     query, k_cache, v_cache, tables, lens, starts = _step([5, 300, 41], [5, 20, 1], 2, 2, 64, 16,
                                                           torch.float32, pad=3, seed=1)
     expected = _reference(query, k_cache, v_cache, tables, lens, starts, 0.125, None)
@@ -340,6 +340,12 @@ def test_out_argument_padding_rows_threads_and_strided_query(cpu_isa):
             assert (out[real:] == 7.0).all()  # padding rows are left alone
     finally:
         torch.set_num_threads(threads)
+    # A query whose last dim is strided, and int64 index tensors: the op makes its own copies.
+    last_dim_strided = query.transpose(1, 2).contiguous().transpose(1, 2)
+    assert last_dim_strided.stride(-1) != 1
+    out = cpu_paged_attention(last_dim_strided, k_cache, v_cache, tables.long(), lens.long(),
+                              starts.long(), 0.125, cpu_isa=cpu_isa)
+    torch.testing.assert_close(out[:real].double(), expected[:real], rtol=1e-5, atol=1e-5)
 
 
 def test_inconsistent_arguments_raise(cpu_isa):

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "cpu_simd.h"
+#include "line_buffer.h"
 
 namespace paged_core_cpu {
 
@@ -168,13 +169,13 @@ struct Bf16Unit {
 // One thread's buffers for units of up to max_rows query rows and head_dim D.
 struct Bf16TileBuffers {
   int D;
-  std::vector<uint32_t> q;    // [rows][D/2] query rows as bf16 pairs
-  std::vector<float> acc;     // [rows][D] un-normalised outputs
-  std::vector<float> mx;      // [rows] running max, log2 units (-inf: no key seen yet)
-  std::vector<float> sum;     // [rows][16] denominators, 16 partial sums per row
-  std::vector<uint32_t> kt;   // [chunks][D/2][16] the segment's keys, transposed per chunk
-  std::vector<uint32_t> vp;   // [pairs][D] the segment's values, key pairs interleaved
-  std::vector<uint64_t> visible;  // [rows] the keys of the segment each row sees (bit j: key j)
+  LineBuffer<uint32_t> q;    // [rows][D/2] query rows as bf16 pairs
+  LineBuffer<float> acc;     // [rows][D] un-normalised outputs
+  LineBuffer<float> mx;      // [rows] running max, log2 units (-inf: no key seen yet)
+  LineBuffer<float> sum;     // [rows][16] denominators, 16 partial sums per row
+  LineBuffer<uint32_t> kt;   // [chunks][D/2][16] the segment's keys, transposed per chunk
+  LineBuffer<uint32_t> vp;   // [pairs][D] the segment's values, key pairs interleaved
+  LineBuffer<uint64_t> visible;  // [rows] the keys of the segment each row sees (bit j: key j)
 
   Bf16TileBuffers(int max_rows, int head_dim)
       : D(head_dim), q(static_cast<size_t>(max_rows) * head_dim / 2),
