@@ -19,10 +19,12 @@ used):
   so achieved GB/s (bytes of K and V read / median time) is set against the memory
   bandwidth measured in the same run, before and after (best ``torch.sum`` over a large
   tensor, ``machine_rates``): ``fraction_of_bandwidth`` = achieved / measured;
-- prefill: fresh causal prompts (SmolLM2 shape), GFLOP/s = ``4 * T(T+1)/2 * head_dim *
-  heads`` per sequence / median time, next to the FLOP rate of the layer's projections
-  on the same tokens through the linear the engine uses for that dtype and level
-  (``linear_over_attention`` = linear rate / attention rate: the target is <= 2), and
+- prefill: fresh causal prompts (SmolLM2 shape), their K and V read from cache as in the
+  engine, where the layer writes them just before it attends (every call reads the same
+  blocks), GFLOP/s = ``4 * T(T+1)/2 * head_dim * heads`` per sequence / median time, next
+  to the FLOP rate of the layer's projections on the same tokens through the linear the
+  engine uses for that dtype and level (``linear_over_attention`` = linear rate /
+  attention rate: the target is <= 2), and
   torch's ``scaled_dot_product_attention`` (contiguous K/V, ``is_causal``, ``enable_gqa``)
   on the same shapes as row ``torch_sdpa``.
 
@@ -183,7 +185,8 @@ def _prefill_rows(pool: KvPool, paths: dict[str, tuple[str, bool]], s: dict[str,
     rows = []
     for batch in s["prefill_batches"]:
         for prompt in s["prompts"]:
-            step = paged_step(pool, batch, prompt, prompt, generator)
+            # K and V as the layer just wrote them: in cache (attention_cases)
+            step = paged_step(pool, batch, prompt, prompt, generator, copies=1)
             calls = {path: step.call(*how) for path, how in paths.items()}
             calls[SDPA] = sdpa_call(shape, dtype, batch, prompt, generator)
             kinds = {path: linear_kind(dtype, level) for path, (level, _) in paths.items()}
@@ -197,7 +200,7 @@ def _prefill_rows(pool: KvPool, paths: dict[str, tuple[str, bool]], s: dict[str,
             for path in [*paths, SDPA]:
                 t = _timing(samples[path])
                 row = _case(pool, batch=batch, prompt=prompt, flops=flops, path=path, **t,
-                            gflops=flops / t["us_median"] / 1e3)
+                            table_copies=step.instances, gflops=flops / t["us_median"] / 1e3)
                 if path in kinds:
                     linear_gflops = lin_flops / median_us(samples[kinds[path]]) / 1e3
                     row.update(linear=kinds[path], linear_flops=lin_flops,

@@ -26,6 +26,10 @@ def test_table_copies_use_distinct_pool_blocks():
     assert len(set(blocks)) == len(blocks) and 0 <= min(blocks) and max(blocks) < 50
     with pytest.raises(ValueError, match="need 55 blocks"):
         paged_step(pool, batch=5, seq_len=161, query_len=1, generator=generator)
+    one = paged_step(pool, batch=2, seq_len=40, query_len=40, generator=generator, copies=1)
+    assert one.instances == 1 and one.tables.shape == (1, 2, 3)
+    assert paged_step(pool, batch=2, seq_len=40, query_len=1, generator=generator,
+                      copies=100).instances == 50 // (2 * 3)  # no more than the pool holds
 
 
 @pytest.mark.skipif(not cpu_extension_available(), reason="the C++ CPU kernels could not be built here")
@@ -177,6 +181,7 @@ def test_prefill_rows(quick_run):
     for r in rows:
         _check_timing(r)
         t = r["prompt"]
+        assert r["table_copies"] == 1  # K and V as the layer just wrote them: in cache
         assert r["flops"] == r["batch"] * 4 * (t * (t + 1) // 2) * 64 * 9
         assert _close(r["gflops"], r["flops"] / (r["us_median"] * 1e-6) / 1e9)
         if r["path"] == "torch_sdpa":
