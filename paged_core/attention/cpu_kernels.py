@@ -41,13 +41,14 @@ def cpu_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                         kv_prefetch: str | None = None) -> torch.Tensor:
     """Attention of a packed step's queries over each sequence's paged context.
 
-    ``query`` ``[num_tokens, Hq, D]`` (last dim contiguous): sequence ``s`` owns rows
-    ``query_start_loc[s]:query_start_loc[s+1]``, its newest tokens, at positions
+    ``query`` ``[num_tokens, Hq, D]`` (a strided last dim is copied first): sequence ``s``
+    owns rows ``query_start_loc[s]:query_start_loc[s+1]``, its newest tokens, at positions
     ``seq_lens[s] - q_len .. seq_lens[s] - 1``; a query at position ``p`` sees keys
     ``k <= p`` (and ``k > p - sliding_window``); with ``logits_soft_cap`` ``c`` its scaled
     scores ``s`` become ``c * tanh(s / c)``. Caches ``[Hk, num_blocks, block_size, D]``
     contiguous; ``block_tables`` ``[S, max_blocks]``, ``seq_lens`` ``[S]``,
-    ``query_start_loc`` ``[S + 1]``, int32. ``Hq`` must be a multiple of ``Hk``.
+    ``query_start_loc`` ``[S + 1]``, integers (read in place where int32 with contiguous
+    rows, as the engine's metadata is; copied otherwise). ``Hq`` must be a multiple of ``Hk``.
     float32 or bfloat16 (accumulated in float32). Returns ``[num_tokens, Hq, D]`` in the
     query dtype, written into ``out`` (contiguous, like query) if given; rows past
     ``query_start_loc[-1]`` (padding) are left as they were.
@@ -72,8 +73,6 @@ def cpu_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     if amx_tiles is None:
         amx_tiles = bf16_attention_amx(cpu_isa)
-    # The op takes a query whose last dim is strided, and index tensors of any integer dtype
-    # (copies where they are not int32 with contiguous rows).
     ops.paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
                         float(scale), int(sliding_window or 0),
                         float(logits_soft_cap or 0.0), out, bool(amx_tiles), bool(decode_loop),
