@@ -303,12 +303,17 @@ at::Tensor dequantize(const at::Tensor& levels, const at::Tensor& scales,
 #define PAGED_CORE_VNNI_COLUMNS 1
 constexpr int64_t kVnniRows = 8;     // rows of x per pass over a pair of groups
 // Bytes of a group's levels between a prefetch (into L2) and its load; past a group's end the
-// prefetch reaches the groups the thread takes next (its pairs are one contiguous range). 4 KB
-// into L2 against 1 KB into L1 (AMD EPYC family 25 model 17, avx512_bf16 with avx512_vnni, 2
-// threads, 2026-12-05, alternating processes): SmolLM2 W8A8 decode steps of 8 sequences 9.14
-// against 10.05 ms, of one 6.52 against 6.72 (medians of 6); an int8 49152 x 576 product of 2
-// rows read cold 0.57 against 0.66 of the bfloat16 product's time (2 KB into L1: 0.71; 8 and
-// 16 KB into L2: 0.55, 0.57).
+// prefetch reaches the pair the thread takes next (its pairs are one contiguous range): the
+// second group's into the next pair's first, the first group's into the next pair's second
+// (straight on, it would land on the second group, already being read). 4 KB into L2 against
+// 1 KB into L1 (AMD EPYC family 25 model 17, avx512_bf16 with avx512_vnni, 2 threads,
+// 2026-12-05, alternating processes): SmolLM2 W8A8 decode steps of 8 sequences 9.14 against
+// 10.05 ms, of one 6.52 against 6.72 (medians of 6); an int8 49152 x 576 product of 2 rows read
+// cold 0.57 against 0.66 of the bfloat16 product's time (2 KB into L1: 0.71; 8 and 16 KB into
+// L2: 0.55, 0.57). The first group's prefetch steered past the second, against straight on (one
+// process switching per call, 16 blocks of 48 steps each way, 22:02-22:03 UTC, same machine):
+// decode steps of 8 sequences 8.19 against 8.78 ms, of 16 12.42 against 13.36, of one 6.31
+// against 6.49.
 constexpr int64_t kVnniAhead = 4096;
 
 // The scales of vnni_columns' sums: one per output channel (N), one per row (M).
@@ -330,9 +335,13 @@ void vnni_group_pair(const uint8_t* xu, int64_t Kp, const int8_t* packed, int64_
   const int8_t* p1 = two ? p0 + quads * 64 : p0;
   __m512i acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+  const int64_t span = quads * 64;  // bytes of one group's levels
   for (int64_t t = 0; t < quads; ++t) {
-    _mm_prefetch(reinterpret_cast<const char*>(p0 + t * 64 + kVnniAhead), _MM_HINT_T1);
-    _mm_prefetch(reinterpret_cast<const char*>(p1 + t * 64 + kVnniAhead), _MM_HINT_T1);
+    const int64_t ahead = t * 64 + kVnniAhead;
+    // Past g's end: group g + 3 (g + 1, read beside it, is in flight already).
+    const int64_t ahead0 = two && ahead >= span ? ahead + 2 * span : ahead;
+    _mm_prefetch(reinterpret_cast<const char*>(p0 + ahead0), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(p1 + ahead), _MM_HINT_T1);
     const __m512i w0 = _mm512_loadu_si512(p0 + t * 64), w1 = _mm512_loadu_si512(p1 + t * 64);
     for (int r = 0; r < R; ++r) {
       int32_t quad;
