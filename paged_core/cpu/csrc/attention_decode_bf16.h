@@ -20,14 +20,15 @@
 // tiles instead of decode_scores (attention_decode_amx.h); the rest of the loop is the same.
 //
 // Scores (log2 units, ScoreMap) and the rounding of probabilities to bfloat16, whose rounded
-// values the denominators sum, are the tiles'. The online softmax is lazier: a row's running
-// maximum m moves only when a chunk's scores pass it by more than kRescaleSlack (2^8 in
-// probability), so most chunks skip rescaling the outputs and denominators (for head_dim 128
-// and 4-8 rows, outputs that live partly in L1); probabilities exp2(s - m) stay <= 2^8, far
-// inside float32 and bfloat16 range, and the result is the same softmax (1.02-1.06x the GB/s
-// of a maximum moved every chunk; cold KV, AMD EPYC Zen 5, avx512_bf16). Each score's sum
-// runs in one fixed order (vdpbf16ps over each lane's pairs, then a fixed tree over the 16
-// lanes), so a decode query's result does not depend on the rest of the step.
+// values the denominators sum, are the tiles'. So is the lazy online softmax, per chunk here
+// (per segment there): a row's running maximum m moves only when a chunk's scores pass it by
+// more than kRescaleSlack (2^8 in probability), so most chunks skip rescaling the outputs and
+// denominators (for head_dim 128 and 4-8 rows, outputs that live partly in L1);
+// probabilities exp2(s - m) stay <= 2^8, far inside float32 and bfloat16 range, and the
+// result is the same softmax (1.02-1.06x the GB/s of a maximum moved every chunk; cold KV,
+// AMD EPYC Zen 5, avx512_bf16). Each score's sum runs in one fixed order (vdpbf16ps over each
+// lane's pairs, then a fixed tree over the 16 lanes), so a decode query's result does not
+// depend on the rest of the step.
 #pragma once
 
 #include "attention_decode_amx.h"
@@ -66,10 +67,6 @@ constexpr int kDecodePrefetchChunks = 2;
 // Serving reads a layer's KV cold: the other layers' weights pass through the cache between
 // two of its steps.
 constexpr int kDecodeL2Chunks = 4;
-
-// How far (log2 units) a chunk's largest score may pass a row's running maximum before the
-// maximum moves and the row's outputs and denominators are rescaled.
-constexpr float kRescaleSlack = 8.f;
 
 // Decode units whose 16-key chunks each lie in one block take decode_unit_run where it beats
 // the tiles: head_dim 64 with up to 4 rows (query heads per KV head) and head_dim 128 with up
