@@ -22,6 +22,14 @@ unwidened, the rows cut into 8-bit digits instead, for calls of up to ``INT8_TIL
 straight into ``Bf16DotLinear``'s layout for that GEMM (AMX where the CPU has it).
 ``column_outputs`` says which layout a linear keeps.
 
+ATen's own weight-only CPU GEMMs were measured against these kernels and are not used: 30
+SmolLM2 layers x 4 projections, bfloat16 rows, one process alternating (AMD EPYC family 25
+model 17, avx512_bf16, 2 threads, 2026-12-06): ``_weight_int4pack_mm_for_cpu`` (4-bit,
+groups of 64) 3.57 / 10.75 / 40.38 / 160.74 / 643.18 ms at 1 / 8 / 32 / 128 / 512 rows
+against 2.96 / 5.69 / 18.23 / 65.03 / 252.93 here, ``_weight_int8pack_mm`` (8-bit, one
+scale per channel) 8.65 / 21.61 / 55.31 / 191.65 / 737.28 against 4.38 / 6.71 / 20.16 /
+66.74 / 252.67 (bfloat16 weights: 7.60 / 8.55 / 17.65 / 63.54 / 251.05).
+
 Invariants: the output has the input's dtype (the ``dtype`` the linear was built for);
 ``bias`` is a parameter of that dtype under the dense layer's name, loaded with the
 model's other weights; the kernels compute in float32.
