@@ -22,6 +22,18 @@ from ..models.cpu_linear import bf16_dot_level, packed_linear
 from .attention_cases import ModelShape
 
 
+# The probe whose best torch.sum rate sets runs against the machine's memory speed of the
+# moment (bench steps, bench throughput): a tensor far larger than any CPU cache, 5 passes.
+PROBE_BYTES = 1 << 30
+PROBE_PASSES = 5
+
+
+def read_bandwidth() -> float:
+    """This machine's memory read GB/s now: the best ``torch.sum`` of ``memory_bandwidth``'s
+    probe (``PROBE_BYTES``, ``PROBE_PASSES``)."""
+    return memory_bandwidth(PROBE_BYTES, PROBE_PASSES)["read_gbs"]
+
+
 def memory_bandwidth(num_bytes: int, passes: int) -> dict[str, float]:
     """Best GB/s (1e9 bytes/s) of ``passes`` sums and copies of a ``num_bytes`` tensor."""
     src = torch.ones(num_bytes // 4, dtype=torch.float32)

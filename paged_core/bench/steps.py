@@ -30,7 +30,7 @@ from typing import Any
 
 from ..executor.model_runner import kv_cache_bytes_per_block
 from .engine_driver import make_engine, run_until_done, submit
-from .machine_rates import memory_bandwidth
+from .machine_rates import PROBE_BYTES, PROBE_PASSES, memory_bandwidth
 from .model_bytes import step_weight_bytes
 from .quantized_models import QUANTIZED_KINDS, quantized_engine_args
 from .report import new_figure, save_plot
@@ -39,8 +39,6 @@ from .throughput import KV_CACHE_MEMORY, add_workload_arguments, workload_spec
 from .workload import embedded_tokenizer, sharegpt_like, summarize
 
 NAME = "steps"
-BANDWIDTH_BYTES = 1 << 30  # the bandwidth probe's tensor: far larger than any CPU cache
-BANDWIDTH_PASSES = 5
 COLORS = dict(zip(PHASES, ("tab:purple", "tab:orange", "tab:olive", "tab:blue", "tab:cyan",
                            "tab:green", "tab:red", "tab:gray"), strict=True))
 
@@ -79,11 +77,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         run_until_done(engine)
         _submit_all(engine, requests, "timed")
         if on_cpu:
-            memory["bandwidth_before"] = memory_bandwidth(BANDWIDTH_BYTES, BANDWIDTH_PASSES)
+            memory["bandwidth_before"] = memory_bandwidth(PROBE_BYTES, PROBE_PASSES)
         with PhaseTimer(engine) as timer:
             finished = run_until_done(engine)
         if on_cpu:
-            memory["bandwidth_after"] = memory_bandwidth(BANDWIDTH_BYTES, BANDWIDTH_PASSES)
+            memory["bandwidth_after"] = memory_bandwidth(PROBE_BYTES, PROBE_PASSES)
             memory["read_gbs"] = max(memory["bandwidth_before"]["read_gbs"],
                                      memory["bandwidth_after"]["read_gbs"])
     finally:

@@ -8,7 +8,9 @@ when ``--vllm-python`` is given, so drifting machine load hits all of them alike
 the engines with a prefix cache,
 paged-core and vLLM, empty it before every timed run, so no repeat is served
 from the previous one's blocks). Reported: every run, the median
-per system, and the ratios of the medians against naive static batching.
+per system, and the ratios of the medians against naive static batching, and the machine's
+memory read rate before each repeat and after the last (``machine_rates.read_bandwidth``:
+on a machine whose memory speed drifts, it says which runs shared a state).
 ``--systems paged-core,paged-core-batch-invariant`` measures what batch-invariant mode
 (``EngineConfig.batch_invariant``) costs, side by side.
 
@@ -36,6 +38,7 @@ from typing import Any
 
 from .llama_cpp import start_llama_cpp
 from .llama_cpp_models import GGUF_KINDS
+from .machine_rates import PROBE_BYTES, PROBE_PASSES, read_bandwidth
 from .one_at_a_time import run_one_at_a_time
 from .quantized_models import QUANTIZED_KINDS, quantized_engine_args
 from .report import new_figure, save_plot
@@ -171,12 +174,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             system.warmup()
         one_run = run_one_at_a_time if args.concurrency == 1 else _all_at_once
         runs: dict[str, list[RunResult]] = {s.name: [] for s in systems}
+        read_gbs = []  # the machine's memory read GB/s before each repeat, then after the last
         for _ in range(args.repeats):
+            read_gbs.append(read_bandwidth())
             for system in systems:
                 runs[system.name].append(one_run(system, requests))
+        read_gbs.append(read_bandwidth())
     return {"workload": summarize(requests), "workload_name": args.workload, "dtype": args.dtype,
             "repeats": args.repeats, "concurrency": args.concurrency,
-            "max_num_seqs": args.max_num_seqs,
+            "max_num_seqs": args.max_num_seqs, "memory_read_gbs": read_gbs,
             "systems": _summarize_runs(runs), "llama_cpp": llama_cpp, "notes": notes}
 
 
@@ -224,6 +230,9 @@ def print_summary(results: dict[str, Any]) -> None:
             print(f"{name}: {s['median_decode_ms_per_token']:.2f} ms per decode step of a sequence")
     for (name, peer), (ratio, _) in _ratios_vs_peers(results["systems"]).items():
         print(f"{name} / {peer}: {ratio:.2f}x output tok/s")
+    if results.get("memory_read_gbs"):
+        print(f"memory read GB/s before each repeat, then after the last: "
+              f"{_gbs_list(results['memory_read_gbs'])}")
     for note in results["notes"]:
         print(f"note: {note}")
 
@@ -267,12 +276,20 @@ def readme_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     for (name, peer), (ratio, per_repeat) in _ratios_vs_peers(result["systems"]).items():
         rows.append((f"{name} / {peer} (output tok/s)",
                      f"{ratio:.2f}x (per repeat: {', '.join(f'{r:.2f}x' for r in per_repeat)})"))
+    if result.get("memory_read_gbs"):
+        rows.append((f"memory read GB/s (torch.sum over {PROBE_BYTES >> 20} MiB, best of "
+                     f"{PROBE_PASSES}) before each repeat, then after the last",
+                     _gbs_list(result["memory_read_gbs"])))
     for name, info in result.get("llama_cpp", {}).items():
         rows.append((f"{name}: GGUF, slots, build, ggml CPU features",
                      f"{info['gguf']}, {info.get('slots', 1)} slot(s), "
                      f"llama-cpp-python {info['llama_cpp_python']} "
                      f"({info['build_info']}), {' '.join(info['ggml_cpu_features'])}"))
     return rows
+
+
+def _gbs_list(values: list[float]) -> str:
+    return ", ".join(f"{v:.1f}" for v in values)
 
 
 def _ratios_vs_peers(systems: dict[str, Any]) -> dict[tuple[str, str], tuple[float, list[float]]]:

@@ -49,6 +49,8 @@ def test_throughput(results_dir):
     assert systems["hf-static"]["runs"][0]["computed_tokens"] >= result["workload"]["output_tokens"]
     assert systems["hf-static"]["ratio_vs_naive"] == 1.0
     assert any("vLLM skipped" in note for note in result["notes"])
+    # the memory read rate before the one repeat, then after it
+    assert len(result["memory_read_gbs"]) == 2 and min(result["memory_read_gbs"]) > 0
 
 
 def test_steps(results_dir):
