@@ -30,18 +30,21 @@ PROBE_PASSES = 5
 
 def read_bandwidth() -> float:
     """This machine's memory read GB/s now: the best ``torch.sum`` of ``memory_bandwidth``'s
-    probe (``PROBE_BYTES``, ``PROBE_PASSES``)."""
-    return memory_bandwidth(PROBE_BYTES, PROBE_PASSES)["read_gbs"]
+    probe (``PROBE_BYTES``, ``PROBE_PASSES``), without its copies."""
+    return memory_bandwidth(PROBE_BYTES, PROBE_PASSES, copies=False)["read_gbs"]
 
 
-def memory_bandwidth(num_bytes: int, passes: int) -> dict[str, float]:
-    """Best GB/s (1e9 bytes/s) of ``passes`` sums and copies of a ``num_bytes`` tensor."""
+def memory_bandwidth(num_bytes: int, passes: int, copies: bool = True) -> dict[str, float]:
+    """Best GB/s (1e9 bytes/s) of ``passes`` sums (``read_gbs``) and, with ``copies``, copies
+    (``copy_gbs``) of a ``num_bytes`` tensor."""
     src = torch.ones(num_bytes // 4, dtype=torch.float32)
-    dst = torch.zeros_like(src)  # written once here: no page faults inside the timed copies
-    best = {"read_gbs": 0.0, "copy_gbs": 0.0}
+    probes = [("read_gbs", num_bytes, src.sum)]
+    if copies:
+        dst = torch.zeros_like(src)  # written once here: no page faults inside the timed copies
+        probes.append(("copy_gbs", 2 * num_bytes, lambda: dst.copy_(src)))
+    best = {key: 0.0 for key, _, _ in probes}
     for _ in range(passes):
-        for key, moved, fn in (("read_gbs", num_bytes, src.sum),
-                               ("copy_gbs", 2 * num_bytes, lambda: dst.copy_(src))):
+        for key, moved, fn in probes:
             start = time.perf_counter()
             fn()
             best[key] = max(best[key], moved / (time.perf_counter() - start) / 1e9)
