@@ -78,10 +78,12 @@ static_assert(DotLanes::kGroupBlocks * DotLanes::kLanes == kGroup, "a group is w
 constexpr int64_t kRowBlock = 256; // rows whose x stays in L2 while every group passes by
 
 // The share of the thread's next unit's groups that one row tile prefetches: the pair-rows
-// k with k % stride == phase of the groups starting at start (nullptr: none).
+// k with k % stride == phase of the groups starting at start, group_bytes apart, row_bytes a
+// pair-row (128 for packed weights: 32 outputs x 2 bfloat16; less for a widened unit's source
+// bytes) (start nullptr: none).
 struct NextGroups {
   const char* start;
-  int64_t phase, stride;
+  int64_t phase, stride, row_bytes, group_bytes;
 };
 
 // What the units of work multiply: unit u's G column groups start unit_step * u elements into
@@ -162,9 +164,9 @@ inline void row_tile(const DotLanes::Rows& x, const uint16_t* w, int64_t group_s
     if (k == next_k) {
       next_k += next.stride;
       for (int g = 0; g < G; ++g) {
-        const char* line = next.start + (g * group_step + k * kGroup * 2) * sizeof(uint16_t);
+        const char* line = next.start + g * next.group_bytes + k * next.row_bytes;
         _mm_prefetch(line, _MM_HINT_T1);
-        _mm_prefetch(line + 64, _MM_HINT_T1);
+        if (next.row_bytes > 64) _mm_prefetch(line + 64, _MM_HINT_T1);
       }
     }
     const uint16_t* pair_row = w + k * kGroup * 2 + first * 2 * DotLanes::kLanes;
@@ -193,7 +195,7 @@ template <int G, int P, typename Store>
 void row_tile_parts(int64_t rows, const DotLanes::Rows& x, const uint16_t* w, int64_t group_step,
                     int64_t K2, const NextGroups& next, const Store& store, int64_t m0, int64_t n0) {
   for (int first = 0; first < DotLanes::kGroupBlocks; first += P) {
-    const NextGroups share = first == 0 ? next : NextGroups{nullptr, 0, 1};
+    const NextGroups share = first == 0 ? next : NextGroups{nullptr, 0, 1, 0, 0};
     any_row_tile<G, P>(rows, x, w, group_step, first, K2, share, store, m0,
                        n0 + first * DotLanes::kLanes);
   }
@@ -204,10 +206,11 @@ void row_tile_parts(int64_t rows, const DotLanes::Rows& x, const uint16_t* w, in
 // (ClaimedRanges: each thread its own run of pairs first, then what others have left): a
 // unit's bits do not depend on the thread that runs it, and a thread the OS delays leaves
 // the rest of its run to the others instead of holding up the op's end. A thread claims its
-// next pair as it starts one and, for packed weights, prefetches that pair's weights in
-// shares over this one's full row tiles; widened weights (packed null) are widened a unit
-// at a time into a buffer of the thread's (its groups one after the other), right before
-// that unit's row tiles. Calls of more than kWholeGroupRows rows run tiles of parts of the
+// next pair as it starts one and prefetches that pair's weights in shares over this one's
+// full row tiles: packed weights, or the bytes a widened unit's widening reads
+// (GroupWeights::source). Widened weights (packed null) are widened a unit at a time into a
+// buffer of the thread's (its groups one after the other), right before that unit's row
+// tiles. Calls of more than kWholeGroupRows rows run tiles of parts of the
 // groups.
 template <typename Store>
 void unit_rows(const uint16_t* xp, int64_t ldx, int64_t M, const paged_core_cpu::GroupWeights& weights,
@@ -238,16 +241,27 @@ void unit_rows(const uint16_t* xp, int64_t ldx, int64_t M, const paged_core_cpu:
           const int64_t g = (u * units.unit_step + part * units.group_step) / group_elems;
           weights.widen(g, g + 1, group.get() + part * group_elems);
         }
-      const uint16_t* next_unit = !widened && units.prefetch && after >= 0
-                                      ? weights.packed + after % units.count * units.unit_step
-                                      : nullptr;
-      const char* next = reinterpret_cast<const char*>(next_unit);
+      // The thread's next unit, touched in shares by this one's full row tiles: its packed
+      // weights, or the bytes its widening will read (GroupWeights::source).
+      NextGroups next{nullptr, 0, 1, static_cast<int64_t>(kGroup * 2 * sizeof(uint16_t)),
+                      static_cast<int64_t>(units.group_step * sizeof(uint16_t))};
+      if (units.prefetch && after >= 0) {
+        const int64_t unit = after % units.count;
+        if (!widened) {
+          next.start = reinterpret_cast<const char*>(weights.packed + unit * units.unit_step);
+        } else if (weights.source != nullptr) {
+          next.group_bytes = weights.source_group_bytes;
+          next.row_bytes = weights.source_group_bytes / K2;
+          next.start = weights.source + unit * units.unit_step / group_elems * weights.source_group_bytes;
+        }
+      }
       // Shares go to the full tiles (a short last tile would take its share in a burst).
       const int64_t sharing = std::max<int64_t>((m_end - m_begin) / tile_rows, 1);
       for (int64_t m = m_begin; m < m_end; m += tile_rows) {
         const int64_t rows = std::min(tile_rows, m_end - m);
         const int64_t tile = (m - m_begin) / tile_rows;
-        const NextGroups share{tile < sharing ? next : nullptr, tile, sharing};
+        const NextGroups share{tile < sharing ? next.start : nullptr, tile, sharing, next.row_bytes,
+                               next.group_bytes};
         const int64_t n0 = u * units.unit_columns;
         const DotLanes::Rows x = DotLanes::rows(xp + m * ldx, ldx, rows, K2, x_scratch.get());
         constexpr int kWhole = DotLanes::kGroupBlocks;

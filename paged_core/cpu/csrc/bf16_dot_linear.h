@@ -54,9 +54,14 @@ inline bool bf16_amx_takes(int64_t M, int64_t K2, int64_t amx_min_rows) {
 // packed weight, or (packed null) `widen(g0, g1, out)`, which writes column groups [g0, g1)
 // into out (K2 * 64 values a group; e.g. quantized levels, dequantized a chunk at a time;
 // it runs inside parallel regions and must not throw).
+// source (or null): where widen(g, g + 1, ...) reads group g's bytes, source_group_bytes of
+// them from source + g * source_group_bytes (a multiple of K2), for bf16_dot_rows to prefetch
+// a thread's next group in shares over its current group's row tiles.
 struct GroupWeights {
   const uint16_t* packed = nullptr;
   std::function<void(int64_t g0, int64_t g1, uint16_t* out)> widen;
+  const char* source = nullptr;
+  int64_t source_group_bytes = 0;
 };
 // Rows [0, M) of x (ldx elements apart) times the `groups` column groups of w (K2 k pairs) on
 // vdpbf16ps (two float32 FMAs per pair without AVX512-BF16), plus bias (or null), into

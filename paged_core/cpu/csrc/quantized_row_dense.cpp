@@ -26,6 +26,17 @@
 // 36.4-37.9 / 27.9-32.9, 64 rows 83.5-85.5 / 74.7-81.4, bfloat16 weights 19.6-20.7 and
 // 65.0-69.0).
 //
+// Fetching: while a thread's row tiles read one widened group, they fetch the levels of the
+// thread's next group into L2, a share of its lines per full row tile (GroupWeights::source,
+// as bf16_dot_rows fetches packed weights ahead). Without it, each group's widening waited on
+// its levels' misses, 32 short runs of levels one after the other: 30 SmolLM2 layers x 4
+// projections, one process switching per call between the two (AMD EPYC family 25 model 17
+// capped to the level, 2 threads, 2026-12-06), avx2: 8-bit (one scale per channel) 12 / 16 /
+// 32 / 64 rows 30.2 / 33.2 / 54.6 / 89.9 ms against 37.6 / 39.9 / 59.9 / 107.9, 4-bit (groups
+// of 64) 25.3 / 30.3 / 50.8 / 86.1 against 27.9 / 31.7 / 52.4 / 90.7 (bfloat16 weights 19.2 /
+// 24.7 / 46.4 / 83.4); avx512: 8-bit 16 / 32 / 64 rows 31.0 / 49.5 / 82.4 against 39.5 / 56.7 /
+// 89.8, 4-bit 27.3 / 46.5 / 77.0 against 29.3 / 47.3 / 78.6 (bfloat16 22.6 / 38.1 / 69.5).
+//
 // Built where bf16_dot_linear is (PAGED_CORE_BF16_DOT: the avx2, avx512 and avx512_bf16
 // builds).
 #include <ATen/ATen.h>
@@ -185,9 +196,11 @@ at::Tensor row_layout_dense(const at::Tensor& x, const at::Tensor& levels, const
   at::Tensor y = at::empty({rows.size(0), N}, rows.options());
   const RowLevels w{static_cast<const uint8_t*>(levels.const_data_ptr()), scales.const_data_ptr<float>(),
                     zeros ? zeros->const_data_ptr<float>() : nullptr, N, K, group_size, int4};
+  const int64_t row_bytes = int4 ? K / 2 : K;
   const GroupWeights weights{nullptr, [&w](int64_t g0, int64_t g1, uint16_t* out) {
                                for (int64_t c = g0; c < g1; ++c) w.widen_group(c, out + (c - g0) * w.K * kGroup);
-                             }};
+                             },
+                             static_cast<const char*>(levels.const_data_ptr()), kGroup * row_bytes};
   bf16_dot_rows(static_cast<const uint16_t*>(rows.const_data_ptr()), K, rows.size(0), weights, K / 2,
                 (N + kGroup - 1) / kGroup, nullptr, static_cast<uint16_t*>(y.mutable_data_ptr()), N);
   return y;
