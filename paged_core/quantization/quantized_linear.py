@@ -98,8 +98,14 @@ INT7_COLUMN_DENSE_ROWS = 12
 # one process alternating, noisy host: 4-bit groups of 32, row kernel against row_layout_dense
 # 8 rows 60.2 against 58.3 ms, 12 rows 89.8 against 61.8, 24 rows 164.1 against 100.1; 8-bit
 # groups of 64, 12 rows 64.5 against 92.0, 16 rows 78.3 against 81.9, 24 rows 105.4 against
-# 98.7; the float32 dequantization and oneDNN GEMM they replace took 162.8-245.3 ms).
-ROW_DENSE_ROWS = {4: 12, 8: 20}
+# 98.7; the float32 dequantization and oneDNN GEMM they replace took 162.8-245.3 ms). Since
+# row_layout_dense fetches the next group's levels during the current group's row tiles, 8-bit
+# rows take it from 16: the same projections, one scale per channel, AMD EPYC family 25 model
+# 17 capped to the level, one process alternating (2026-12-06), row kernel against
+# row_layout_dense, avx2 12 rows 27.9 against 28.3 ms, 16 rows 37.8 / 33.8, 20 rows 48.0 /
+# 39.7; avx512 12 rows 24.8 / 26.2, 16 rows 31.5 / 29.2 (not yet timed on a CPU whose best
+# ISA is avx2).
+ROW_DENSE_ROWS = {4: 12, 8: 16}
 # 8-bit calls of up to INT8_TILE_ROWS rows on AMX-INT8 tiles instead, the levels unwidened
 # (quantized_int8_tiles.cpp): PAGED_CORE_CPU_INT8_LINEAR, see int8_tile_kernel. Up to 5 rows
 # (one pass: their three digit rows stacked in 15 tile rows) the tiles beat the widening
