@@ -27,14 +27,15 @@
 // 65.0-69.0).
 //
 // Fetching: while a thread's row tiles read one widened group, they fetch the levels of the
-// thread's next group into L2, a share of its lines per full row tile (GroupWeights::source,
-// as bf16_dot_rows fetches packed weights ahead). Without it, each group's widening waited on
-// its levels' misses, 32 short runs of levels one after the other: 30 SmolLM2 layers x 4
+// thread's next group into L2, a share of its lines per full row tile (GroupWeights::source, as
+// bf16_dot_rows fetches packed weights ahead; a last group of fewer than 32 outputs is fetched
+// as if whole: prefetches past the levels never fault). Without it, each group's widening
+// waited on its levels' misses, four outputs' short rows at a time: 30 SmolLM2 layers x 4
 // projections, one process switching per call between the two (AMD EPYC family 25 model 17
-// capped to the level, 2 threads, 2026-12-06), avx2: 8-bit (one scale per channel) 12 / 16 /
-// 32 / 64 rows 30.2 / 33.2 / 54.6 / 89.9 ms against 37.6 / 39.9 / 59.9 / 107.9, 4-bit (groups
-// of 64) 25.3 / 30.3 / 50.8 / 86.1 against 27.9 / 31.7 / 52.4 / 90.7 (bfloat16 weights 19.2 /
-// 24.7 / 46.4 / 83.4); avx512: 8-bit 16 / 32 / 64 rows 31.0 / 49.5 / 82.4 against 39.5 / 56.7 /
+// capped to the level, 2 threads, 2026-12-06), avx2: 8-bit (one scale per channel) 12 / 16 / 32
+// / 64 rows 30.2 / 33.2 / 54.6 / 89.9 ms against 37.6 / 39.9 / 59.9 / 107.9, 4-bit (groups of
+// 64) 25.3 / 30.3 / 50.8 / 86.1 against 27.9 / 31.7 / 52.4 / 90.7 (bfloat16 weights 19.2 / 24.7
+// / 46.4 / 83.4); avx512: 8-bit 16 / 32 / 64 rows 31.0 / 49.5 / 82.4 against 39.5 / 56.7 /
 // 89.8, 4-bit 27.3 / 46.5 / 77.0 against 29.3 / 47.3 / 78.6 (bfloat16 22.6 / 38.1 / 69.5).
 //
 // Built where bf16_dot_linear is (PAGED_CORE_BF16_DOT: the avx2, avx512 and avx512_bf16
