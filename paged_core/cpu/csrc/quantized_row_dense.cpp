@@ -197,11 +197,11 @@ at::Tensor row_layout_dense(const at::Tensor& x, const at::Tensor& levels, const
   at::Tensor y = at::empty({rows.size(0), N}, rows.options());
   const RowLevels w{static_cast<const uint8_t*>(levels.const_data_ptr()), scales.const_data_ptr<float>(),
                     zeros ? zeros->const_data_ptr<float>() : nullptr, N, K, group_size, int4};
-  const int64_t row_bytes = int4 ? K / 2 : K;
+  // Column group c's levels: rows [32 c, 32 c + 32) of levels, one run of bytes.
   const GroupWeights weights{nullptr, [&w](int64_t g0, int64_t g1, uint16_t* out) {
                                for (int64_t c = g0; c < g1; ++c) w.widen_group(c, out + (c - g0) * w.K * kGroup);
                              },
-                             static_cast<const char*>(levels.const_data_ptr()), kGroup * row_bytes};
+                             static_cast<const char*>(levels.const_data_ptr()), kGroup * levels.size(1)};
   bf16_dot_rows(static_cast<const uint16_t*>(rows.const_data_ptr()), K, rows.size(0), weights, K / 2,
                 (N + kGroup - 1) / kGroup, nullptr, static_cast<uint16_t*>(y.mutable_data_ptr()), N);
   return y;
