@@ -308,6 +308,30 @@ def test_every_row_of_a_column_call_gets_the_bits_it_gets_alone(cpu_isa, kind):
         assert torch.equal(layer.product(x[row:row + 1]), product[row:row + 1]), row
 
 
+# 8-bit levels with one scale per output (groups of 128 = the width) and grouped ones beside
+@pytest.mark.parametrize("kind,group_size", [("int8", 128), ("int8-wide-zeros", 128),
+                                             ("int8", 32), ("int4", 32)])
+def test_every_row_of_a_row_kernel_call_gets_the_bits_it_gets_alone(cpu_isa, kind, group_size):
+    """The row layout's float32 kernels sum a row in one order whatever the rows beside it.
+    In the avx2 build 8-bit levels with one scale per output take up to 10 rows a pass: 9
+    in one, 12, 13 and 25 in passes of equal size (6 and 6; 7 and 6; 9, 8 and 8); grouped
+    levels take passes of 8 (4-bit: 4), the AVX-512 builds passes of 8. Every row equals its product alone, and the
+    product is the dequantized weight's."""
+    gen = torch.Generator().manual_seed(9)
+    make, linear = weight_and_linear(kind)
+    weight = make(40, 128, group_size, gen)
+    layer = linear(weight, False, torch.float32)
+    assert layer.kernels is not None  # the C++ kernels of this level
+    for rows in (9, 12, 13, 25):
+        layer.dense_rows = rows + 1  # the row kernels
+        x = torch.randn(rows, 128, generator=gen)
+        product = layer.product(x)
+        expected = F.linear(x.double(), weight.dequantize().double())
+        torch.testing.assert_close(product.double(), expected, atol=1e-4, rtol=1e-4)
+        for row in range(rows):
+            assert torch.equal(layer.product(x[row:row + 1]), product[row:row + 1]), (rows, row)
+
+
 @pytest.mark.parametrize("threads", [1, 3])
 def test_column_kernels_give_the_same_bits_however_many_threads_claim_the_groups(cpu_isa, threads,
                                                                                  torch_threads):

@@ -1,7 +1,7 @@
 // Weight-only quantized linears for CPU: y = x @ W.T with W kept as 4-bit or 8-bit levels
 // and float32 scales (and offsets) per group of G input features, widened 8 at a time in
 // registers (16 in the AVX-512 builds, where a group's bytes of levels are a multiple of 16)
-// and shared by every row of x in flight (up to 8: rows_in_flight).
+// and shared by every row of x in flight (up to 8, 10 in one case: rows_in_flight).
 //
 // int4: levels uint8 [N, K / 2]. In group g of row n, byte j < G / 2 holds the level of
 //   feature g*G + j in its low nibble and of feature g*G + G/2 + j in its high nibble:
@@ -46,7 +46,7 @@ namespace {
 
 using paged_core_cpu::Elem;
 
-constexpr int64_t kRowsInFlight = 8;
+constexpr int64_t kRowsInFlight = 10;  // the most rows of x one pass over the levels takes
 
 // Rows of x that share each widening of a weight row's levels: 8, but 4 for 4-bit levels in
 // builds with 16 vector registers (AVX2), where 8 rows' group sums and totals beside the two
@@ -54,12 +54,26 @@ constexpr int64_t kRowsInFlight = 8;
 // avx2 level and 20.7 against 21.6 ms at the avx512 level, W4A16 23.5 against 24.3 ms at the
 // avx512 level but 25.9 against 24.8 at the avx2 level (SmolLM2 in compressed-tensors'
 // formats, one process alternating, AMD EPYC family 25 model 17 capped to each level).
+// 8-bit levels with one scale per output (one group: no group sums beside the totals) take up
+// to kRowsInFlight rows a pass in the AVX2 build, the M rows in passes of equal size (9 rows:
+// one pass, not 8 and then 1, which read every level twice for one more row; 12: 6 and 6).
+// 30 SmolLM2 layers x 4 projections, one scale per channel, one process switching per call,
+// capped to avx2 (AMD EPYC family 25 model 17, 2026-12-06): 9 / 10 / 11 / 12 / 16 / 20 rows
+// 20.2 / 23.4 / 24.2 / 25.4 / 39.0 / 46.1 ms against 23.8 / 29.2 / 28.8 / 27.8 / 40.4 / 47.5 in
+// passes of at most 8; passes of 12, 14 or 16 rows, whose sums and totals outnumber the 16
+// vector registers, ran slower (a step of 12 W8A16 sequences 50.9 against 47.3 ms, the 120
+// projections at 16 rows 46.8 against 39.5 ms). Steps of 10 W8A16 sequences in one
+// engine switching per generate call, same level: 37.1 against 40.0 ms (1-2% at 11 and 12).
+// The AVX-512 builds keep 8: passes of up to 12 or 16 rows were no faster at the avx512 level.
 template <bool kInt4>
-constexpr int64_t rows_in_flight() {
+int64_t rows_in_flight(int64_t M, int64_t groups) {
 #if defined(__AVX512F__)
-  return kRowsInFlight;
+  (void)M, (void)groups;
+  return 8;
 #else
-  return kInt4 ? 4 : kRowsInFlight;
+  if (kInt4 || groups != 1) return kInt4 ? 4 : 8;
+  const int64_t passes = std::max<int64_t>(1, (M + kRowsInFlight - 1) / kRowsInFlight);
+  return (M + passes - 1) / passes;
 #endif
 }
 
@@ -218,6 +232,7 @@ at::Tensor quantized_gemm(const at::Tensor& x, const at::Tensor& levels, const a
   }
   float* yp = y.data_ptr<float>();
   const int64_t row_bytes = kInt4 ? K / 2 : K;
+  const int64_t pass_rows = rows_in_flight<kInt4>(M, groups);
   at::parallel_for(0, N, row_grain(K, M), [&](int64_t n0, int64_t n1) {
     // the offsets of a block of outputs, transposed: [groups][kOutputBlock]
     std::vector<float> block_offsets(op != nullptr ? groups * kOutputBlock : 0);
@@ -227,8 +242,8 @@ at::Tensor quantized_gemm(const at::Tensor& x, const at::Tensor& levels, const a
         for (int64_t g = 0; g < groups; ++g)
           for (int j = 0; j < kOutputBlock; ++j)
             block_offsets[g * kOutputBlock + j] = j < outputs ? op[(nb + j) * groups + g] : 0.f;
-      for (int64_t m0 = 0; m0 < M; m0 += rows_in_flight<kInt4>()) {
-        const int R = static_cast<int>(std::min<int64_t>(rows_in_flight<kInt4>(), M - m0));
+      for (int64_t m0 = 0; m0 < M; m0 += pass_rows) {
+        const int R = static_cast<int>(std::min<int64_t>(pass_rows, M - m0));
         const float* rows[kRowsInFlight];
         for (int r = 0; r < R; ++r) rows[r] = xp + (m0 + r) * K;
         float out[kOutputBlock][kRowsInFlight];
@@ -243,7 +258,9 @@ at::Tensor quantized_gemm(const at::Tensor& x, const at::Tensor& levels, const a
             case 5: row_dots<kInt4, 5>(row, row_scales, rows, K, G, out[j]); break;
             case 6: row_dots<kInt4, 6>(row, row_scales, rows, K, G, out[j]); break;
             case 7: row_dots<kInt4, 7>(row, row_scales, rows, K, G, out[j]); break;
-            default: row_dots<kInt4, 8>(row, row_scales, rows, K, G, out[j]); break;
+            case 8: row_dots<kInt4, 8>(row, row_scales, rows, K, G, out[j]); break;
+            case 9: row_dots<kInt4, 9>(row, row_scales, rows, K, G, out[j]); break;
+            default: row_dots<kInt4, 10>(row, row_scales, rows, K, G, out[j]); break;
           }
         }
         for (int r = 0; r < R; ++r) {
