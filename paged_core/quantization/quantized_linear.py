@@ -104,7 +104,10 @@ INT7_COLUMN_DENSE_ROWS = 12
 # 17 capped to the level, one process alternating (2026-12-06), row kernel against
 # row_layout_dense, avx2 12 rows 27.9 against 28.3 ms, 16 rows 37.8 / 33.8, 20 rows 48.0 /
 # 39.7; avx512 12 rows 24.8 / 26.2, 16 rows 31.5 / 29.2 (not yet timed on a CPU whose best
-# ISA is avx2).
+# ISA is avx2). After the avx2 row kernel took one-scale 8-bit rows up to 10 a pass
+# (quantized_linear.cpp's rows_in_flight) the crossover there still lies at 14-15 rows: row
+# kernel against row_layout_dense 13 rows 28.1 / 31.8 ms, 15 rows 35.0 / 32.9, 16 rows 39.0 /
+# 33.4 (same machine capped to avx2, one process switching per call).
 ROW_DENSE_ROWS = {4: 12, 8: 16}
 # 8-bit calls of up to INT8_TILE_ROWS rows on AMX-INT8 tiles instead, the levels unwidened
 # (quantized_int8_tiles.cpp): PAGED_CORE_CPU_INT8_LINEAR, see int8_tile_kernel. Up to 5 rows

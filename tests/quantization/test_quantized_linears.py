@@ -315,8 +315,8 @@ def test_every_row_of_a_row_kernel_call_gets_the_bits_it_gets_alone(cpu_isa, kin
     """The row layout's float32 kernels sum a row in one order whatever the rows beside it.
     In the avx2 build 8-bit levels with one scale per output take up to 10 rows a pass: 9
     in one, 12, 13 and 25 in passes of equal size (6 and 6; 7 and 6; 9, 8 and 8); grouped
-    levels take passes of 8 (4-bit: 4), the AVX-512 builds passes of 8. Every row equals its product alone, and the
-    product is the dequantized weight's."""
+    levels take passes of 8 (4-bit: 4), the AVX-512 builds passes of 8. Every row equals its
+    product alone, and the product is the dequantized weight's."""
     gen = torch.Generator().manual_seed(9)
     make, linear = weight_and_linear(kind)
     weight = make(40, 128, group_size, gen)
