@@ -6,8 +6,9 @@ rotary embedding, SiLU-and-multiply), ``bf16_dot_linear.cpp`` (the bfloat16
 linear of the ``avx512`` and ``avx512_bf16`` levels), ``decoder_stack.cpp`` (every decoder
 layer of a model in one call: ``torch.classes.paged_core_cpu_<level>.DecoderStack``) and
 ``quantized_linear.cpp`` (weight-only int4 / int8 products and W8A8, ``quantization``; W4A8 in
-``quantized_w4a8.cpp``; the ``avx512_bf16`` level's column layout in ``quantized_column_*.cpp`` and, for 8 bits on
-AMX-INT8 tiles, ``quantized_int8_tiles.cpp``),
+``quantized_w4a8.cpp``; the ``avx2`` level's 8-bit column groups in
+``quantized_int8_columns.cpp``; the ``avx512_bf16`` level's column layout in
+``quantized_column_*.cpp`` and, for 8 bits on AMX-INT8 tiles, ``quantized_int8_tiles.cpp``),
 ``lora_products.cpp`` (the LoRA products of a step's adapters, ``lora.products``) and
 ``greedy_tokens.cpp`` (each row's argmax, for the sampler). Each level of
 ``paged_core.cpu.isa`` (``generic``, ``avx2``, ``avx512``, ``avx512_bf16``) is its
@@ -55,7 +56,8 @@ _CSRC = Path(__file__).with_name("csrc")
 # headers for an empty object, ~15 s each on 2 cores.
 _SOURCES = ("paged_attention.cpp", "fused_ops.cpp", "decoder_stack.cpp", "quantized_linear.cpp",
             "quantized_w4a8.cpp", "token_levels.cpp", "lora_products.cpp", "greedy_tokens.cpp")
-_VECTOR_LEVEL_SOURCES = ("bf16_dot_linear.cpp", "quantized_row_dense.cpp")
+_VECTOR_LEVEL_SOURCES = ("bf16_dot_linear.cpp", "quantized_row_dense.cpp",
+                         "quantized_int8_columns.cpp")
 _BF16_LEVEL_SOURCES = ("bf16_amx_linear.cpp", "quantized_column_linear.cpp",
                        "quantized_column_amx.cpp", "quantized_int8_tiles.cpp")
 

@@ -10,7 +10,8 @@ strategy); GGUF Q8_0 and Q5_0 have groups of 32, Q6_K groups of 16 (all symmetri
 Q5_1 and Q5_K have zeros (their minimums), levels ``0..31``. ``activations_int8`` marks W8A8
 weights, whose inputs are quantized too (``W8A8Linear``; symmetric only).
 
-``Int8Linear`` keeps the levels as they are (the row layout), or the column layout
+``Int8Linear`` keeps the levels as they are (the row layout), in column groups of 32 outputs
+for float32 FMAs at the ``avx2`` level (``int8_columns``), or the column layout
 (``quantized_linear``'s module doc), packed as narrow as they allow (``column_packing``):
 levels within ``-16..15`` or ``0..31`` (GGUF Q5_0, Q5_1, Q5_K) in 5 bits, 0.625 bytes a
 weight; within ``-64..63`` (Q6_K) biased in a byte, ``q + 64``, which widens to bfloat16 with
@@ -21,12 +22,13 @@ layout takes the zeros (as the kernels' offsets).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
 from .int4_linear import kernel_takes
-from .quantized_linear import INT8_TILE_ROWS, QuantizedLinear, int8_tile_kernel
+from .quantized_linear import DENSE_ROWS_SETTING, INT8_TILE_ROWS, QuantizedLinear, int8_tile_kernel
 
 
 @dataclass
@@ -99,6 +101,25 @@ def column_packing(q: torch.Tensor, zeros: torch.Tensor | None) -> str:
     return "iq4" if zeros is None and all_iq4_nl_values(q) else ""
 
 
+# Rows from which int8_columns' many-rows path (each column group widened to bfloat16 once,
+# then bf16_dot_linear's tiles: row_layout_dense's bits) beats its kernel, which widens the
+# levels again for every tile of 6 rows (and, with group scales or zeros, scales them there):
+# one scale per output from 64 rows, group scales from 40. 30 SmolLM2 layers x 4
+# projections, AMD EPYC family 25 model 17 capped to avx2, 2 threads, one process
+# alternating (2026-12-06), kernel against many-rows path: one scale per output 48 rows 54.4
+# / 64.3 ms, 64 rows 73.9 / 84.1, 96 rows 125.2 / 119.5, 512 rows 580.8-637.3 / 603.9-604.0;
+# groups of 32 32 rows 46.9 / 48.9, 48 rows 67.6 / 65.0, 256 rows 381.5 / 302.8.
+COLUMNS_DENSE_ROWS = {"channel": 64, "group": 40}
+
+
+def int8_columns(t: torch.Tensor) -> torch.Tensor:
+    """Levels ``[N, K]`` or per-group factors ``[N, K / group_size]`` in column groups of 32
+    outputs, ``[N / 32, ..., 32]`` (N a multiple of 32): ``quantized_int8_columns.cpp``'s
+    layout, which ``int8_gemm`` and ``int8_dequantize`` take beside the row layout."""
+    n, width = t.shape
+    return t.view(n // 32, 32, width).transpose(1, 2).contiguous()
+
+
 class Int8Linear(QuantizedLinear):
     """``y = x @ W.T (+ bias)`` for an ``Int8Weight`` ``W`` (inference only, CPU)."""
 
@@ -123,12 +144,32 @@ class Int8Linear(QuantizedLinear):
                 self.kernels, self.group_size, amx_selected=self._amx_selected())
             packed = self._column_layout(q, factors, "" if tiles else packing)
             self.int8_tile_rows = INT8_TILE_ROWS if tiles else 0
+        if packed is None and self._keeps_columns() and not weight.activations_int8:
+            packed = self._columns_layout(q, factors)
         self.levels, *factors = packed if packed is not None else [q, *factors]
         self.scales = factors[0]
-        # 8-bit offsets are the zeros in either layout (y takes zero * sum(x) per group)
+        # 8-bit offsets are the zeros in every layout (y takes zero * sum(x) per group)
         self.offsets = self.zeros = factors[1] if len(factors) > 1 else None
         if packed is None and not weight.activations_int8:  # W8A8 sums its levels exactly
             self._row_layout()
+
+    def _keeps_columns(self) -> bool:
+        """Whether the levels go in column groups for float32 FMAs (``int8_columns``): a
+        bfloat16 linear at the ``avx2`` level (no bfloat16 dot products there) whose outputs
+        are whole groups of 32. Its kernel beat the row layout's from 1 to 48 rows
+        (``quantized_int8_columns.cpp``); the ``avx512`` level keeps the row layout (not
+        measured there)."""
+        return (self.level == "avx2" and self.dtype == torch.bfloat16
+                and self.out_features % 32 == 0)
+
+    def _columns_layout(self, q: torch.Tensor, factors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``int8_columns``' levels and factors (scales, then any zeros). Calls from
+        ``COLUMNS_DENSE_ROWS`` rows take the many-rows path, ``row_layout_dense``, which takes
+        these levels too (each column group widened to bfloat16 once: the row layout's bits)."""
+        self.row_dense = True
+        scheme = "channel" if self.group_size == self.in_features and len(factors) == 1 else "group"
+        self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING, COLUMNS_DENSE_ROWS[scheme]))
+        return [int8_columns(t) for t in (q, *factors)]
 
     def quantized_product(self, rows: torch.Tensor) -> torch.Tensor:
         return self.kernels.int8_gemm(rows, self.levels, self.scales, self.offsets,

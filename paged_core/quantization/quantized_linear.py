@@ -20,7 +20,10 @@ unwidened, the rows cut into 8-bit digits instead, for calls of up to ``INT8_TIL
 5-bit types, biased bytes for 6-bit ones, 4-bit indices for IQ4: ``Int8Linear``'s
 ``column_packing``) and take zeros; its many-rows path widens the weight
 straight into ``Bf16DotLinear``'s layout for that GEMM (AMX where the CPU has it).
-``column_outputs`` says which layout a linear keeps.
+``column_outputs`` says which layout a linear keeps. A bfloat16 8-bit linear at the ``avx2``
+level keeps its levels in column groups of 32 outputs too, but its own: ``int8_columns``
+(``Int8Linear``), multiplied in float32 FMAs straight from the levels
+(``cpu/csrc/quantized_int8_columns.cpp``), its many-rows path ``row_layout_dense``'s.
 
 ATen's own weight-only CPU GEMMs were measured against these kernels and are not used: 30
 SmolLM2 layers x 4 projections, bfloat16 rows, one process alternating (AMD EPYC family 25
@@ -221,10 +224,11 @@ class QuantizedLinear(nn.Module):
 
     def _row_layout(self) -> None:
         """Where the row layout's levels stay (every level but ``avx512_bf16``'s bfloat16
-        linears): a bfloat16 linear at the ``avx2`` or ``avx512`` level multiplies many rows by
-        ``row_layout_dense`` (bfloat16 weights widened a column group at a time on
-        ``bf16_dot_linear``'s tiles) from ``ROW_DENSE_ROWS`` rows, instead of a float32
-        dequantization of the whole weight times oneDNN's float32 GEMM."""
+        linears and ``Int8Linear``'s ``int8_columns``): a bfloat16 linear at the ``avx2`` or
+        ``avx512`` level multiplies many rows by ``row_layout_dense`` (bfloat16 weights
+        widened a column group at a time on ``bf16_dot_linear``'s tiles) from
+        ``ROW_DENSE_ROWS`` rows, instead of a float32 dequantization of the whole weight
+        times oneDNN's float32 GEMM."""
         if self.level in ("avx2", "avx512") and self.dtype == torch.bfloat16:
             self.row_dense = True
             self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING, ROW_DENSE_ROWS[self.bits]))

@@ -23,6 +23,16 @@ at::Tensor int4_dequantize(const at::Tensor& levels, const at::Tensor& scales,
                            const at::Tensor& zeros, int64_t group_size);
 at::Tensor int8_dequantize(const at::Tensor& levels, const at::Tensor& scales,
                            const std::optional<at::Tensor>& zeros, int64_t group_size);
+// Both take 8-bit levels in the row layout [N, K] (scales, zeros [N, K / group_size]) or, in
+// builds with PAGED_CORE_BF16_DOT, in int8_columns' [N / 32, K, 32] (scales, zeros [N / 32,
+// K / group_size, 32]), whose products are quantized_int8_columns.cpp's (row_layout_dense
+// takes those levels too: int8_columns_dense):
+at::Tensor int8_columns_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
+                             const std::optional<at::Tensor>& zeros, int64_t group_size);
+at::Tensor int8_columns_dense(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
+                              const std::optional<at::Tensor>& zeros, int64_t group_size);
+at::Tensor int8_columns_dequantize(const at::Tensor& levels, const at::Tensor& scales,
+                                   const std::optional<at::Tensor>& zeros, int64_t group_size);
 
 // token_levels.cpp: each row of x ([M, K]; bfloat16 read as it is, any other dtype as float32)
 // as int8 levels

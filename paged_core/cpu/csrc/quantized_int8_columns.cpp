@@ -1,0 +1,288 @@
+// Weight-only 8-bit linears in float32 FMAs straight from the levels, for the CPUs without
+// native bfloat16 dot products (the avx2 level's bfloat16 linears: quantization/int8_linear.py).
+//
+// Layout (int8_columns in int8_linear.py): W [N, K] = levels q (int8) with float32 scales s
+// (and zeros z) per group of G input features of each output, N a multiple of 32, in column
+// groups of 32 outputs:
+//   levels [N / 32, K, 32] int8: levels[c, k, j] = q[32 c + j, k];
+//   scales, zeros [N / 32, K / G, 32] float32, the same order.
+// So one 8-byte load holds feature k of 8 outputs: a sign extension and a conversion make
+// their float32 levels, multiplied with a broadcast of each row's x[m, k] into 8 sums at once.
+// No horizontal sums, no widened copy of the weight; each row's x is read as float32 from a
+// per-call copy laid out [K][rows of a tile].
+//
+// Sums: every output n of row m is summed over k ascending, in its own lane, from zero:
+//   one scale per output and no zeros: y[m, n] = s[n] * sum_k q[n, k] x[m, k];
+//   otherwise: y[m, n] = sum_k W[n, k] x[m, k], W[n, k] = q s (+ z) as int8_dequantize
+//   computes it (the product rounded, then the zero added: -ffp-contract=off);
+// each product added by one FMA. So a row's bits depend on nothing but that row: not on the
+// batch, the tile it falls in, or the threads.
+//
+// Tiles: up to kFewRows rows take a whole column group (4 blocks of 8 outputs, 4 x rows sums)
+// per pass over its levels; more rows go in tiles of at most kTileRows rows (the M rows split
+// into tiles of equal size) times 2 blocks, 12 sums in the 16 vector registers beside the 2
+// widened blocks and a broadcast, each pass widening its 16 outputs' levels again from L1/L2.
+// Threads take column groups; while a thread's first pass over a group runs, it fetches the
+// next group's levels into L2.
+//
+// Many rows (int8_columns_dense, which row_layout_dense hands these levels): each column group
+// widened once to the bfloat16 of its dequantized weight, straight into bf16_dot_linear's
+// packed layout (features k and k + 1 of 8 outputs interleaved by two unpacks, no
+// transposition), then that group's row tiles: row_layout_dense's bits for the same weight.
+//
+// Against the row layout's kernels of the avx2 level (quantized_linear.cpp's row kernel, one
+// output's levels widened and shared by up to 10 rows with a horizontal sum per output and
+// row; row_layout_dense from 16 rows), 30 SmolLM2 layers x 4 projections, bfloat16 rows, AMD
+// EPYC family 25 model 17 capped to avx2, 2 threads, one process alternating (2026-12-06,
+// 10:47-10:51 UTC): one scale per output, 1 / 2 / 4 / 8 / 12 / 16 / 32 / 48 / 64 rows 6.4 /
+// 6.8 / 9.1 / 14.2 / 17.9 / 22.6 / 39.8 / 54.4 / 73.9 ms against 9.3 / 9.2 / 11.9 / 18.7 /
+// 25.9 / 32.6 / 51.2 / 66.5 / 84.1 (bfloat16 weights 9.2 / 8.8 / 9.8 / 16.8 / 18.4 / 23.6 /
+// 42.5 / 61.8 / 75.4); groups of 32, 8 / 16 / 32 rows 16.1 / 25.6 / 46.9 against 19.6 / 32.6 /
+// 51.6. Where the many-rows path takes over: int8_linear.py's COLUMNS_DENSE_ROWS.
+//
+// Built where bf16_dot_linear is (PAGED_CORE_BF16_DOT: AVX2 and FMA).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+
+#include "bf16_dot_linear.h"
+#include "cpu_simd.h"
+#include "quantized_linear.h"
+
+#if PAGED_CORE_BF16_DOT
+#include <immintrin.h>
+
+namespace {
+
+constexpr int64_t kColumns = 32;  // outputs per column group
+constexpr int kLanes = 8;         // outputs per block: a ymm of float32 sums
+constexpr int kBlocks = kColumns / kLanes;
+constexpr int kTileRows = 6;      // rows per tile of 2 blocks
+constexpr int kFewRows = 2;       // up to these rows: tiles of the group's 4 blocks
+
+// The columns layout of one weight; x as tiles of rows ([K][rows] float32 each).
+struct Columns {
+  const int8_t* levels;  // [C, K, 32]
+  const float* scales;   // [C, groups, 32]
+  const float* zeros;    // [C, groups, 32] or null
+  int64_t K, G, N;       // N = 32 * the column groups
+};
+
+struct Tile {
+  const float* x;  // [K][rows_apart]: feature k of the tile's rows, rows_apart floats apart
+  int64_t rows_apart, m0;
+  float* y;        // [M, N] float32
+};
+
+inline __m256 levels_of(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// How a tile takes the factors: one scale per output, applied to the sums (kAtEnd), or each
+// group's scales (and zeros) applied to the levels as they are widened.
+enum class Factors { kAtEnd, kScales, kScalesZeros };
+
+// Rows [tile.m0, tile.m0 + MT) times blocks [first, first + NB) of column group c; fetches
+// `next` (a group's levels, or null) into L2 meanwhile, a line every 2 features.
+template <int MT, int NB, Factors F>
+void column_tile(const Columns& w, int64_t c, int first, const Tile& tile, const int8_t* next) {
+  __m256 acc[MT][NB];
+#pragma GCC unroll 12
+  for (int m = 0; m < MT; ++m)
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; ++b) acc[m][b] = _mm256_setzero_ps();
+  const int64_t groups = w.K / w.G, factor0 = c * groups * kColumns + first * kLanes;
+  const int8_t* levels = w.levels + c * w.K * kColumns + first * kLanes;
+  for (int64_t g = 0; g < groups; ++g) {
+    const float* scales = w.scales + factor0 + g * kColumns;
+    const float* zeros = F == Factors::kScalesZeros ? w.zeros + factor0 + g * kColumns : nullptr;
+    for (int64_t k = g * w.G; k < (g + 1) * w.G; ++k) {
+      if (next != nullptr && (k & 1) == 0)
+        _mm_prefetch(reinterpret_cast<const char*>(next + k * kColumns), _MM_HINT_T1);
+      __m256 q[NB];
+#pragma GCC unroll 4
+      for (int b = 0; b < NB; ++b) {
+        q[b] = levels_of(levels + k * kColumns + b * kLanes);
+        if constexpr (F != Factors::kAtEnd) q[b] = _mm256_mul_ps(q[b], _mm256_loadu_ps(scales + b * kLanes));
+        if constexpr (F == Factors::kScalesZeros) q[b] = _mm256_add_ps(q[b], _mm256_loadu_ps(zeros + b * kLanes));
+      }
+#pragma GCC unroll 12
+      for (int m = 0; m < MT; ++m) {
+        const __m256 xv = _mm256_broadcast_ss(tile.x + k * tile.rows_apart + m);
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; ++b) acc[m][b] = _mm256_fmadd_ps(q[b], xv, acc[m][b]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int b = 0; b < NB; ++b) {
+    const int64_t n = c * kColumns + (first + b) * kLanes;
+    const __m256 s = F == Factors::kAtEnd ? _mm256_loadu_ps(w.scales + factor0 + b * kLanes)
+                                          : _mm256_set1_ps(1.f);
+#pragma GCC unroll 12
+    for (int m = 0; m < MT; ++m) {
+      const __m256 out = F == Factors::kAtEnd ? _mm256_mul_ps(acc[m][b], s) : acc[m][b];
+      _mm256_storeu_ps(tile.y + (tile.m0 + m) * w.N + n, out);
+    }
+  }
+}
+
+// column_tile of `rows` rows (MT counting up to the tile's most).
+template <int MOST, int NB, Factors F, int MT = 1>
+void any_column_tile(int rows, const Columns& w, int64_t c, int first, const Tile& tile,
+                     const int8_t* next) {
+  if (rows == MT) return column_tile<MT, NB, F>(w, c, first, tile, next);
+  if constexpr (MT < MOST)
+    return any_column_tile<MOST, NB, F, MT + 1>(rows, w, c, first, tile, next);
+}
+
+// Every tile of column groups [c0, c1), rows in tiles of tile_rows (x: [tiles][K][tile_rows]).
+template <Factors F>
+void column_groups(const Columns& w, const float* xt, int64_t M, int64_t tile_rows, float* y,
+                   int64_t c0, int64_t c1) {
+  const int64_t tiles = (M + tile_rows - 1) / tile_rows;
+  const int blocks = M <= kFewRows ? kBlocks : 2;
+  for (int64_t c = c0; c < c1; ++c) {
+    const int8_t* next = c + 1 < c1 ? w.levels + (c + 1) * w.K * kColumns : nullptr;
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int rows = static_cast<int>(std::min(tile_rows, M - t * tile_rows));
+      const Tile tile{xt + t * w.K * tile_rows, tile_rows, t * tile_rows, y};
+      for (int first = 0; first < kBlocks; first += blocks) {
+        const int8_t* fetch = t == 0 && first == 0 ? next : nullptr;
+        if (blocks == kBlocks)
+          any_column_tile<kFewRows, kBlocks, F>(rows, w, c, first, tile, fetch);
+        else
+          any_column_tile<kTileRows, 2, F>(rows, w, c, first, tile, fetch);
+      }
+    }
+  }
+}
+
+// Column group c of W in bf16_dot_linear's packed layout, out[p * 64 + 2 j + e] = bfloat16 of
+// W[32 c + j, 2 p + e] = q s (+ z) (int8_dequantize's float32 value, rounded to nearest even):
+// the bits row_layout_dense widens the row layout's levels to, with no transposition here
+// (features k and k + 1 of 8 outputs: two loads, their pairs interleaved by two unpacks).
+void widen_column_group(const Columns& w, int64_t c, uint16_t* out) {
+  const int64_t groups = w.K / w.G;
+  const int8_t* levels = w.levels + c * w.K * kColumns;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t factors = (c * groups + g) * kColumns;
+    for (int b = 0; b < kBlocks; ++b) {
+      const __m256 s = _mm256_loadu_ps(w.scales + factors + b * kLanes);
+      const __m256 z = w.zeros != nullptr ? _mm256_loadu_ps(w.zeros + factors + b * kLanes) : _mm256_setzero_ps();
+      for (int64_t k = g * w.G; k < (g + 1) * w.G; k += 2) {
+        __m256 even = _mm256_mul_ps(levels_of(levels + k * kColumns + b * kLanes), s);
+        __m256 odd = _mm256_mul_ps(levels_of(levels + (k + 1) * kColumns + b * kLanes), s);
+        if (w.zeros != nullptr) even = _mm256_add_ps(even, z), odd = _mm256_add_ps(odd, z);
+        const __m128i e = paged_core_cpu::bf16_bits8_rne(even), o = paged_core_cpu::bf16_bits8_rne(odd);
+        auto* pairs = reinterpret_cast<__m128i*>(out + k / 2 * 2 * kColumns + 2 * b * kLanes);
+        _mm_storeu_si128(pairs, _mm_unpacklo_epi16(e, o));
+        _mm_storeu_si128(pairs + 1, _mm_unpackhi_epi16(e, o));
+      }
+    }
+  }
+}
+
+// Checks levels, scales and zeros against int8_columns' layout; returns K.
+int64_t check_columns(const at::Tensor& levels, const at::Tensor& scales,
+                      const std::optional<at::Tensor>& zeros, int64_t group_size) {
+  TORCH_CHECK(levels.scalar_type() == at::kChar && levels.dim() == 3 && levels.is_contiguous() &&
+                  levels.size(2) == kColumns,
+              "levels must be int8_columns' [N / 32, K, 32] int8");
+  const int64_t K = levels.size(1);
+  TORCH_CHECK(group_size > 0 && K % group_size == 0, "group_size must divide the input features");
+  for (const at::Tensor* t : {&scales, zeros ? &*zeros : nullptr})
+    TORCH_CHECK(t == nullptr || (t->scalar_type() == at::kFloat && t->is_contiguous() &&
+                                 t->sizes() == at::IntArrayRef({levels.size(0), K / group_size, kColumns})),
+                "scales and zeros must be int8_columns' [N / 32, K / group_size, 32] float32");
+  return K;
+}
+
+}  // namespace
+
+namespace paged_core_cpu {
+
+at::Tensor int8_columns_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
+                             const std::optional<at::Tensor>& zeros, int64_t group_size) {
+  const int64_t K = check_columns(levels, scales, zeros, group_size);
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous() && x.size(1) == K,
+              "x must be float32 [M, K] of K = the levels' features");
+  const int64_t M = x.size(0), C = levels.size(0), groups = K / group_size;
+  const int64_t N = C * kColumns;
+  at::Tensor y = at::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return y;
+  const int most = M <= kFewRows ? static_cast<int>(M) : kTileRows;
+  const int64_t tiles = (M + most - 1) / most, tile_rows = (M + tiles - 1) / tiles;
+  // x by tiles: [tiles][K][tile_rows] (a last tile's rows past M are never read); on threads
+  // only from 64K values: below that, waking them (OMP_WAIT_POLICY=PASSIVE) cost more than it
+  // saved (30 SmolLM2 layers x 4 projections, 16 rows, 2 threads: 28.1 against 23.3 ms)
+  at::Tensor xt = at::empty({tiles, K, tile_rows}, x.options());
+  const float* xp = x.const_data_ptr<float>();
+  float* xtp = xt.data_ptr<float>();
+  at::parallel_for(0, M, std::max<int64_t>(1, (int64_t{1} << 16) / K), [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      float* dst = xtp + (m / tile_rows) * K * tile_rows + m % tile_rows;
+      for (int64_t k = 0; k < K; ++k) dst[k * tile_rows] = xp[m * K + k];
+    }
+  });
+  const Columns w{levels.const_data_ptr<int8_t>(), scales.const_data_ptr<float>(),
+                  zeros ? zeros->const_data_ptr<float>() : nullptr, K, group_size, N};
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
+    if (zeros)
+      column_groups<Factors::kScalesZeros>(w, xtp, M, tile_rows, yp, c0, c1);
+    else if (groups > 1)
+      column_groups<Factors::kScales>(w, xtp, M, tile_rows, yp, c0, c1);
+    else
+      column_groups<Factors::kAtEnd>(w, xtp, M, tile_rows, yp, c0, c1);
+  });
+  return y;
+}
+
+at::Tensor int8_columns_dense(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
+                              const std::optional<at::Tensor>& zeros, int64_t group_size) {
+  const int64_t K = check_columns(levels, scales, zeros, group_size);
+  TORCH_CHECK(K % 2 == 0 && group_size % 2 == 0, "int8_columns_dense: an even group_size");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, K] of K = the levels' features");
+  const at::Tensor rows = x.to(at::kBFloat16).contiguous();
+  const int64_t C = levels.size(0), N = C * kColumns;
+  at::Tensor y = at::empty({rows.size(0), N}, rows.options());
+  const Columns w{levels.const_data_ptr<int8_t>(), scales.const_data_ptr<float>(),
+                  zeros ? zeros->const_data_ptr<float>() : nullptr, K, group_size, N};
+  const GroupWeights weights{nullptr, [&w](int64_t c0, int64_t c1, uint16_t* out) {
+                               for (int64_t c = c0; c < c1; ++c) widen_column_group(w, c, out + (c - c0) * w.K * kColumns);
+                             },
+                             static_cast<const char*>(levels.const_data_ptr()), K * kColumns};
+  bf16_dot_rows(static_cast<const uint16_t*>(rows.const_data_ptr()), K, rows.size(0), weights, K / 2, C,
+                nullptr, static_cast<uint16_t*>(y.mutable_data_ptr()), N);
+  return y;
+}
+
+at::Tensor int8_columns_dequantize(const at::Tensor& levels, const at::Tensor& scales,
+                                   const std::optional<at::Tensor>& zeros, int64_t group_size) {
+  const int64_t K = check_columns(levels, scales, zeros, group_size);
+  const int64_t C = levels.size(0), groups = K / group_size;
+  at::Tensor w = at::empty({C * kColumns, K}, scales.options());
+  const int8_t* lp = levels.const_data_ptr<int8_t>();
+  const float* sp = scales.const_data_ptr<float>();
+  const float* zp = zeros ? zeros->const_data_ptr<float>() : nullptr;
+  float* wp = w.data_ptr<float>();
+  at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c)
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t j = 0; j < kColumns; ++j) {
+          const int64_t factor = (c * groups + k / group_size) * kColumns + j;
+          float v = static_cast<float>(lp[(c * K + k) * kColumns + j]) * sp[factor];
+          if (zp != nullptr) v += zp[factor];
+          wp[(c * kColumns + j) * K + k] = v;
+        }
+  });
+  return w;
+}
+
+}  // namespace paged_core_cpu
+
+#endif  // PAGED_CORE_BF16_DOT
