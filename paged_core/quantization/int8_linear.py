@@ -11,7 +11,7 @@ Q5_1 and Q5_K have zeros (their minimums), levels ``0..31``. ``activations_int8`
 weights, whose inputs are quantized too (``W8A8Linear``; symmetric only).
 
 ``Int8Linear`` keeps the levels as they are (the row layout), in column groups of 32 outputs
-for float32 FMAs at the ``avx2`` level (``int8_columns``), or the column layout
+for float32 FMAs at the ``avx2`` and ``avx512`` levels (``int8_columns``), or the column layout
 (``quantized_linear``'s module doc), packed as narrow as they allow (``column_packing``):
 levels within ``-16..15`` or ``0..31`` (GGUF Q5_0, Q5_1, Q5_K) in 5 bits, 0.625 bytes a
 weight; within ``-64..63`` (Q6_K) biased in a byte, ``q + 64``, which widens to bfloat16 with
@@ -103,13 +103,17 @@ def column_packing(q: torch.Tensor, zeros: torch.Tensor | None) -> str:
 
 # Rows from which int8_columns' many-rows path (each column group widened to bfloat16 once,
 # then bf16_dot_linear's tiles: row_layout_dense's bits) beats its kernel, which widens the
-# levels again for every tile of 6 rows (and, with group scales or zeros, scales them there):
-# one scale per output from 64 rows, group scales from 40. 30 SmolLM2 layers x 4
-# projections, AMD EPYC family 25 model 17 capped to avx2, 2 threads, one process
-# alternating (2026-12-06), kernel against many-rows path: one scale per output 48 rows 54.4
-# / 64.3 ms, 64 rows 73.9 / 84.1, 96 rows 125.2 / 119.5, 512 rows 580.8-637.3 / 603.9-604.0;
-# groups of 32 32 rows 46.9 / 48.9, 48 rows 67.6 / 65.0, 256 rows 381.5 / 302.8.
-COLUMNS_DENSE_ROWS = {"channel": 64, "group": 40}
+# levels again for every tile of rows (and, with group scales or zeros, scales them there),
+# by level and scales (one per output, or per group). 30 SmolLM2 layers x 4 projections, AMD
+# EPYC family 25 model 17 capped to each level, 2 threads, one process alternating
+# (2026-12-06), kernel against many-rows path: avx2 (10:51-10:53 UTC), one scale per output
+# 48 rows 54.4 / 64.3 ms, 64 rows 73.9 / 84.1, 96 rows 125.2 / 119.5, 512 rows 580.8-637.3 /
+# 603.9-604.0; groups of 32, 32 rows 46.9 / 48.9, 48 rows 67.6 / 65.0, 256 rows 381.5 /
+# 302.8; avx512 (11:54-11:55 UTC, the kernel in 16-lane registers), one scale per output 40
+# rows 52.2 / 55.9, 48 rows 57.5-71.9 / 58.0-67.9 (two runs), 56 rows 70.9 / 73.9, 64 rows
+# 77.3-80.5 / 74.4-75.8; groups of 32, 24 rows 37.3 / 40.8, 32 rows 54.4 / 49.3.
+COLUMNS_DENSE_ROWS = {("avx2", "channel"): 64, ("avx2", "group"): 40,
+                      ("avx512", "channel"): 48, ("avx512", "group"): 28}
 
 
 def int8_columns(t: torch.Tensor) -> torch.Tensor:
@@ -155,11 +159,11 @@ class Int8Linear(QuantizedLinear):
 
     def _keeps_columns(self) -> bool:
         """Whether the levels go in column groups for float32 FMAs (``int8_columns``): a
-        bfloat16 linear at the ``avx2`` level (no bfloat16 dot products there) whose outputs
-        are whole groups of 32. Its kernel beat the row layout's from 1 to 48 rows
-        (``quantized_int8_columns.cpp``); the ``avx512`` level keeps the row layout (not
-        measured there)."""
-        return (self.level == "avx2" and self.dtype == torch.bfloat16
+        bfloat16 linear at the ``avx2`` or ``avx512`` level (no bfloat16 dot products there)
+        whose outputs are whole groups of 32. With its many-rows path from
+        ``COLUMNS_DENSE_ROWS`` it beat the row layout's kernels at every batch measured
+        (``quantized_int8_columns.cpp``)."""
+        return (self.level in ("avx2", "avx512") and self.dtype == torch.bfloat16
                 and self.out_features % 32 == 0)
 
     def _columns_layout(self, q: torch.Tensor, factors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -168,7 +172,8 @@ class Int8Linear(QuantizedLinear):
         these levels too (each column group widened to bfloat16 once: the row layout's bits)."""
         self.row_dense = True
         scheme = "channel" if self.group_size == self.in_features and len(factors) == 1 else "group"
-        self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING, COLUMNS_DENSE_ROWS[scheme]))
+        self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING,
+                                             COLUMNS_DENSE_ROWS[self.level, scheme]))
         return [int8_columns(t) for t in (q, *factors)]
 
     def quantized_product(self, rows: torch.Tensor) -> torch.Tensor:

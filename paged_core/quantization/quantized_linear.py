@@ -21,8 +21,8 @@ unwidened, the rows cut into 8-bit digits instead, for calls of up to ``INT8_TIL
 ``column_packing``) and take zeros; its many-rows path widens the weight
 straight into ``Bf16DotLinear``'s layout for that GEMM (AMX where the CPU has it).
 ``column_outputs`` says which layout a linear keeps. A bfloat16 8-bit linear at the ``avx2``
-level keeps its levels in column groups of 32 outputs too, but its own: ``int8_columns``
-(``Int8Linear``), multiplied in float32 FMAs straight from the levels
+and ``avx512`` levels keeps its levels in column groups of 32 outputs too, but its own:
+``int8_columns`` (``Int8Linear``), multiplied in float32 FMAs straight from the levels
 (``cpu/csrc/quantized_int8_columns.cpp``), its many-rows path ``row_layout_dense``'s.
 
 ATen's own weight-only CPU GEMMs were measured against these kernels and are not used: 30

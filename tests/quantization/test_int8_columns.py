@@ -1,7 +1,7 @@
 """8-bit levels in column groups of 32 outputs (``int8_columns``): a bfloat16 ``Int8Linear`` at
-the ``avx2`` level keeps them there, multiplies few rows in float32 FMAs straight from the
-levels (``quantized_int8_columns.cpp``) and many rows by widening each column group to
-bfloat16 once (the row layout's many-rows bits); the other levels skip, saying so."""
+the ``avx2`` and ``avx512`` levels keeps them there, multiplies few rows in float32 FMAs
+straight from the levels (``quantized_int8_columns.cpp``) and many rows by widening each column
+group to bfloat16 once (the row layout's many-rows bits); the other levels skip, saying so."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,13 +20,14 @@ KINDS = [("int8", 256), ("int8", 32), ("int8", 16), ("int8-zeros", 32), ("int8-w
 
 def columns_linear(cpu_isa, kind, group_size, gen, out=96):
     """A random ``[out, 256]`` weight of ``kind`` and its bfloat16 linear, which must keep
-    int8_columns at the avx2 level (the test skips at the others)."""
+    int8_columns at the avx2 and avx512 levels (the test skips at the others)."""
     weight = WEIGHTS[kind](out, 256, group_size, gen)
     layer = Int8Linear(weight, False, torch.bfloat16)
-    assert (layer.levels.shape == (out // 32, 256, 32)) == (cpu_isa == "avx2")
-    if cpu_isa != "avx2":
-        pytest.skip(f"int8_columns is the avx2 level's layout for bfloat16 linears; this run is "
-                    f"{cpu_isa}")
+    kept = cpu_isa in ("avx2", "avx512")
+    assert (layer.levels.shape == (out // 32, 256, 32)) == kept
+    if not kept:
+        pytest.skip(f"int8_columns is the avx2 and avx512 levels' layout for bfloat16 linears; "
+                    f"this run is {cpu_isa}")
     return weight, layer
 
 
@@ -65,7 +66,7 @@ def test_many_rows_get_the_row_layouts_dense_bits(cpu_isa, kind, group_size):
     gen = torch.Generator().manual_seed(7 + group_size)
     weight, layer = columns_linear(cpu_isa, kind, group_size, gen)
     scheme = "channel" if group_size == 256 and weight.zeros is None else "group"
-    assert layer.row_dense and layer.dense_rows == COLUMNS_DENSE_ROWS[scheme]
+    assert layer.row_dense and layer.dense_rows == COLUMNS_DENSE_ROWS[cpu_isa, scheme]
     x = torch.randn(layer.dense_rows + 5, 256, generator=gen).bfloat16()
     dense = layer.product(x)
     assert dense.dtype is torch.bfloat16
@@ -88,7 +89,7 @@ def test_the_bits_do_not_depend_on_the_threads(cpu_isa, threads, torch_threads):
 
 def test_outputs_that_are_not_whole_column_groups_and_float32_linears_keep_the_row_layout(cpu_isa):
     gen = torch.Generator().manual_seed(0)
-    columns_linear(cpu_isa, "int8", 32, gen)  # skips but at the avx2 level
+    columns_linear(cpu_isa, "int8", 32, gen)  # skips but at the avx2 and avx512 levels
     layer = Int8Linear(WEIGHTS["int8"](70, 256, 32, gen), False, torch.bfloat16)
     assert layer.levels.shape == (70, 256)
     assert Int8Linear(WEIGHTS["int8"](96, 256, 32, gen), False, torch.float32).levels.dim() == 2
@@ -97,14 +98,15 @@ def test_outputs_that_are_not_whole_column_groups_and_float32_linears_keep_the_r
 def test_a_w8a16_engine_in_bfloat16_is_close_to_transformers(cpu_isa, embedded_folder, tokenizer,
                                                             tmp_path):
     """The embedded model in llmcompressor's W8A16 (one scale per channel), served in bfloat16
-    at the avx2 level with every projection in column groups, against transformers loading
-    the same checkpoint in bfloat16: the near-tie rule, prompts read again from the cache."""
+    at the avx2 and avx512 levels with every projection in column groups, against transformers
+    loading the same checkpoint in bfloat16: the near-tie rule, prompts read again from the
+    cache."""
     pytest.importorskip("compressed_tensors")
     from transformers import AutoModelForCausalLM
 
     from paged_core.bench.quantized_models import compressed_tensors_checkpoint
 
-    columns_linear(cpu_isa, "int8", 256, torch.Generator().manual_seed(0))  # avx2 only
+    columns_linear(cpu_isa, "int8", 256, torch.Generator().manual_seed(0))  # avx2, avx512 only
     checkpoint, _ = compressed_tensors_checkpoint(embedded_folder, "W8A16", str(tmp_path), None,
                                                   "channel")
     reference = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).eval()

@@ -1,5 +1,6 @@
 // Weight-only 8-bit linears in float32 FMAs straight from the levels, for the CPUs without
-// native bfloat16 dot products (the avx2 level's bfloat16 linears: quantization/int8_linear.py).
+// native bfloat16 dot products (the avx2 and avx512 levels' bfloat16 linears:
+// quantization/int8_linear.py).
 //
 // Layout (int8_columns in int8_linear.py): W [N, K] = levels q (int8) with float32 scales s
 // (and zeros z) per group of G input features of each output, N a multiple of 32, in column
@@ -18,10 +19,12 @@
 // each product added by one FMA. So a row's bits depend on nothing but that row: not on the
 // batch, the tile it falls in, or the threads.
 //
-// Tiles: up to kFewRows rows take a whole column group (4 blocks of 8 outputs, 4 x rows sums)
-// per pass over its levels; more rows go in tiles of at most kTileRows rows (the M rows split
-// into tiles of equal size) times 2 blocks, 12 sums in the 16 vector registers beside the 2
-// widened blocks and a broadcast, each pass widening its 16 outputs' levels again from L1/L2.
+// Tiles (TileLanes): in 8-lane registers (avx2), up to 2 rows take a whole column group (4
+// blocks of 8 outputs, 4 x rows sums) per pass over its levels, more rows go in tiles of at
+// most 6 rows (the M rows split into tiles of equal size) times 2 blocks, 12 sums in the 16
+// vector registers beside the 2 widened blocks and a broadcast, each pass widening its 16
+// outputs' levels again from L1/L2; in 16-lane ones (avx512: 32 registers) every tile is a
+// whole column group (2 blocks) of up to 12 rows.
 // Threads take column groups; while a thread's first pass over a group runs, it fetches the
 // next group's levels into L2.
 //
@@ -38,7 +41,12 @@
 // 6.8 / 9.1 / 14.2 / 17.9 / 22.6 / 39.8 / 54.4 / 73.9 ms against 9.3 / 9.2 / 11.9 / 18.7 /
 // 25.9 / 32.6 / 51.2 / 66.5 / 84.1 (bfloat16 weights 9.2 / 8.8 / 9.8 / 16.8 / 18.4 / 23.6 /
 // 42.5 / 61.8 / 75.4); groups of 32, 8 / 16 / 32 rows 16.1 / 25.6 / 46.9 against 19.6 / 32.6 /
-// 51.6. Where the many-rows path takes over: int8_linear.py's COLUMNS_DENSE_ROWS.
+// 51.6. The same capped to avx512 (its row kernels and bf16_dot tiles 16 lanes wide; 11:54 UTC),
+// one scale per output, 1 / 2 / 4 / 8 / 12 / 16 / 24 / 32 rows 9.4 / 10.7 / 13.0 / 14.4 / 20.5
+// / 23.5 / 31.4 / 40.0 ms against 10.2 / 12.2 / 16.5 / 17.8 / 29.2 / 31.4 / 39.4 / 45.2
+// (bfloat16 weights 10.7 / 10.8 / 11.4 / 13.0 / 17.8 / 20.5 / 28.9 / 36.3); in 8-lane
+// registers there the tiles took 22.1 / 26.7 / 36.2 ms at 12 / 16 / 24 rows (11:47 UTC).
+// Where the many-rows path takes over: int8_linear.py's COLUMNS_DENSE_ROWS.
 //
 // Built where bf16_dot_linear is (PAGED_CORE_BF16_DOT: AVX2 and FMA).
 #include <ATen/ATen.h>
@@ -58,10 +66,46 @@
 namespace {
 
 constexpr int64_t kColumns = 32;  // outputs per column group
-constexpr int kLanes = 8;         // outputs per block: a ymm of float32 sums
-constexpr int kBlocks = kColumns / kLanes;
-constexpr int kTileRows = 6;      // rows per tile of 2 blocks
-constexpr int kFewRows = 2;       // up to these rows: tiles of the group's 4 blocks
+constexpr int kLanes = 8;         // outputs per block of the widening: a ymm
+
+// The tiles' registers: a block of outputs is one register of float32 sums.
+#if PAGED_CORE_BF16_DOT_ZMM
+// 16 lanes and 32 registers: every tile is a whole column group (2 blocks) of up to 12 rows,
+// 24 sums.
+struct TileLanes {
+  using F = __m512;
+  static constexpr int kLanes = 16, kTileRows = 12, kFewRows = 0;
+  static F zero() { return _mm512_setzero_ps(); }
+  static F levels(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static F broadcast(const float* p) { return _mm512_set1_ps(*p); }
+  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+};
+#else
+// 8 lanes and 16 registers: tiles of up to 6 rows times 2 blocks (12 sums), or of up to 2 rows
+// times the group's 4 blocks.
+struct TileLanes {
+  using F = __m256;
+  static constexpr int kLanes = 8, kTileRows = 6, kFewRows = 2;
+  static F zero() { return _mm256_setzero_ps(); }
+  static F levels(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static F load(const float* p) { return _mm256_loadu_ps(p); }
+  static F broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+};
+#endif
+using V = TileLanes;
+constexpr int kBlocks = kColumns / V::kLanes;  // a column group's blocks
 
 // The columns layout of one weight; x as tiles of rows ([K][rows] float32 each).
 struct Columns {
@@ -89,44 +133,41 @@ enum class Factors { kAtEnd, kScales, kScalesZeros };
 // `next` (a group's levels, or null) into L2 meanwhile, a line every 2 features.
 template <int MT, int NB, Factors F>
 void column_tile(const Columns& w, int64_t c, int first, const Tile& tile, const int8_t* next) {
-  __m256 acc[MT][NB];
+  V::F acc[MT][NB];
 #pragma GCC unroll 12
   for (int m = 0; m < MT; ++m)
 #pragma GCC unroll 4
-    for (int b = 0; b < NB; ++b) acc[m][b] = _mm256_setzero_ps();
-  const int64_t groups = w.K / w.G, factor0 = c * groups * kColumns + first * kLanes;
-  const int8_t* levels = w.levels + c * w.K * kColumns + first * kLanes;
+    for (int b = 0; b < NB; ++b) acc[m][b] = V::zero();
+  const int64_t groups = w.K / w.G, factor0 = c * groups * kColumns + first * V::kLanes;
+  const int8_t* levels = w.levels + c * w.K * kColumns + first * V::kLanes;
   for (int64_t g = 0; g < groups; ++g) {
     const float* scales = w.scales + factor0 + g * kColumns;
     const float* zeros = F == Factors::kScalesZeros ? w.zeros + factor0 + g * kColumns : nullptr;
     for (int64_t k = g * w.G; k < (g + 1) * w.G; ++k) {
       if (next != nullptr && (k & 1) == 0)
         _mm_prefetch(reinterpret_cast<const char*>(next + k * kColumns), _MM_HINT_T1);
-      __m256 q[NB];
+      V::F q[NB];
 #pragma GCC unroll 4
       for (int b = 0; b < NB; ++b) {
-        q[b] = levels_of(levels + k * kColumns + b * kLanes);
-        if constexpr (F != Factors::kAtEnd) q[b] = _mm256_mul_ps(q[b], _mm256_loadu_ps(scales + b * kLanes));
-        if constexpr (F == Factors::kScalesZeros) q[b] = _mm256_add_ps(q[b], _mm256_loadu_ps(zeros + b * kLanes));
+        q[b] = V::levels(levels + k * kColumns + b * V::kLanes);
+        if constexpr (F != Factors::kAtEnd) q[b] = V::mul(q[b], V::load(scales + b * V::kLanes));
+        if constexpr (F == Factors::kScalesZeros) q[b] = V::add(q[b], V::load(zeros + b * V::kLanes));
       }
 #pragma GCC unroll 12
       for (int m = 0; m < MT; ++m) {
-        const __m256 xv = _mm256_broadcast_ss(tile.x + k * tile.rows_apart + m);
+        const V::F xv = V::broadcast(tile.x + k * tile.rows_apart + m);
 #pragma GCC unroll 4
-        for (int b = 0; b < NB; ++b) acc[m][b] = _mm256_fmadd_ps(q[b], xv, acc[m][b]);
+        for (int b = 0; b < NB; ++b) acc[m][b] = V::fmadd(q[b], xv, acc[m][b]);
       }
     }
   }
 #pragma GCC unroll 4
   for (int b = 0; b < NB; ++b) {
-    const int64_t n = c * kColumns + (first + b) * kLanes;
-    const __m256 s = F == Factors::kAtEnd ? _mm256_loadu_ps(w.scales + factor0 + b * kLanes)
-                                          : _mm256_set1_ps(1.f);
+    const int64_t n = c * kColumns + (first + b) * V::kLanes;
+    const V::F s = F == Factors::kAtEnd ? V::load(w.scales + factor0 + b * V::kLanes) : V::zero();
 #pragma GCC unroll 12
-    for (int m = 0; m < MT; ++m) {
-      const __m256 out = F == Factors::kAtEnd ? _mm256_mul_ps(acc[m][b], s) : acc[m][b];
-      _mm256_storeu_ps(tile.y + (tile.m0 + m) * w.N + n, out);
-    }
+    for (int m = 0; m < MT; ++m)
+      V::store(tile.y + (tile.m0 + m) * w.N + n, F == Factors::kAtEnd ? V::mul(acc[m][b], s) : acc[m][b]);
   }
 }
 
@@ -144,7 +185,7 @@ template <Factors F>
 void column_groups(const Columns& w, const float* xt, int64_t M, int64_t tile_rows, float* y,
                    int64_t c0, int64_t c1) {
   const int64_t tiles = (M + tile_rows - 1) / tile_rows;
-  const int blocks = M <= kFewRows ? kBlocks : 2;
+  const int blocks = M <= V::kFewRows ? kBlocks : 2;
   for (int64_t c = c0; c < c1; ++c) {
     const int8_t* next = c + 1 < c1 ? w.levels + (c + 1) * w.K * kColumns : nullptr;
     for (int64_t t = 0; t < tiles; ++t) {
@@ -152,10 +193,10 @@ void column_groups(const Columns& w, const float* xt, int64_t M, int64_t tile_ro
       const Tile tile{xt + t * w.K * tile_rows, tile_rows, t * tile_rows, y};
       for (int first = 0; first < kBlocks; first += blocks) {
         const int8_t* fetch = t == 0 && first == 0 ? next : nullptr;
-        if (blocks == kBlocks)
-          any_column_tile<kFewRows, kBlocks, F>(rows, w, c, first, tile, fetch);
+        if (V::kFewRows > 0 && blocks == kBlocks)
+          any_column_tile<V::kFewRows, kBlocks, F>(rows, w, c, first, tile, fetch);
         else
-          any_column_tile<kTileRows, 2, F>(rows, w, c, first, tile, fetch);
+          any_column_tile<V::kTileRows, 2, F>(rows, w, c, first, tile, fetch);
       }
     }
   }
@@ -170,7 +211,7 @@ void widen_column_group(const Columns& w, int64_t c, uint16_t* out) {
   const int8_t* levels = w.levels + c * w.K * kColumns;
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t factors = (c * groups + g) * kColumns;
-    for (int b = 0; b < kBlocks; ++b) {
+    for (int b = 0; b < kColumns / kLanes; ++b) {
       const __m256 s = _mm256_loadu_ps(w.scales + factors + b * kLanes);
       const __m256 z = w.zeros != nullptr ? _mm256_loadu_ps(w.zeros + factors + b * kLanes) : _mm256_setzero_ps();
       for (int64_t k = g * w.G; k < (g + 1) * w.G; k += 2) {
@@ -214,7 +255,7 @@ at::Tensor int8_columns_gemm(const at::Tensor& x, const at::Tensor& levels, cons
   const int64_t N = C * kColumns;
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y;
-  const int most = M <= kFewRows ? static_cast<int>(M) : kTileRows;
+  const int most = M <= V::kFewRows ? static_cast<int>(M) : V::kTileRows;
   const int64_t tiles = (M + most - 1) / most, tile_rows = (M + tiles - 1) / tiles;
   // x by tiles: [tiles][K][tile_rows] (a last tile's rows past M are never read); on threads
   // only from 64K values: below that, waking them (OMP_WAIT_POLICY=PASSIVE) cost more than it
