@@ -259,7 +259,8 @@ at::Tensor int8_columns_gemm(const at::Tensor& x, const at::Tensor& levels, cons
   const int64_t tiles = (M + most - 1) / most, tile_rows = (M + tiles - 1) / tiles;
   // x by tiles: [tiles][K][tile_rows] (a last tile's rows past M are never read); on threads
   // only from 64K values: below that, waking them (OMP_WAIT_POLICY=PASSIVE) cost more than it
-  // saved (30 SmolLM2 layers x 4 projections, 16 rows, 2 threads: 28.1 against 23.3 ms)
+  // saved (30 SmolLM2 layers x 4 projections, 16 rows, 2 threads, AMD EPYC family 25 model 17
+  // capped to avx2, 2026-12-06: 28.1 ms on threads against 23.3 for the same tiles without)
   at::Tensor xt = at::empty({tiles, K, tile_rows}, x.options());
   const float* xp = x.const_data_ptr<float>();
   float* xtp = xt.data_ptr<float>();
