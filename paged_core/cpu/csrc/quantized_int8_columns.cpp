@@ -58,6 +58,7 @@
 
 #include "bf16_dot_linear.h"
 #include "cpu_simd.h"
+#include "quantized_lanes.h"
 #include "quantized_linear.h"
 
 #if PAGED_CORE_BF16_DOT
@@ -68,40 +69,18 @@ namespace {
 constexpr int64_t kColumns = 32;  // outputs per column group
 constexpr int kLanes = 8;         // outputs per block of the widening: a ymm
 
-// The tiles' registers: a block of outputs is one register of float32 sums.
+// The tiles' registers (quantized_lanes.h): a block of outputs is one register of float32 sums.
 #if PAGED_CORE_BF16_DOT_ZMM
 // 16 lanes and 32 registers: every tile is a whole column group (2 blocks) of up to 12 rows,
 // 24 sums.
-struct TileLanes {
-  using F = __m512;
-  static constexpr int kLanes = 16, kTileRows = 12, kFewRows = 0;
-  static F zero() { return _mm512_setzero_ps(); }
-  static F levels(const int8_t* p) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-  }
-  static F load(const float* p) { return _mm512_loadu_ps(p); }
-  static F broadcast(const float* p) { return _mm512_set1_ps(*p); }
-  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
-  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
-  static F add(F a, F b) { return _mm512_add_ps(a, b); }
-  static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+struct TileLanes : paged_core_cpu::Avx512Lanes {
+  static constexpr int kTileRows = 12, kFewRows = 0;
 };
 #else
 // 8 lanes and 16 registers: tiles of up to 6 rows times 2 blocks (12 sums), or of up to 2 rows
 // times the group's 4 blocks.
-struct TileLanes {
-  using F = __m256;
-  static constexpr int kLanes = 8, kTileRows = 6, kFewRows = 2;
-  static F zero() { return _mm256_setzero_ps(); }
-  static F levels(const int8_t* p) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-  }
-  static F load(const float* p) { return _mm256_loadu_ps(p); }
-  static F broadcast(const float* p) { return _mm256_broadcast_ss(p); }
-  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
-  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
-  static F add(F a, F b) { return _mm256_add_ps(a, b); }
-  static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+struct TileLanes : paged_core_cpu::Avx2Lanes {
+  static constexpr int kTileRows = 6, kFewRows = 2;
 };
 #endif
 using V = TileLanes;
@@ -121,8 +100,10 @@ struct Tile {
   float* y;        // [M, N] float32
 };
 
-inline __m256 levels_of(const int8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+// The float32 levels of the kLanes int8 levels at p, in L's registers.
+template <typename L = paged_core_cpu::Avx2Lanes>
+inline typename L::F levels_of(const int8_t* p) {
+  return L::to_float(L::signed_bytes(reinterpret_cast<const uint8_t*>(p)));
 }
 
 // How a tile takes the factors: one scale per output, applied to the sums (kAtEnd), or each
@@ -149,7 +130,7 @@ void column_tile(const Columns& w, int64_t c, int first, const Tile& tile, const
       V::F q[NB];
 #pragma GCC unroll 4
       for (int b = 0; b < NB; ++b) {
-        q[b] = V::levels(levels + k * kColumns + b * V::kLanes);
+        q[b] = levels_of<V>(levels + k * kColumns + b * V::kLanes);
         if constexpr (F != Factors::kAtEnd) q[b] = V::mul(q[b], V::load(scales + b * V::kLanes));
         if constexpr (F == Factors::kScalesZeros) q[b] = V::add(q[b], V::load(zeros + b * V::kLanes));
       }

@@ -30,6 +30,7 @@
 #include <torch/library.h>
 
 #include "cpu_common.h"
+#include "quantized_lanes.h"
 #include "quantized_linear.h"
 
 #if defined(__AVX2__)
@@ -93,54 +94,10 @@ inline int64_t row_grain(int64_t K, int64_t M) {
 }
 
 #if defined(__AVX2__)
-// The vector registers row_dots works in: 8 float32 lanes (AVX2) or 16 (AVX-512), each lane
-// one level, widened from kLanes bytes of levels at a time.
-struct Avx2Lanes {
-  using F = __m256;
-  using I = __m256i;
-  static constexpr int kLanes = 8;
-  static F zero() { return _mm256_setzero_ps(); }
-  static F set1(float v) { return _mm256_set1_ps(v); }
-  static F load(const float* p) { return _mm256_loadu_ps(p); }
-  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
-  static I unsigned_bytes(const uint8_t* p) {
-    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  }
-  static I signed_bytes(const uint8_t* p) {
-    return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  }
-  static F low_nibbles(I v) { return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15))); }
-  static F high_nibbles(I v) { return _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)); }
-  static F to_float(I v) { return _mm256_cvtepi32_ps(v); }
-  static float sum(F v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-  }
-};
+using paged_core_cpu::Avx2Lanes;
 #endif
-
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-struct Avx512Lanes {
-  using F = __m512;
-  using I = __m512i;
-  static constexpr int kLanes = 16;
-  static F zero() { return _mm512_setzero_ps(); }
-  static F set1(float v) { return _mm512_set1_ps(v); }
-  static F load(const float* p) { return _mm512_loadu_ps(p); }
-  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
-  static I unsigned_bytes(const uint8_t* p) {
-    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-  static I signed_bytes(const uint8_t* p) {
-    return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-  static F low_nibbles(I v) { return _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15))); }
-  static F high_nibbles(I v) { return _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)); }
-  static F to_float(I v) { return _mm512_cvtepi32_ps(v); }
-  static float sum(F v) { return _mm512_reduce_add_ps(v); }
-};
+using paged_core_cpu::Avx512Lanes;
 #endif
 
 // row_dots in L's registers; each group's bytes of levels are a multiple of L::kLanes.
