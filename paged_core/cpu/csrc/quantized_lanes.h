@@ -1,27 +1,23 @@
 // The vector registers the weight-only quantized kernels widen levels into: quantized_linear.cpp's
 // row kernels (float32 x, one horizontal sum per output) and quantized_int8_columns.cpp's tiles
-// (a broadcast of x per row, sums stored as they are).
+// (a broadcast of x per row, sums stored as they are). Each extends cpu_simd.h's float32 lanes
+// of the same width with the loads, widenings and stores of levels.
 #pragma once
 
 #include <cstdint>
 
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
+#include "cpu_simd.h"
 
 namespace paged_core_cpu {
 
-#if defined(__AVX2__)
+#if PAGED_CORE_AVX2
 // 8 float32 lanes (AVX2) or 16 (AVX-512), each lane one level, widened from kLanes bytes of
 // levels at a time.
-struct Avx2Lanes {
-  using F = __m256;
+struct Avx2Lanes : Lanes8 {
   using I = __m256i;
   static constexpr int kLanes = 8;
   static F zero() { return _mm256_setzero_ps(); }
-  static F set1(float v) { return _mm256_set1_ps(v); }
   static F load(const float* p) { return _mm256_loadu_ps(p); }
-  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   static I unsigned_bytes(const uint8_t* p) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   }
@@ -44,15 +40,12 @@ struct Avx2Lanes {
 };
 #endif
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-struct Avx512Lanes {
-  using F = __m512;
+#if PAGED_CORE_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__)
+struct Avx512Lanes : Lanes16 {
   using I = __m512i;
   static constexpr int kLanes = 16;
   static F zero() { return _mm512_setzero_ps(); }
-  static F set1(float v) { return _mm512_set1_ps(v); }
   static F load(const float* p) { return _mm512_loadu_ps(p); }
-  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static I unsigned_bytes(const uint8_t* p) {
     return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
