@@ -6,7 +6,7 @@ rotary embedding, SiLU-and-multiply), ``bf16_dot_linear.cpp`` (the bfloat16
 linear of the ``avx512`` and ``avx512_bf16`` levels), ``decoder_stack.cpp`` (every decoder
 layer of a model in one call: ``torch.classes.paged_core_cpu_<level>.DecoderStack``) and
 ``quantized_linear.cpp`` (weight-only int4 / int8 products and W8A8, ``quantization``; W4A8 in
-``quantized_w4a8.cpp``; the ``avx2`` level's 8-bit column groups in
+``quantized_w4a8.cpp``; the ``avx2`` and ``avx512`` levels' 8-bit column groups in
 ``quantized_int8_columns.cpp``; the ``avx512_bf16`` level's column layout in
 ``quantized_column_*.cpp`` and, for 8 bits on AMX-INT8 tiles, ``quantized_int8_tiles.cpp``),
 ``lora_products.cpp`` (the LoRA products of a step's adapters, ``lora.products``) and

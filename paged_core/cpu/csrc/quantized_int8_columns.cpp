@@ -238,19 +238,22 @@ at::Tensor int8_columns_gemm(const at::Tensor& x, const at::Tensor& levels, cons
   if (M == 0 || N == 0) return y;
   const int most = M <= V::kFewRows ? static_cast<int>(M) : V::kTileRows;
   const int64_t tiles = (M + most - 1) / most, tile_rows = (M + tiles - 1) / tiles;
-  // x by tiles: [tiles][K][tile_rows] (a last tile's rows past M are never read); on threads
-  // only from 64K values: below that, waking them (OMP_WAIT_POLICY=PASSIVE) cost more than it
-  // saved (30 SmolLM2 layers x 4 projections, 16 rows, 2 threads, AMD EPYC family 25 model 17
-  // capped to avx2, 2026-12-06: 28.1 ms on threads against 23.3 for the same tiles without)
-  at::Tensor xt = at::empty({tiles, K, tile_rows}, x.options());
+  // x by tiles: [tiles][K][tile_rows] (a last tile's rows past M are never read; one row is
+  // already so laid out); on threads only from 64K values: below that, waking them
+  // (OMP_WAIT_POLICY=PASSIVE) cost more than it saved (30 SmolLM2 layers x 4 projections, 16
+  // rows, 2 threads, AMD EPYC family 25 model 17 capped to avx2, 2026-12-06: 28.1 ms on
+  // threads against 23.3 for the same tiles without)
   const float* xp = x.const_data_ptr<float>();
-  float* xtp = xt.data_ptr<float>();
-  at::parallel_for(0, M, std::max<int64_t>(1, (int64_t{1} << 16) / K), [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m) {
-      float* dst = xtp + (m / tile_rows) * K * tile_rows + m % tile_rows;
-      for (int64_t k = 0; k < K; ++k) dst[k * tile_rows] = xp[m * K + k];
-    }
-  });
+  at::Tensor xt = M == 1 ? x : at::empty({tiles, K, tile_rows}, x.options());
+  const float* xtp = xt.const_data_ptr<float>();
+  if (M > 1) {
+    float* dst = xt.data_ptr<float>();
+    at::parallel_for(0, M, std::max<int64_t>(1, (int64_t{1} << 16) / K), [&](int64_t m0, int64_t m1) {
+      for (int64_t m = m0; m < m1; ++m)
+        for (int64_t k = 0; k < K; ++k)
+          dst[(m / tile_rows) * K * tile_rows + m % tile_rows + k * tile_rows] = xp[m * K + k];
+    });
+  }
   const Columns w{levels.const_data_ptr<int8_t>(), scales.const_data_ptr<float>(),
                   zeros ? zeros->const_data_ptr<float>() : nullptr, K, group_size, N};
   float* yp = y.data_ptr<float>();
