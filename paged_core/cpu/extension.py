@@ -6,8 +6,8 @@ rotary embedding, SiLU-and-multiply), ``bf16_dot_linear.cpp`` (the bfloat16
 linear of the ``avx512`` and ``avx512_bf16`` levels), ``decoder_stack.cpp`` (every decoder
 layer of a model in one call: ``torch.classes.paged_core_cpu_<level>.DecoderStack``) and
 ``quantized_linear.cpp`` (weight-only int4 / int8 products and W8A8, ``quantization``; W4A8 in
-``quantized_w4a8.cpp``; the ``avx2`` and ``avx512`` levels' 8-bit column groups in
-``quantized_int8_columns.cpp``; the ``avx512_bf16`` level's column layout in
+``quantized_w4a8.cpp``; the ``avx2`` and ``avx512`` levels' 8- and 4-bit column groups for
+float32 FMAs in ``quantized_fma_columns.cpp``; the ``avx512_bf16`` level's column layout in
 ``quantized_column_*.cpp`` and, for 8 bits on AMX-INT8 tiles, ``quantized_int8_tiles.cpp``),
 ``lora_products.cpp`` (the LoRA products of a step's adapters, ``lora.products``) and
 ``greedy_tokens.cpp`` (each row's argmax, for the sampler). Each level of
@@ -57,7 +57,7 @@ _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("paged_attention.cpp", "fused_ops.cpp", "decoder_stack.cpp", "quantized_linear.cpp",
             "quantized_w4a8.cpp", "token_levels.cpp", "lora_products.cpp", "greedy_tokens.cpp")
 _VECTOR_LEVEL_SOURCES = ("bf16_dot_linear.cpp", "quantized_row_dense.cpp",
-                         "quantized_int8_columns.cpp")
+                         "quantized_fma_columns.cpp")
 _BF16_LEVEL_SOURCES = ("bf16_amx_linear.cpp", "quantized_column_linear.cpp",
                        "quantized_column_amx.cpp", "quantized_int8_tiles.cpp")
 

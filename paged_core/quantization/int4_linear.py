@@ -13,7 +13,8 @@ column layout keeps each as float16 where that is exact: ``narrowed_factors``).
 ``Int4Linear`` keeps two levels per byte, in the C++ kernel's order: in each group, byte
 ``j`` holds feature ``j`` in its low nibble and feature ``j + group_size / 2`` in its high
 nibble (``pack_nibbles``; half a byte per weight, nothing else kept of ``q``), or the column
-layout (``quantized_linear``'s module doc).
+layout (``quantized_linear``'s module doc), or at the ``avx2`` and ``avx512`` levels column
+groups of 32 outputs for float32 FMAs (``int4_columns``).
 """
 from __future__ import annotations
 
@@ -21,7 +22,22 @@ from dataclasses import dataclass
 
 import torch
 
-from .quantized_linear import QuantizedLinear
+from .quantized_linear import QuantizedLinear, column_groups
+
+# Rows from which the 4-bit column groups' many-rows path (each column group widened to
+# bfloat16 once, then bf16_dot_linear's tiles) beats their float32 FMA kernel, by level. 30
+# SmolLM2 layers x 4 projections, groups of 64, AMD EPYC family 25 model 17 capped to each level,
+# 2 threads, one process alternating (2026-12-06, 17:14-17:17 UTC), kernel / many-rows path /
+# bfloat16 weights: avx2 1 row 5.8 / 17.6 / 9.8 ms, 8 rows 16.6 / 28.7 / 18.7, 16 rows 26.8 /
+# 33.4 / 24.9, 32 rows 51.8 / 54.2 / 43.2, 40 rows 70.0 / 60.9 / 52.9; avx512 1 row 5.2 / 16.6 /
+# 8.5, 8 rows 13.3 / 21.8 / 11.1, 16 rows 24.6 / 30.5 / 19.6, 24 rows 37.7 / 38.0 / 27.3, 28
+# rows 42.3 / 41.6 / 31.4. (Before these column groups, the row layout's kernel took avx2 8.5 /
+# 19.8 / 36.7 ms at 1 / 8 / 16 rows.) From about 12 rows either path stays 0.8-0.9x bfloat16's
+# speed there: bfloat16 weights widen in two instructions a block, 4-bit levels in three.
+# Tried there and not kept (16:49-16:54 UTC): each column group widened to float32 once for
+# all its row tiles (avx512, 16 rows: 25.3 ms against 23.2); tiles of one block and twice the
+# rows (avx512, 16 rows: 24.9 against 23.2; avx2, 8 rows: 18.1 against 14.9).
+COLUMNS_DENSE_ROWS = {"avx2": 40, "avx512": 28}
 
 
 def kernel_takes(group_size: int, width: int) -> bool:
@@ -74,6 +90,15 @@ def pack_nibbles(q: torch.Tensor, group_size: int) -> torch.Tensor:
     return (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(out, width // 2).contiguous()
 
 
+def int4_columns(q: torch.Tensor) -> torch.Tensor:
+    """``[N, K]`` levels (``0..15``, N a multiple of 32) in column groups of 32 outputs, two
+    to a byte: ``[N / 32, K, 16]``, byte ``j`` of feature ``k`` of group ``c`` holding output
+    ``32 c + j``'s level in its low nibble and ``32 c + 16 + j``'s in its high one
+    (``quantized_fma_columns.cpp``'s 4-bit layout)."""
+    groups = column_groups(q)
+    return (groups[..., :16] | (groups[..., 16:] << 4)).contiguous()
+
+
 def unpack_nibbles(packed: torch.Tensor, group_size: int) -> torch.Tensor:
     """The inverse of ``pack_nibbles``."""
     out, half = packed.shape
@@ -101,8 +126,12 @@ class Int4Linear(QuantizedLinear):
     def _stored_layout(self, q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
                        zeros: torch.Tensor) -> list:
         """``[levels, scales, offsets, zeros]`` as this linear's kernels take them: the column
-        layout where it keeps one (``_column_layout``), else the row layout."""
+        layout where it keeps one (``_column_layout``), the float32 FMA column groups
+        (``_fma_columns_layout``), else the row layout."""
         packed = self._column_layout(q, [scales, offsets, zeros])
+        if packed is None and self._keeps_fma_columns():
+            packed = self._fma_columns_layout(int4_columns(q), [scales, offsets, zeros],
+                                              COLUMNS_DENSE_ROWS[self.level])
         return packed if packed is not None else self._row_levels(q, scales, offsets, zeros)
 
     def _row_levels(self, q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,

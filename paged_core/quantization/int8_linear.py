@@ -11,7 +11,7 @@ Q5_1 and Q5_K have zeros (their minimums), levels ``0..31``. ``activations_int8`
 weights, whose inputs are quantized too (``W8A8Linear``; symmetric only).
 
 ``Int8Linear`` keeps the levels as they are (the row layout), in column groups of 32 outputs
-for float32 FMAs at the ``avx2`` and ``avx512`` levels (``int8_columns``), or the column layout
+for float32 FMAs at the ``avx2`` and ``avx512`` levels (``column_groups``), or the column layout
 (``quantized_linear``'s module doc), packed as narrow as they allow (``column_packing``):
 levels within ``-16..15`` or ``0..31`` (GGUF Q5_0, Q5_1, Q5_K) in 5 bits, 0.625 bytes a
 weight; within ``-64..63`` (Q6_K) biased in a byte, ``q + 64``, which widens to bfloat16 with
@@ -22,13 +22,12 @@ layout takes the zeros (as the kernels' offsets).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
 from .int4_linear import kernel_takes
-from .quantized_linear import DENSE_ROWS_SETTING, INT8_TILE_ROWS, QuantizedLinear, int8_tile_kernel
+from .quantized_linear import INT8_TILE_ROWS, QuantizedLinear, column_groups, int8_tile_kernel
 
 
 @dataclass
@@ -101,7 +100,7 @@ def column_packing(q: torch.Tensor, zeros: torch.Tensor | None) -> str:
     return "iq4" if zeros is None and all_iq4_nl_values(q) else ""
 
 
-# Rows from which int8_columns' many-rows path (each column group widened to bfloat16 once,
+# Rows from which the 8-bit column groups' many-rows path (each column group widened to bfloat16 once,
 # then bf16_dot_linear's tiles: row_layout_dense's bits) beats its kernel, which widens the
 # levels again for every tile of rows (and, with group scales or zeros, scales them there),
 # by level and scales (one per output, or per group). 30 SmolLM2 layers x 4 projections, AMD
@@ -114,14 +113,6 @@ def column_packing(q: torch.Tensor, zeros: torch.Tensor | None) -> str:
 # 77.3-80.5 / 74.4-75.8; groups of 32, 24 rows 37.3 / 40.8, 32 rows 54.4 / 49.3.
 COLUMNS_DENSE_ROWS = {("avx2", "channel"): 64, ("avx2", "group"): 40,
                       ("avx512", "channel"): 48, ("avx512", "group"): 28}
-
-
-def int8_columns(t: torch.Tensor) -> torch.Tensor:
-    """Levels ``[N, K]`` or per-group factors ``[N, K / group_size]`` in column groups of 32
-    outputs, ``[N / 32, ..., 32]`` (N a multiple of 32): ``quantized_int8_columns.cpp``'s
-    layout, which ``int8_gemm`` and ``int8_dequantize`` take beside the row layout."""
-    n, width = t.shape
-    return t.view(n // 32, 32, width).transpose(1, 2).contiguous()
 
 
 class Int8Linear(QuantizedLinear):
@@ -148,33 +139,16 @@ class Int8Linear(QuantizedLinear):
                 self.kernels, self.group_size, amx_selected=self._amx_selected())
             packed = self._column_layout(q, factors, "" if tiles else packing)
             self.int8_tile_rows = INT8_TILE_ROWS if tiles else 0
-        if packed is None and self._keeps_columns() and not weight.activations_int8:
-            packed = self._columns_layout(q, factors)
+        if packed is None and self._keeps_fma_columns() and not weight.activations_int8:
+            scheme = "channel" if self.group_size == self.in_features and zeros is None else "group"
+            packed = self._fma_columns_layout(column_groups(q), factors,
+                                              COLUMNS_DENSE_ROWS[self.level, scheme])
         self.levels, *factors = packed if packed is not None else [q, *factors]
         self.scales = factors[0]
         # 8-bit offsets are the zeros in every layout (y takes zero * sum(x) per group)
         self.offsets = self.zeros = factors[1] if len(factors) > 1 else None
         if packed is None and not weight.activations_int8:  # W8A8 sums its levels exactly
             self._row_layout()
-
-    def _keeps_columns(self) -> bool:
-        """Whether the levels go in column groups for float32 FMAs (``int8_columns``): a
-        bfloat16 linear at the ``avx2`` or ``avx512`` level (no bfloat16 dot products there)
-        whose outputs are whole groups of 32. With its many-rows path from
-        ``COLUMNS_DENSE_ROWS`` it beat the row layout's kernels at every batch measured
-        (``quantized_int8_columns.cpp``)."""
-        return (self.level in ("avx2", "avx512") and self.dtype == torch.bfloat16
-                and self.out_features % 32 == 0)
-
-    def _columns_layout(self, q: torch.Tensor, factors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """``int8_columns``' levels and factors (scales, then any zeros). Calls from
-        ``COLUMNS_DENSE_ROWS`` rows take the many-rows path, ``row_layout_dense``, which takes
-        these levels too (each column group widened to bfloat16 once: the row layout's bits)."""
-        self.row_dense = True
-        scheme = "channel" if self.group_size == self.in_features and len(factors) == 1 else "group"
-        self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING,
-                                             COLUMNS_DENSE_ROWS[self.level, scheme]))
-        return [int8_columns(t) for t in (q, *factors)]
 
     def quantized_product(self, rows: torch.Tensor) -> torch.Tensor:
         return self.kernels.int8_gemm(rows, self.levels, self.scales, self.offsets,

@@ -20,10 +20,11 @@ unwidened, the rows cut into 8-bit digits instead, for calls of up to ``INT8_TIL
 5-bit types, biased bytes for 6-bit ones, 4-bit indices for IQ4: ``Int8Linear``'s
 ``column_packing``) and take zeros; its many-rows path widens the weight
 straight into ``Bf16DotLinear``'s layout for that GEMM (AMX where the CPU has it).
-``column_outputs`` says which layout a linear keeps. A bfloat16 8-bit linear at the ``avx2``
-and ``avx512`` levels keeps its levels in column groups of 32 outputs too, but its own:
-``int8_columns`` (``Int8Linear``), multiplied in float32 FMAs straight from the levels
-(``cpu/csrc/quantized_int8_columns.cpp``), its many-rows path ``row_layout_dense``'s.
+``column_outputs`` says which layout a linear keeps. A bfloat16 8- or 4-bit linear at the
+``avx2`` and ``avx512`` levels keeps its levels in column groups of 32 outputs too, but its
+own (``_fma_columns_layout``: ``column_groups`` of 8-bit levels, ``int4_columns`` of 4-bit
+ones), multiplied in float32 FMAs straight from the levels
+(``cpu/csrc/quantized_fma_columns.cpp``), its many-rows path ``row_layout_dense``'s.
 
 ATen's own weight-only CPU GEMMs were measured against these kernels and are not used: 30
 SmolLM2 layers x 4 projections, bfloat16 rows, one process alternating (AMD EPYC family 25
@@ -162,6 +163,15 @@ def narrowed_factors(factors: torch.Tensor) -> torch.Tensor:
     return half if torch.equal(half.float(), factors) else factors
 
 
+def column_groups(t: torch.Tensor) -> torch.Tensor:
+    """Levels ``[N, K]`` or per-group factors ``[N, K / group_size]`` in column groups of 32
+    outputs, ``[N / 32, ..., 32]`` (N a multiple of 32): the order of the float32 FMA column
+    groups (``cpu/csrc/quantized_fma_columns.cpp``), whose kernels ``int8_gemm`` / ``int4_gemm``
+    and the dequantize ops take beside the row layout."""
+    n, width = t.shape
+    return t.view(n // 32, 32, width).transpose(1, 2).contiguous()
+
+
 class QuantizedLinear(nn.Module):
     bits: int  # 4 or 8: each subclass's
 
@@ -222,9 +232,28 @@ class QuantizedLinear(nn.Module):
         levels, *packed = self.kernels.column_pack(q, per_group, packing)
         return [levels, *(narrowed_factors(t) for t in packed)]
 
+    def _keeps_fma_columns(self) -> bool:
+        """Whether the levels go in column groups for float32 FMAs (``column_groups``,
+        ``int4_columns``): a bfloat16 linear at the ``avx2`` or ``avx512`` level (no bfloat16
+        dot products there) whose outputs are whole groups of 32. With its many-rows path
+        from the subclass's ``COLUMNS_DENSE_ROWS`` it beat the row layout's kernels at every
+        batch measured (``quantized_fma_columns.cpp``)."""
+        return (self.level in ("avx2", "avx512") and self.dtype == torch.bfloat16
+                and self.out_features % 32 == 0)
+
+    def _fma_columns_layout(self, levels: torch.Tensor, factors: list[torch.Tensor],
+                            dense_from: int) -> list[torch.Tensor]:
+        """``levels`` (already in column groups) and the ``factors`` (scales, then any zeros)
+        in ``column_groups``. Calls from ``dense_from`` rows take the many-rows path,
+        ``row_layout_dense``, which takes these levels too (each column group widened to
+        bfloat16 once: the row layout's bits)."""
+        self.row_dense = True
+        self.dense_rows = int(os.environ.get(DENSE_ROWS_SETTING, dense_from))
+        return [levels, *(column_groups(t) for t in factors)]
+
     def _row_layout(self) -> None:
         """Where the row layout's levels stay (every level but ``avx512_bf16``'s bfloat16
-        linears and ``Int8Linear``'s ``int8_columns``): a bfloat16 linear at the ``avx2`` or
+        linears and ``_fma_columns_layout``'s): a bfloat16 linear at the ``avx2`` or
         ``avx512`` level multiplies many rows by ``row_layout_dense`` (bfloat16 weights
         widened a column group at a time on ``bf16_dot_linear``'s tiles) from
         ``ROW_DENSE_ROWS`` rows, instead of a float32 dequantization of the whole weight

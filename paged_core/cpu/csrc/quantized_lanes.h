@@ -1,5 +1,5 @@
 // The vector registers the weight-only quantized kernels widen levels into: quantized_linear.cpp's
-// row kernels (float32 x, one horizontal sum per output) and quantized_int8_columns.cpp's tiles
+// row kernels (float32 x, one horizontal sum per output) and quantized_fma_columns.cpp's tiles
 // (a broadcast of x per row, sums stored as they are). Each extends cpu_simd.h's float32 lanes
 // of the same width with the loads, widenings and stores of levels.
 #pragma once

@@ -441,24 +441,29 @@ at::Tensor w8a8_product(const at::Tensor& rows, const at::Tensor& levels, const 
   return int8_gemm(q, levels, scales, std::nullopt, K).mul_(token.scales);
 }
 
-at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
-                     const at::Tensor& offsets, int64_t group_size) {
-  return quantized_gemm<true>(x, levels, scales, offsets, group_size);
+// Whether levels are in column groups for float32 FMAs (column_groups' or int4_columns':
+// quantized_fma_columns.cpp) rather than rows: only builds with AVX2 and FMA multiply those.
+static bool fma_columns_layout(const at::Tensor& levels) {
+  TORCH_CHECK(levels.dim() != 3 || PAGED_CORE_BF16_DOT,
+              "levels in column groups need a build with AVX2 and FMA (the avx2 level up)");
+  return levels.dim() == 3;
 }
 
-// Whether 8-bit levels are int8_columns' (quantized_int8_columns.cpp) rather than rows: only
-// builds with AVX2 and FMA multiply those.
-static bool int8_columns_layout(const at::Tensor& levels) {
-  TORCH_CHECK(levels.dim() != 3 || PAGED_CORE_BF16_DOT,
-              "int8_columns' levels need a build with AVX2 and FMA (the avx2 level up)");
-  return levels.dim() == 3;
+at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
+                     const at::Tensor& offsets, int64_t group_size) {
+  if (fma_columns_layout(levels)) {
+#if PAGED_CORE_BF16_DOT
+    return fma_columns_gemm(x, levels, scales, offsets, group_size);
+#endif
+  }
+  return quantized_gemm<true>(x, levels, scales, offsets, group_size);
 }
 
 at::Tensor int8_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
                      const std::optional<at::Tensor>& offsets, int64_t group_size) {
-  if (int8_columns_layout(levels)) {
+  if (fma_columns_layout(levels)) {
 #if PAGED_CORE_BF16_DOT
-    return int8_columns_gemm(x, levels, scales, offsets, group_size);
+    return fma_columns_gemm(x, levels, scales, offsets, group_size);
 #endif
   }
   return quantized_gemm<false>(x, levels, scales, offsets, group_size);
@@ -466,14 +471,19 @@ at::Tensor int8_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Te
 
 at::Tensor int4_dequantize(const at::Tensor& levels, const at::Tensor& scales,
                            const at::Tensor& zeros, int64_t group_size) {
+  if (fma_columns_layout(levels)) {
+#if PAGED_CORE_BF16_DOT
+    return fma_columns_dequantize(levels, scales, zeros, group_size);
+#endif
+  }
   return dequantize<true>(levels, scales, zeros, group_size);
 }
 
 at::Tensor int8_dequantize(const at::Tensor& levels, const at::Tensor& scales,
                            const std::optional<at::Tensor>& zeros, int64_t group_size) {
-  if (int8_columns_layout(levels)) {
+  if (fma_columns_layout(levels)) {
 #if PAGED_CORE_BF16_DOT
-    return int8_columns_dequantize(levels, scales, zeros, group_size);
+    return fma_columns_dequantize(levels, scales, zeros, group_size);
 #endif
   }
   return dequantize<false>(levels, scales, zeros, group_size);

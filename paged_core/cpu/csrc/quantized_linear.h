@@ -23,16 +23,18 @@ at::Tensor int4_dequantize(const at::Tensor& levels, const at::Tensor& scales,
                            const at::Tensor& zeros, int64_t group_size);
 at::Tensor int8_dequantize(const at::Tensor& levels, const at::Tensor& scales,
                            const std::optional<at::Tensor>& zeros, int64_t group_size);
-// Both take 8-bit levels in the row layout [N, K] (scales, zeros [N, K / group_size]) or, in
-// builds with PAGED_CORE_BF16_DOT, in int8_columns' [N / 32, K, 32] (scales, zeros [N / 32,
-// K / group_size, 32]), whose products are quantized_int8_columns.cpp's (row_layout_dense
-// takes those levels too: int8_columns_dense):
-at::Tensor int8_columns_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
+// Each takes its levels in the row layout (8-bit [N, K], 4-bit [N, K / 2]; scales, zeros
+// [N, K / group_size]) or, in builds with PAGED_CORE_BF16_DOT, in column groups: column_groups'
+// [N / 32, K, 32] int8 or int4_columns' [N / 32, K, 16] uint8 (scales, zeros, offsets [N / 32,
+// K / group_size, 32]), whose products are quantized_fma_columns.cpp's (row_layout_dense takes
+// those levels too: fma_columns_dense). fma_columns_gemm takes the offsets (8-bit: the zeros),
+// the other two the zeros:
+at::Tensor fma_columns_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
+                            const std::optional<at::Tensor>& offsets, int64_t group_size);
+at::Tensor fma_columns_dense(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
                              const std::optional<at::Tensor>& zeros, int64_t group_size);
-at::Tensor int8_columns_dense(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
-                              const std::optional<at::Tensor>& zeros, int64_t group_size);
-at::Tensor int8_columns_dequantize(const at::Tensor& levels, const at::Tensor& scales,
-                                   const std::optional<at::Tensor>& zeros, int64_t group_size);
+at::Tensor fma_columns_dequantize(const at::Tensor& levels, const at::Tensor& scales,
+                                  const std::optional<at::Tensor>& zeros, int64_t group_size);
 
 // token_levels.cpp: each row of x ([M, K]; bfloat16 read as it is, any other dtype as float32)
 // as int8 levels

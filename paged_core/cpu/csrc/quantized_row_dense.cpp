@@ -179,7 +179,7 @@ namespace paged_core_cpu {
 
 at::Tensor row_layout_dense(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
                             const std::optional<at::Tensor>& zeros, int64_t group_size) {
-  if (levels.dim() == 3) return int8_columns_dense(x, levels, scales, zeros, group_size);
+  if (levels.dim() == 3) return fma_columns_dense(x, levels, scales, zeros, group_size);
   const bool int4 = levels.scalar_type() == at::kByte;
   TORCH_CHECK((int4 || levels.scalar_type() == at::kChar) && levels.dim() == 2 && levels.is_contiguous(),
               "levels must be the row layout's uint8 [N, K / 2] (4-bit) or int8 [N, K] (8-bit)");
