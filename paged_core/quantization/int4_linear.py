@@ -145,6 +145,7 @@ class Int4Linear(QuantizedLinear):
 
     def row_layout_weight(self) -> torch.Tensor:
         if self.kernels is not None:
-            return self.kernels.int4_dequantize(self.levels, self.scales, self.zeros, self.group_size)
+            return self.kernels.int4_dequantize(self.levels, self.scales, self.zeros,
+                                                self.group_size)
         return Int4Weight(unpack_nibbles(self.levels, self.group_size), self.scales, self.zeros,
                           self.group_size).dequantize()

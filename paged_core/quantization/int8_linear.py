@@ -100,17 +100,17 @@ def column_packing(q: torch.Tensor, zeros: torch.Tensor | None) -> str:
     return "iq4" if zeros is None and all_iq4_nl_values(q) else ""
 
 
-# Rows from which the 8-bit column groups' many-rows path (each column group widened to bfloat16 once,
-# then bf16_dot_linear's tiles: row_layout_dense's bits) beats its kernel, which widens the
-# levels again for every tile of rows (and, with group scales or zeros, scales them there),
+# Rows from which the 8-bit column groups' many-rows path (each column group widened to bfloat16
+# once, then bf16_dot_linear's tiles: row_layout_dense's bits) beats its kernel, which widens
+# the levels again for every tile of rows (and, with group scales or zeros, scales them there),
 # by level and scales (one per output, or per group). 30 SmolLM2 layers x 4 projections, AMD
-# EPYC family 25 model 17 capped to each level, 2 threads, one process alternating
-# (2026-12-06), kernel against many-rows path: avx2 (10:51-10:53 UTC), one scale per output
-# 48 rows 54.4 / 64.3 ms, 64 rows 73.9 / 84.1, 96 rows 125.2 / 119.5, 512 rows 580.8-637.3 /
-# 603.9-604.0; groups of 32, 32 rows 46.9 / 48.9, 48 rows 67.6 / 65.0, 256 rows 381.5 /
-# 302.8; avx512 (11:54-11:55 UTC, the kernel in 16-lane registers), one scale per output 40
-# rows 52.2 / 55.9, 48 rows 57.5-71.9 / 58.0-67.9 (two runs), 56 rows 70.9 / 73.9, 64 rows
-# 77.3-80.5 / 74.4-75.8; groups of 32, 24 rows 37.3 / 40.8, 32 rows 54.4 / 49.3.
+# EPYC family 25 model 17 capped to each level, 2 threads, one process alternating (2026-12-06),
+# kernel against many-rows path: avx2 (10:51-10:53 UTC), one scale per output 48 rows 54.4 /
+# 64.3 ms, 64 rows 73.9 / 84.1, 96 rows 125.2 / 119.5, 512 rows 580.8-637.3 / 603.9-604.0;
+# groups of 32, 32 rows 46.9 / 48.9, 48 rows 67.6 / 65.0, 256 rows 381.5 / 302.8; avx512
+# (11:54-11:55 UTC, the kernel in 16-lane registers), one scale per output 40 rows 52.2 / 55.9,
+# 48 rows 57.5-71.9 / 58.0-67.9 (two runs), 56 rows 70.9 / 73.9, 64 rows 77.3-80.5 / 74.4-75.8;
+# groups of 32, 24 rows 37.3 / 40.8, 32 rows 54.4 / 49.3.
 COLUMNS_DENSE_ROWS = {("avx2", "channel"): 64, ("avx2", "group"): 40,
                       ("avx512", "channel"): 48, ("avx512", "group"): 28}
 

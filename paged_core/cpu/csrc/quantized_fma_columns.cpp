@@ -28,10 +28,10 @@
 //
 // Tiles (TileLanes): in 8-lane registers (avx2), up to 2 rows take a whole column group (4
 // blocks of 8 outputs, 4 x rows sums) per pass over its levels, more rows go in tiles of at
-// most 6 rows (the M rows split into tiles of equal size) times 2 blocks, 12 sums in the 16
-// vector registers beside the 2 widened blocks and a broadcast, each pass widening its 16
-// outputs' levels again from L1/L2; in 16-lane ones (avx512: 32 registers) every tile is a
-// whole column group (2 blocks) of up to 12 rows.
+// most 6 rows (4-bit: 5, kTileRowsOf; the M rows split into tiles of equal size) times 2
+// blocks, 12 sums in the 16 vector registers beside the 2 widened blocks and a broadcast, each
+// pass widening its 16 outputs' levels again from L1/L2; in 16-lane ones (avx512: 32
+// registers) every tile is a whole column group (2 blocks) of up to 12 rows.
 // Threads take column groups; while a thread's first pass over a group runs, it fetches the
 // next group's levels into L2.
 //
@@ -55,7 +55,8 @@
 // registers there the tiles took 22.1 / 26.7 / 36.2 ms at 12 / 16 / 24 rows (11:47 UTC).
 // Where the many-rows path takes over: int8_linear.py's COLUMNS_DENSE_ROWS.
 //
-// 4-bit levels take the same tiles: int4_linear.py's COLUMNS_DENSE_ROWS says how they fared.
+// 4-bit levels take the same tiles (5 rows at most in 8-lane registers) and many-rows path:
+// int4_linear.py's COLUMNS_DENSE_ROWS says how they fared.
 //
 // Built where bf16_dot_linear is (PAGED_CORE_BF16_DOT: AVX2 and FMA).
 #include <ATen/ATen.h>
