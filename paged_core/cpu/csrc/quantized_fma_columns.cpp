@@ -164,9 +164,10 @@ enum class Factors { kAtEnd, kScales, kScalesZeros, kGroupEnd };
 
 // The most rows of a tile of 2 blocks past V::kFewRows rows: in 16 registers a tile taking each
 // group's factors at its end (kGroupEnd) keeps one row fewer, so that its sums, the group's
-// scales, offsets and x's sums fit beside one another (6 rows spilled: 30 SmolLM2 layers x 4
-// projections of 16 rows, 4-bit, AMD EPYC family 25 model 17 capped to avx2, 2026-12-06:
-// 39.1 ms against 22.9 for bfloat16 weights).
+// scales, offsets and x's sums fit beside one another (30 SmolLM2 layers x 4 projections of
+// 16 rows, 4-bit, AMD EPYC family 25 model 17 capped to avx2, 2026-12-06: 6-row tiles took
+// 25.5 ms in one build and 39.1 in the next after an unrelated edit, spills most likely;
+// 5-row tiles 26.8, bfloat16 weights 22.9-24.9).
 template <Factors F>
 constexpr int kTileRowsOf = F == Factors::kGroupEnd && V::kLanes == 8 ? V::kTileRows - 1 : V::kTileRows;
 
@@ -340,18 +341,6 @@ Columns columns_of(const at::Tensor& levels, const at::Tensor& scales,
                  levels.size(0) * kColumns};
 }
 
-// Each row's sums of x [M, K] over each group of G features, k ascending: [M][K / G].
-std::vector<float> group_sums(const float* x, int64_t M, int64_t K, int64_t G) {
-  std::vector<float> sums(M * (K / G));
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < K / G; ++g) {
-      float sum = 0.f;
-      for (int64_t k = g * G; k < (g + 1) * G; ++k) sum += x[m * K + k];
-      sums[m * (K / G) + g] = sum;
-    }
-  return sums;
-}
-
 }  // namespace
 
 namespace paged_core_cpu {
@@ -388,7 +377,7 @@ at::Tensor fma_columns_gemm(const at::Tensor& x, const at::Tensor& levels, const
   }
   float* yp = y.data_ptr<float>();
   if (int4) {  // the offsets, at each group's end
-    const std::vector<float> x_sums = group_sums(xp, M, K, group_size);
+    const std::vector<float> x_sums = group_sums_of(xp, M, K, group_size);
     at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
       column_groups<Int4Format, Factors::kGroupEnd>(w, xtp, x_sums.data(), M, tile_rows, yp, c0, c1);
     });

@@ -182,10 +182,7 @@ at::Tensor quantized_gemm(const at::Tensor& x, const at::Tensor& levels, const a
   const float* op = nullptr;
   if (offsets.has_value()) {
     op = offsets->data_ptr<float>();  // [N, groups]: 4-bit zero - 8 * scale, 8-bit zero
-    xsum.assign(M * groups, 0.f);
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t g = 0; g < groups; ++g)
-        for (int64_t i = 0; i < G; ++i) xsum[m * groups + g] += xp[m * K + g * G + i];
+    xsum = paged_core_cpu::group_sums_of(xp, M, K, G);
   }
   float* yp = y.data_ptr<float>();
   const int64_t row_bytes = kInt4 ? K / 2 : K;
@@ -376,6 +373,17 @@ at::Tensor vnni_columns(const at::Tensor& xu, const at::Tensor& packed,
 }  // namespace
 
 namespace paged_core_cpu {
+
+std::vector<float> group_sums_of(const float* x, int64_t M, int64_t K, int64_t G) {
+  const int64_t groups = K / G;
+  std::vector<float> sums(M * groups, 0.f);
+  // feature i of every group in turn: the groups' sums run side by side, not one long chain of
+  // dependent adds (each still adds its features in k order)
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t i = 0; i < G; ++i)
+      for (int64_t g = 0; g < groups; ++g) sums[m * groups + g] += x[m * K + g * G + i];
+  return sums;
+}
 
 bool int8_vnni_ready() {
 #if defined(PAGED_CORE_VNNI_COLUMNS)

@@ -12,6 +12,11 @@
 
 namespace paged_core_cpu {
 
+// Each row's sums of x (float32 [M, K]) over each group of G features, each summed k ascending
+// (so a row's sums do not depend on M): [M][K / G], what the offsets multiply (y takes
+// offset * sum(x_g) per group).
+std::vector<float> group_sums_of(const float* x, int64_t M, int64_t K, int64_t G);
+
 // x float32 [M, K] contiguous -> x W^T, float32 [M, N], W 4-bit (offsets = zero - 8 scale).
 at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,
                      const at::Tensor& offsets, int64_t group_size);
