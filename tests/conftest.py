@@ -70,6 +70,14 @@ def tokenizer(embedded_folder):
 
 
 @pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory, tokenizer):
+    """Tiny random-weight checkpoints, each built once a test process (``TinyCheckpoints``):
+    read them, copy one to change it."""
+    from .tiny_models import TinyCheckpoints
+    return TinyCheckpoints(str(tmp_path_factory.mktemp("tiny-checkpoints")), tokenizer)
+
+
+@pytest.fixture(scope="session")
 def llm_fp32():
     """One shared fp32 engine on the embedded model (tests must leave it idle)."""
     from paged_core import LLM

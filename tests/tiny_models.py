@@ -109,6 +109,35 @@ def build_tiny_model(model_type: str, folder: str, tokenizer, **config_overrides
     return folder
 
 
+class TinyCheckpoints:
+    """Tiny checkpoints built at their first request into ``root`` and shared from then on,
+    for tests that only read them (a test that changes one changes a copy): a folder costs a
+    ``save_pretrained`` (a quantized one also a quantization pass) and ~30-80 MB of disk, once
+    per test process instead of once per parametrized case."""
+
+    def __init__(self, root: str, tokenizer):
+        self._root, self._tokenizer, self._built = root, tokenizer, {}
+
+    def model(self, model_type: str) -> str:
+        """``build_tiny_model(model_type, ...)``'s folder."""
+        return self._once(model_type,
+                          lambda folder: build_tiny_model(model_type, folder, self._tokenizer))
+
+    def compressed(self, model_type: str, scheme: str, group_size: int | None = None) -> str:
+        """``model(model_type)`` quantized with preset ``scheme`` by
+        ``compressed_tensors_checkpoint`` (``group_size`` overriding the preset's)."""
+        from paged_core.bench.quantized_models import compressed_tensors_checkpoint
+
+        return self._once(f"{model_type}-{scheme}-{group_size}", lambda folder:
+                          compressed_tensors_checkpoint(self.model(model_type), scheme, folder,
+                                                        group_size)[0])
+
+    def _once(self, name: str, build) -> str:
+        if name not in self._built:
+            self._built[name] = build(os.path.join(self._root, name))
+        return self._built[name]
+
+
 def _stack_experts(folder: str) -> None:
     """Rewrite ``folder``'s per-expert weights (``mlp.experts.<e>.gate_proj.weight`` ...)
     as stacked ``mlp.experts.gate_up_proj`` ``[E, 2 * width, hidden]`` and

@@ -8,10 +8,11 @@ qkv bias, per-head q/k norms, tied embeddings), float32 (plain linears) and bflo
 (oneDNN-packed linears), and quantized KV caches (``kv_cache_dtype``), on every CPU path
 this host runs (``cpu_isa`` fixture; ``attention_path``: with AMX attention tiles too).
 """
+import shutil
+
 import pytest
 import torch
 
-from ..tiny_models import build_tiny_model
 from ..w8a8_reference import use_w4a8_kernel, use_w8a8_kernel
 
 
@@ -51,24 +52,23 @@ def _record_both_paths(model):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3"])
-def test_stack_matches_the_python_layers_bit_for_bit(model_type, dtype, tokenizer, tmp_path,
+def test_stack_matches_the_python_layers_bit_for_bit(model_type, dtype, tiny_checkpoints,
                                                        attention_path):
     """On every level and both kinds of bfloat16 attention tiles (vdpbf16ps, AMX)."""
     from paged_core.attention.cpu_kernels import bf16_attention_amx
 
-    folder = build_tiny_model(model_type, str(tmp_path / model_type), tokenizer)
-    llm = _generate_through_both_paths(folder, dtype, attention_path)
+    llm = _generate_through_both_paths(tiny_checkpoints.model(model_type), dtype, attention_path)
     stack = llm.engine.core.executor.runner.model.decoder_stack
     assert stack.amx_tiles == bf16_attention_amx(attention_path)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8_e4m3", "fp8_e5m2"])
-def test_stack_matches_the_python_layers_over_a_quantized_cache(kv_cache_dtype, dtype, tokenizer,
-                                                                tmp_path, cpu_isa):
+def test_stack_matches_the_python_layers_over_a_quantized_cache(kv_cache_dtype, dtype,
+                                                                tiny_checkpoints, cpu_isa):
     """Both store K/V with ``write_kv_slots`` (quantizing) and read them with the kernel."""
-    folder = build_tiny_model("qwen3", str(tmp_path / "qwen3"), tokenizer)
-    llm = _generate_through_both_paths(folder, dtype, cpu_isa, kv_cache_dtype=kv_cache_dtype)
+    llm = _generate_through_both_paths(tiny_checkpoints.model("qwen3"), dtype, cpu_isa,
+                                       kv_cache_dtype=kv_cache_dtype)
     assert llm.engine.core.executor.runner.kv_caches[0][0].element_size() == 1
 
 
@@ -95,11 +95,11 @@ def _generate_through_both_paths(folder, dtype, cpu_isa, **engine_args):
     return llm
 
 
-def test_models_the_stack_cannot_serve_keep_the_python_layers(tmp_path, tokenizer, cpu_isa):
+def test_models_the_stack_cannot_serve_keep_the_python_layers(tiny_checkpoints, cpu_isa):
     from paged_core import LLM
     from paged_core.models.elementwise import TORCH_OPS
 
-    folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
+    folder = tiny_checkpoints.model("llama")
     assert LLM(model=folder, dtype="float16", num_kv_blocks=8).engine.core.executor.runner.model.decoder_stack is None
     invariant = LLM(model=folder, dtype="float32", num_kv_blocks=8, batch_invariant=True)
     assert invariant.engine.core.executor.runner.model.decoder_stack is None  # its linears are row-tiled
@@ -110,22 +110,20 @@ def test_models_the_stack_cannot_serve_keep_the_python_layers(tmp_path, tokenize
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("scheme", ["W4A16", "W4A16_ASYM", "W8A16", "W8A16_ASYM"])
-def test_stack_matches_the_python_layers_with_quantized_weights(scheme, dtype, tokenizer,
-                                                                tmp_path, cpu_isa, monkeypatch):
+def test_stack_matches_the_python_layers_with_quantized_weights(scheme, dtype, tiny_checkpoints,
+                                                                cpu_isa, monkeypatch):
     """Weight-only 4- and 8-bit projections (8-bit with zeros too) run in the stack by the
     same kernels: decode steps (fewer rows than ``dense_rows``) on the levels (AMX tiles too,
     on a CPU with them), prefill chunks densely."""
     pytest.importorskip("compressed_tensors")
-    from paged_core.bench.quantized_models import compressed_tensors_checkpoint
     from paged_core.quantization.int4_linear import Int4Linear
     from paged_core.quantization.int8_linear import Int8Linear
     from paged_core.quantization.quantized_linear import DENSE_ROWS_SETTING
 
     monkeypatch.setenv(DENSE_ROWS_SETTING, "24")  # below this test's prompts: both paths run
 
-    folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
-    checkpoint, _ = compressed_tensors_checkpoint(folder, scheme, str(tmp_path / scheme), 32, None)
-    llm = _generate_through_both_paths(checkpoint, dtype, cpu_isa)
+    llm = _generate_through_both_paths(tiny_checkpoints.compressed("llama", scheme, 32), dtype,
+                                       cpu_isa)
     projection = llm.engine.core.executor.runner.model.layers[0].mlp.down_proj
     assert type(projection) is (Int8Linear if scheme.startswith("W8A16") else Int4Linear)
     if scheme.startswith("W8A16"):
@@ -135,22 +133,19 @@ def test_stack_matches_the_python_layers_with_quantized_weights(scheme, dtype, t
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("kernel", ["auto", "vnni", "onednn", "float32"])
-def test_stack_matches_the_python_layers_with_w8a8(kernel, dtype, tokenizer, tmp_path, cpu_isa,
+def test_stack_matches_the_python_layers_with_w8a8(kernel, dtype, tiny_checkpoints, cpu_isa,
                                                    monkeypatch):
     """W8A8 projections run in the stack by the same ``w8a8_product``: each step's rows
     quantized per token, then the kernel ``PAGED_CORE_CPU_W8A8`` names (``auto``: vnni where
     it runs, else oneDNN's int8 GEMM from some rows or the float32 kernels, their dense path
     past ``dense_rows``)."""
     pytest.importorskip("compressed_tensors")
-    from paged_core.bench.quantized_models import compressed_tensors_checkpoint
     from paged_core.quantization.quantized_linear import DENSE_ROWS_SETTING
     from paged_core.quantization.w8a8_linear import W8A8Linear
 
     use_w8a8_kernel(monkeypatch, kernel, cpu_isa)
     monkeypatch.setenv(DENSE_ROWS_SETTING, "24")  # below this test's prompts: both paths run
-    folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
-    checkpoint, _ = compressed_tensors_checkpoint(folder, "W8A8", str(tmp_path / "W8A8"))
-    llm = _generate_through_both_paths(checkpoint, dtype, cpu_isa)
+    llm = _generate_through_both_paths(tiny_checkpoints.compressed("llama", "W8A8"), dtype, cpu_isa)
     projection = llm.engine.core.executor.runner.model.layers[0].mlp.down_proj
     assert type(projection) is W8A8Linear
     assert kernel in ("auto", projection.kernel)
@@ -160,24 +155,23 @@ def test_stack_matches_the_python_layers_with_w8a8(kernel, dtype, tokenizer, tmp
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("kernel,scales", [("auto", "float32"), ("vnni", "float32"),
                                            ("float32", "float32"), ("vnni", "float16")])
-def test_stack_matches_the_python_layers_with_w4a8(kernel, scales, dtype, tokenizer, tmp_path,
-                                                   cpu_isa, monkeypatch):
+def test_stack_matches_the_python_layers_with_w4a8(kernel, scales, dtype, tiny_checkpoints,
+                                                   tmp_path, cpu_isa, monkeypatch):
     """W4A8 projections run in the stack by the same ops: ``w4a8_product`` on the vnni kernel's
     layout (its group factors float16 where the checkpoint's scales are), or each step's rows
     quantized per token (``token_levels``) and then ``Int4Linear``'s row-layout kernels and
     their dense path past ``dense_rows`` (``PAGED_CORE_CPU_W4A8``)."""
     pytest.importorskip("compressed_tensors")
-    from paged_core.bench.quantized_models import compressed_tensors_checkpoint
     from paged_core.quantization.quantized_linear import DENSE_ROWS_SETTING
     from paged_core.quantization.w4a8_linear import W4A8Linear
 
     use_w4a8_kernel(monkeypatch, kernel, cpu_isa)
     monkeypatch.setenv(DENSE_ROWS_SETTING, "24")  # below this test's prompts: both paths run
-    folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
-    checkpoint, _ = compressed_tensors_checkpoint(folder, "W4A8", str(tmp_path / "W4A8"), 32)
-    if scales == "float16":  # as a recipe run in float16 stores them
+    checkpoint = tiny_checkpoints.compressed("llama", "W4A8", 32)
+    if scales == "float16":  # as a recipe run in float16 stores them (in a copy: others share it)
         from safetensors.torch import load_file, save_file
 
+        checkpoint = str(shutil.copytree(checkpoint, tmp_path / "W4A8"))
         stored = load_file(f"{checkpoint}/model.safetensors")
         save_file({name: t.half() if name.endswith(".weight_scale") else t
                    for name, t in stored.items()}, f"{checkpoint}/model.safetensors",
