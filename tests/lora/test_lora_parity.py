@@ -10,7 +10,6 @@ from paged_core import LLM, LoRARequest, SamplingParams
 
 from ..reference import assert_greedy_close, engine_top_logprobs, hf_greedy, \
     hf_greedy_top_logprobs, passage_token_ids
-from ..tiny_models import build_tiny_model
 from .adapters import make_adapter, peft_model
 
 NEW_TOKENS = 24
@@ -18,8 +17,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def base(tokenizer, tmp_path_factory):
-    return build_tiny_model("llama", str(tmp_path_factory.mktemp("lora") / "llama"), tokenizer)
+def base(tiny_checkpoints):
+    return tiny_checkpoints.model("llama")
 
 
 @pytest.fixture(scope="module")
@@ -147,9 +146,9 @@ def test_prefix_cache_hits_stay_within_one_adapter(base, adapters, tokenizer):
     assert hits == [0, 0, 32, 0]  # two full blocks of 16 are reused under the same adapter
 
 
-def test_phi3_fused_projections(tokenizer, tmp_path):
+def test_phi3_fused_projections(tokenizer, tiny_checkpoints, tmp_path):
     """Phi-3 checkpoints fuse qkv_proj and gate_up_proj: PEFT adapts the fused weights."""
-    base = build_tiny_model("phi3", str(tmp_path / "phi3"), tokenizer)
+    base = tiny_checkpoints.model("phi3")
     folder = make_adapter(base, str(tmp_path / "adapter"), 8, seed=4,
                           target_modules=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])
     prompts = [passage_token_ids(tokenizer, n, offset=3 * n) for n in (7, 30)]

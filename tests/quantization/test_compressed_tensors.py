@@ -22,7 +22,6 @@ from paged_core.quantization.w8a8_linear import W8A8_KERNELS, W8A8Linear
 from ..w8a8_reference import quantize_activations_per_token, use_w4a8_kernel, use_w8a8_kernel
 from ..reference import assert_close_with_cached_prefix, assert_greedy_close, \
     engine_top_logprobs, hf_greedy_top_logprobs, passage_token_ids
-from ..tiny_models import build_tiny_model
 
 pytest.importorskip("compressed_tensors")
 
@@ -42,8 +41,8 @@ SCHEMES = {
 
 
 @pytest.fixture(scope="module")
-def tiny_llama(tokenizer, tmp_path_factory):
-    return build_tiny_model("llama", str(tmp_path_factory.mktemp("tiny") / "llama"), tokenizer)
+def tiny_llama(tiny_checkpoints):
+    return tiny_checkpoints.model("llama")
 
 
 @pytest.fixture(scope="module")
@@ -168,15 +167,15 @@ def _assert_close_to_transformers(reference_folder, checkpoint, tokenizer, linea
 
 
 @pytest.mark.parametrize("scheme", ["W4A16", "W4A8"])
-def test_tensor_parallel_cuts_quantized_weights_along_their_groups(tokenizer, tmp_path, scheme):
+def test_tensor_parallel_cuts_quantized_weights_along_their_groups(tokenizer, tiny_llama, tmp_path,
+                                                                  scheme):
     """Two ranks: q/k/v and gate/up rows split, o_proj and down_proj split by whole groups
     of 32 input features; greedy output stays close to transformers' and, weight-only, equals
     the one-rank engine's token for token (W4A8's row-parallel ranks quantize their own half
     of each row, with its own scale, as vLLM's do: close, not equal)."""
     from transformers import AutoModelForCausalLM
 
-    folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
-    checkpoint, twin = compressed_tensors_checkpoint(folder, scheme, str(tmp_path), 32)
+    checkpoint, twin = compressed_tensors_checkpoint(tiny_llama, scheme, str(tmp_path), 32)
     reference = AutoModelForCausalLM.from_pretrained(twin, dtype=torch.float32).eval()
     if scheme == "W4A8":
         quantize_activations_per_token(reference)
@@ -199,9 +198,8 @@ def test_tensor_parallel_cuts_quantized_weights_along_their_groups(tokenizer, tm
         assert tokens[1] == tokens[2]
 
 
-def test_a_group_cut_by_tensor_parallelism_is_refused(tokenizer, tmp_path):
-    folder = build_tiny_model("llama", str(tmp_path / "llama"), tokenizer)
-    checkpoint, _ = compressed_tensors_checkpoint(folder, "W4A16", str(tmp_path), 64)
+def test_a_group_cut_by_tensor_parallelism_is_refused(tiny_llama, tmp_path):
+    checkpoint, _ = compressed_tensors_checkpoint(tiny_llama, "W4A16", str(tmp_path), 64)
     with pytest.raises(Exception, match="inside its groups of 64"):
         LLM(model=checkpoint, dtype="float32", num_kv_blocks=16, tensor_parallel_size=2)
 

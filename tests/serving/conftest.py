@@ -4,13 +4,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from ..tiny_models import build_tiny_model
-
 
 @pytest.fixture(scope="session")
-def tiny_folder(tmp_path_factory, tokenizer):
+def tiny_folder(tiny_checkpoints):
     """A tiny random-weight Llama with the embedded model's tokenizer (a few ms per step)."""
-    return build_tiny_model("llama", str(tmp_path_factory.mktemp("tiny") / "llama"), tokenizer)
+    return tiny_checkpoints.model("llama")
 
 
 def asgi_client(app, timeout: float = 60) -> httpx.AsyncClient:
