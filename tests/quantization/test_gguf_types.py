@@ -204,15 +204,25 @@ def _kinds(num_layers: int = 30) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def mixed_gguf(tmp_path_factory):
-    """The requantized file, with the conversion cache in a fresh folder."""
+def mixed_gguf_and_cache(tmp_path_factory) -> tuple[str, str]:
+    """The requantized file, and the fresh conversion cache folder it was converted into."""
     folder = tmp_path_factory.mktemp("mixed")
+    path, cache = str(folder / "SmolLM2-mixed.gguf"), str(folder / "cache")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PAGED_CORE_CACHE_DIR", str(folder / "cache"))
-        path = str(folder / "SmolLM2-mixed.gguf")
+        patch.setenv("PAGED_CORE_CACHE_DIR", cache)
         requantized_copy(embedded_gguf_path(), path, _kinds())
         converted_folder_for(path)
-        yield path
+    return path, cache
+
+
+@pytest.fixture
+def mixed_gguf(mixed_gguf_and_cache, monkeypatch) -> str:
+    """The requantized file, its conversion cache the fresh folder for this test only: the
+    module's other tests read the user's cache (llama.cpp's tools built there; with the fresh
+    one they rebuilt them, past the test timeout)."""
+    path, cache = mixed_gguf_and_cache
+    monkeypatch.setenv("PAGED_CORE_CACHE_DIR", cache)
+    return path
 
 
 @pytest.mark.extended
