@@ -1,6 +1,6 @@
 """The reference of int8 activations (W8A8, W4A8): transformers with compressed-tensors'
-activation quantization; and the skip of tests that name paged-core's vnni kernels where they
-cannot run."""
+activation quantization; and the skip of tests that name paged-core's vnni or amx kernels
+where they cannot run."""
 from __future__ import annotations
 
 import pytest
@@ -30,6 +30,20 @@ def _use_kernel(monkeypatch, setting: str, scheme: str, kernel: str, cpu_isa: st
                                  and cpu_ops(cpu_isa).int8_vnni_ready()):
         pytest.skip(f"the vnni {scheme} kernel needs paged-core's AVX-512 build on a CPU with "
                     f"AVX512-VNNI; this run's level is {cpu_isa or 'the selected one'}")
+    if kernel == "amx" and not _amx_int8_runs(cpu_isa):
+        pytest.skip(f"the amx {scheme} kernel needs paged-core's avx512_bf16 build on a CPU "
+                    f"whose OS grants AMX-INT8 tiles; this run's level is "
+                    f"{cpu_isa or 'the selected one'}")
+
+
+def _amx_int8_runs(cpu_isa: str | None) -> bool:
+    """Whether the kernels of ``cpu_isa`` (default: the selected level) run AMX-INT8 tiles."""
+    from paged_core.cpu.extension import cpu_extension_available, cpu_ops
+
+    if not cpu_extension_available(cpu_isa):
+        return False
+    ready = getattr(cpu_ops(cpu_isa), "amx_int8_ready", None)  # the avx512_bf16 level alone
+    return ready is not None and bool(ready())
 
 
 def quantize_activations_per_token(model) -> None:

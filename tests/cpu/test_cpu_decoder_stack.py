@@ -132,13 +132,13 @@ def test_stack_matches_the_python_layers_with_quantized_weights(scheme, dtype, t
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("kernel", ["auto", "vnni", "onednn", "float32"])
+@pytest.mark.parametrize("kernel", ["auto", "vnni", "amx", "onednn", "float32"])
 def test_stack_matches_the_python_layers_with_w8a8(kernel, dtype, tiny_checkpoints, cpu_isa,
                                                    monkeypatch):
     """W8A8 projections run in the stack by the same ``w8a8_product``: each step's rows
     quantized per token, then the kernel ``PAGED_CORE_CPU_W8A8`` names (``auto``: vnni where
-    it runs, else oneDNN's int8 GEMM from some rows or the float32 kernels, their dense path
-    past ``dense_rows``)."""
+    it runs, its calls of many rows on AMX-INT8 tiles where those run, else oneDNN's int8 GEMM
+    from some rows or the float32 kernels, their dense path past ``dense_rows``)."""
     pytest.importorskip("compressed_tensors")
     from paged_core.quantization.quantized_linear import DENSE_ROWS_SETTING
     from paged_core.quantization.w8a8_linear import W8A8Linear
@@ -149,7 +149,7 @@ def test_stack_matches_the_python_layers_with_w8a8(kernel, dtype, tiny_checkpoin
     projection = llm.engine.core.executor.runner.model.layers[0].mlp.down_proj
     assert type(projection) is W8A8Linear
     assert kernel in ("auto", projection.kernel)
-    assert (projection.vnni_sums is not None) == (projection.kernel == "vnni")
+    assert (projection.vnni_sums is not None) == (projection.kernel in ("vnni", "amx"))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

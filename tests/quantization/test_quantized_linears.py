@@ -21,8 +21,8 @@ from paged_core.quantization.int4_linear import Int4Linear, Int4Weight, pack_nib
 from paged_core.quantization.int8_linear import IQ4_NL_VALUES, Int8Linear, Int8Weight
 from paged_core.quantization.projections import ConcatLinear, quantized_linear
 from paged_core.quantization.quantized_linear import DENSE_ROWS_SETTING
-from paged_core.quantization.w8a8_linear import ONEDNN_FROM_ROWS, W8A8_KERNELS, W8A8_SETTING, \
-    W8A8Linear, selected_w8a8_kernel
+from paged_core.quantization.w8a8_linear import AMX_FROM_ROWS, ONEDNN_FROM_ROWS, W8A8_KERNELS, \
+    W8A8_SETTING, W8A8Linear, selected_w8a8_kernel
 
 from ..w8a8_reference import use_w8a8_kernel
 
@@ -383,33 +383,52 @@ def test_w8a8_is_the_integer_product_of_per_token_levels(monkeypatch, kernel, ro
     torch.testing.assert_close(layer(x).double(), expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("setting,vnni_ready,int8_dot,chosen", [
-    ("", True, True, ("vnni", 1)), ("auto", False, True, ("onednn", ONEDNN_FROM_ROWS)),
-    ("auto", False, False, ("float32", 0)), ("onednn", False, False, ("onednn", 1)),
-    (" VNNI ", True, True, ("vnni", 1)), ("float32", True, True, ("float32", 0))])
-def test_the_w8a8_setting_picks_a_kernel(monkeypatch, setting, vnni_ready, int8_dot, chosen):
-    """``PAGED_CORE_CPU_W8A8``: ``auto`` takes paged-core's vnni kernel where it runs, else
-    oneDNN's int8 GEMM from ``ONEDNN_FROM_ROWS`` rows on CPUs with int8 dot products, else the
-    float32 kernels; a kernel named takes every call."""
+@pytest.mark.parametrize("setting,vnni_ready,amx_ready,amx_selected,int8_dot,chosen", [
+    ("", True, False, True, True, ("vnni", 1, 0)),
+    ("", True, True, True, True, ("vnni", 1, AMX_FROM_ROWS)),
+    ("auto", True, True, False, True, ("vnni", 1, 0)),
+    ("vnni", True, True, True, True, ("vnni", 1, 0)),
+    (" AMX ", True, True, False, True, ("amx", 1, 1)),
+    ("auto", False, False, True, True, ("onednn", ONEDNN_FROM_ROWS, 0)),
+    ("auto", False, False, True, False, ("float32", 0, 0)),
+    ("onednn", False, False, True, False, ("onednn", 1, 0)),
+    (" VNNI ", True, False, True, True, ("vnni", 1, 0)),
+    ("float32", True, True, True, True, ("float32", 0, 0))])
+def test_the_w8a8_setting_picks_a_kernel(monkeypatch, setting, vnni_ready, amx_ready,
+                                         amx_selected, int8_dot, chosen):
+    """``PAGED_CORE_CPU_W8A8``: ``auto`` takes paged-core's vnni kernel where it runs, its calls
+    from ``AMX_FROM_ROWS`` rows on AMX-INT8 tiles where those run and the bfloat16 linears take
+    AMX, else oneDNN's int8 GEMM from ``ONEDNN_FROM_ROWS`` rows on CPUs with int8 dot products,
+    else the float32 kernels; a kernel named takes every call."""
     monkeypatch.setenv(W8A8_SETTING, setting)
     caps = {flag: False for flag in ("avx512_vnni", "avx_vnni", "amx_int8")}
     caps["avx_vnni"] = int8_dot
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
-    assert selected_w8a8_kernel(SimpleNamespace(int8_vnni_ready=lambda: vnni_ready)) == chosen
+    kernels = SimpleNamespace(int8_vnni_ready=lambda: vnni_ready)
+    if amx_ready:  # the op exists in the avx512_bf16 build alone
+        kernels.amx_int8_ready = lambda: True
+    assert selected_w8a8_kernel(kernels, amx_selected) == chosen
     if not vnni_ready:
-        assert selected_w8a8_kernel(None) == chosen  # no C++ kernels at all
+        assert selected_w8a8_kernel(None, amx_selected) == chosen  # no C++ kernels at all
 
 
-@pytest.mark.parametrize("setting,message", [("int8", "'int8' is not a W8A8 kernel"),
-                                             ("vnni", "vnni needs paged-core's AVX-512")])
+@pytest.mark.parametrize("setting,amx_ready,message", [
+    ("int8", False, "'int8' is not a W8A8 kernel"), ("vnni", False, "vnni needs paged-core's AVX-512"),
+    ("amx", False, "amx needs paged-core's avx512_bf16 kernels"),
+    ("amx", True, "amx needs paged-core's avx512_bf16 kernels")])
 def test_w8a8_kernels_that_cannot_be_taken_are_refused_naming_the_setting(monkeypatch, setting,
-                                                                           message):
+                                                                           amx_ready, message):
+    """A kernel name it does not know, or one this CPU cannot run (AMX-INT8 tiles need the
+    vnni layout's kernels as well: refused without them, even where the tiles are granted)."""
     monkeypatch.setenv(W8A8_SETTING, setting)
+    kernels = SimpleNamespace(int8_vnni_ready=lambda: False)
+    if amx_ready:
+        kernels.amx_int8_ready = lambda: True
     with pytest.raises(ValueError, match=f"{W8A8_SETTING}={message}"):
-        selected_w8a8_kernel(SimpleNamespace(int8_vnni_ready=lambda: False))
+        selected_w8a8_kernel(kernels)
 
 
-@pytest.mark.parametrize("kernel", ["vnni", "onednn"])
+@pytest.mark.parametrize("kernel", ["vnni", "amx", "onednn"])
 @pytest.mark.parametrize("rows", [1, 5, 9, 12, 64])
 def test_w8a8_integer_kernels_give_the_exact_sums_scaled(monkeypatch, kernel, rows):
     """vnni and onednn take exactly the int64 sums of the levels, times the channel's scale,
@@ -439,12 +458,17 @@ def test_w8a8_integer_kernels_give_the_exact_sums_scaled(monkeypatch, kernel, ro
         torch.testing.assert_close(float_sums, expected, atol=1e-3, rtol=1e-5)
 
 
-@pytest.mark.parametrize("rows,features,outputs", [(1, 70, 33), (8, 65, 16), (11, 4, 17)])
-def test_the_vnni_kernel_takes_any_width_and_output_count(monkeypatch, rows, features, outputs):
-    """``w8a8_product`` on ``w8a8_vnni_pack``'s layout where the features are no multiple of 4
-    (nor of the kernel's 64-byte steps) and the outputs no multiple of 16: zero padding adds
-    nothing; the exact sums, scaled, with a zero row (scale 1)."""
-    use_w8a8_kernel(monkeypatch, "vnni")
+@pytest.mark.parametrize("kernel", ["vnni", "amx"])
+@pytest.mark.parametrize("rows,features,outputs", [(1, 70, 33), (8, 65, 16), (11, 4, 17),
+                                                   (17, 130, 48), (33, 64, 16), (40, 200, 33)])
+def test_the_vnni_layout_takes_any_width_and_output_count(monkeypatch, kernel, rows, features,
+                                                          outputs):
+    """``w8a8_product`` on ``w8a8_vnni_pack``'s layout (features padded with zero levels to
+    whole tile steps of 64) where the features are no multiple of 4 and the outputs no
+    multiple of 16, on vpdpbusd and on AMX-INT8 tiles (blocks of up to 32 rows, a last short
+    one, an odd count of groups of 16): zero padding adds nothing; the exact sums, scaled,
+    with a zero row (scale 1)."""
+    use_w8a8_kernel(monkeypatch, kernel)
     from paged_core.cpu.extension import cpu_ops
 
     ops = cpu_ops()
@@ -454,8 +478,9 @@ def test_the_vnni_kernel_takes_any_width_and_output_count(monkeypatch, rows, fea
     x = torch.randn(rows, features, generator=gen)
     x[0] = 0
     packed, vnni_sums = ops.w8a8_vnni_pack(q)
-    assert packed.shape == ((outputs + 15) // 16, (features + 3) // 4, 16, 4)
-    y = ops.w8a8_product(x, packed, channel_scales, vnni_sums, 1, 24, torch.float32)
+    assert packed.shape == ((outputs + 15) // 16, (features + 63) // 64 * 16, 16, 4)
+    tiles_from = 1 if kernel == "amx" else 0
+    y = ops.w8a8_product(x, packed, channel_scales, vnni_sums, 1, 24, torch.float32, tiles_from)
     scale = x.abs().amax(1, keepdim=True) / 127
     scale[0] = 1
     levels = torch.round(x / scale).clamp(-128, 127)

@@ -72,7 +72,8 @@ struct QuantizedWeight {
   int64_t dense_rows;          // calls of this many rows take one dense GEMM
   at::ScalarType dense_dtype;  // what that GEMM multiplies in
   int64_t column_outputs;      // > 0: levels in column_pack's layout, of this many outputs
-  int64_t amx_min_rows;        // the column layout: AMX tiles from this many rows
+  int64_t amx_min_rows;        // the column layout (and W8A8's vnni layout): AMX tiles from
+                               // this many rows
   int64_t int8_tile_rows;      // 8-bit column layout: calls of up to this many rows on AMX-INT8
   bool row_dense;              // the row layout's many rows: row_layout_dense (bfloat16)
   int64_t int8_sums_from_rows;  // >= 0: the rows quantized per token first (W8A8, or W4A8 where
@@ -100,7 +101,8 @@ struct QuantizedWeight {
   at::Tensor product(const at::Tensor& rows, at::ScalarType out) const {
     if (int8_sums_from_rows >= 0 && bits == 8)
       return paged_core_cpu::w8a8_product(rows, levels, scales, given(w8a8_vnni_sums),
-                                          int8_sums_from_rows, dense_rows, dense_dtype);
+                                          int8_sums_from_rows, dense_rows, dense_dtype,
+                                          amx_min_rows);
     if (w4a8_outputs > 0)  // rounded to bfloat16 as it is stored, where out is
       return paged_core_cpu::w4a8_product(
           rows, levels, scales, group_size, w4a8_outputs,

@@ -32,6 +32,7 @@
 #include "cpu_common.h"
 #include "quantized_lanes.h"
 #include "quantized_linear.h"
+#include "vnni_scaling.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -46,6 +47,7 @@
 namespace {
 
 using paged_core_cpu::Elem;
+using paged_core_cpu::kVnniGroup;
 
 constexpr int64_t kRowsInFlight = 10;  // the most rows of x one pass over the levels takes
 
@@ -85,9 +87,6 @@ int64_t rows_in_flight(int64_t M, int64_t groups) {
 // 85 us at the avx2 level and 66 against 78 us at the avx512 level (AMD EPYC family 25 model
 // 17 capped to each level).
 constexpr int kOutputBlock = 8;
-
-// Outputs of a group of w8a8_vnni_pack's layout: the int32 lanes of a zmm.
-constexpr int64_t kVnniGroup = 16;
 
 inline int64_t row_grain(int64_t K, int64_t M) {
   return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, K * M));
@@ -272,6 +271,8 @@ at::Tensor dequantize(const at::Tensor& levels, const at::Tensor& scales,
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define PAGED_CORE_VNNI_COLUMNS 1
+using paged_core_cpu::VnniGroupOut;
+using paged_core_cpu::VnniScales;
 constexpr int64_t kVnniRows = 8;     // rows of x per pass over a pair of groups
 // Bytes of a group's levels between a prefetch (into L2) and its load; past a group's end the
 // prefetch reaches the pair the thread takes next (its pairs are one contiguous range): the
@@ -286,12 +287,6 @@ constexpr int64_t kVnniRows = 8;     // rows of x per pass over a pair of groups
 // decode steps of 8 sequences 8.19 against 8.78 ms, of 16 12.42 against 13.36, of one 6.31
 // against 6.49.
 constexpr int64_t kVnniAhead = 4096;
-
-// The scales of vnni_columns' sums: one per output channel (N), one per row (M).
-struct VnniScales {
-  const float* channel;
-  const float* token;
-};
 
 // Rows [m0, m0 + R) of the biased rows xu (Kp bytes each) times the two groups g, g + 1 of
 // packed levels (g alone where g + 1 == groups): their exact int32 sums, as float32 times the
@@ -323,17 +318,8 @@ void vnni_group_pair(const uint8_t* xu, int64_t Kp, const int8_t* packed, int64_
     }
   }
   for (int h = 0; h < (two ? 2 : 1); ++h) {
-    const int64_t n0 = (g + h) * kVnniGroup;
-    const __m512i bias = _mm512_loadu_si512(biased_sums + n0);
-    const int64_t outputs = std::min<int64_t>(kVnniGroup, N - n0);
-    const __mmask16 live = static_cast<__mmask16>((1u << outputs) - 1);
-    const __m512 channel = _mm512_maskz_loadu_ps(live, scales.channel + n0);
-    for (int r = 0; r < R; ++r) {
-      const __m512 sums = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][h], bias));
-      const __m512 y = _mm512_mul_ps(_mm512_mul_ps(sums, channel),
-                                     _mm512_set1_ps(scales.token[m0 + r]));
-      _mm512_mask_storeu_ps(out + (m0 + r) * N + n0, live, y);
-    }
+    const VnniGroupOut group(g + h, N, biased_sums, scales.channel);
+    for (int r = 0; r < R; ++r) group.store(acc[r][h], scales.token[m0 + r], out + (m0 + r) * N);
   }
 }
 
@@ -397,7 +383,7 @@ std::vector<at::Tensor> w8a8_vnni_pack(const at::Tensor& levels) {
   TORCH_CHECK(levels.dim() == 2 && levels.scalar_type() == at::kChar && levels.is_contiguous(),
               "w8a8_vnni_pack: contiguous int8 levels [N, K]");
   const int64_t N = levels.size(0), K = levels.size(1);
-  const int64_t groups = (N + kVnniGroup - 1) / kVnniGroup, quads = (K + 3) / 4;
+  const int64_t groups = (N + kVnniGroup - 1) / kVnniGroup, quads = vnni_quads(K);
   at::Tensor packed = at::zeros({groups, quads, kVnniGroup, 4}, levels.options());
   at::Tensor biased_sums = at::zeros({groups * kVnniGroup}, levels.options().dtype(at::kInt));
   const int8_t* lp = levels.data_ptr<int8_t>();
@@ -420,19 +406,23 @@ std::vector<at::Tensor> w8a8_vnni_pack(const at::Tensor& levels) {
 
 at::Tensor w8a8_product(const at::Tensor& rows, const at::Tensor& levels, const at::Tensor& scales,
                         const std::optional<at::Tensor>& vnni_sums, int64_t int8_sums_from_rows,
-                        int64_t dense_rows, at::ScalarType dense_dtype) {
+                        int64_t dense_rows, at::ScalarType dense_dtype, int64_t amx_min_rows) {
   TORCH_CHECK(rows.dim() == 2, "w8a8_product: rows [M, K]");
   const int64_t M = rows.size(0), K = rows.size(1), N = scales.numel();
   if (vnni_sums) {  // levels: w8a8_vnni_pack's; every call on vnni_columns
-    TORCH_CHECK(levels.dim() == 4 && levels.size(1) == (K + 3) / 4 &&
+    TORCH_CHECK(levels.dim() == 4 && levels.size(1) == vnni_quads(K) &&
                     levels.size(0) * kVnniGroup == vnni_sums->numel() &&
                     N <= vnni_sums->numel() && int8_vnni_ready(),
                 "w8a8_product: rows [M, K] and w8a8_vnni_pack's levels of K features, on a "
                 "CPU with AVX512-VNNI");
 #if defined(PAGED_CORE_VNNI_COLUMNS)
     const TokenLevels biased = token_levels(rows, levels.size(1) * 4);
-    return vnni_columns(biased.levels, levels, *vnni_sums, scales.reshape({-1}).contiguous(),
-                        biased.scales);
+    const at::Tensor channel_scales = scales.reshape({-1}).contiguous();
+#if defined(__AVX512BF16__)
+    if (amx_min_rows > 0 && M >= amx_min_rows)  // the same bits on AMX-INT8 tiles
+      return vnni_tiles(biased.levels, levels, *vnni_sums, channel_scales, biased.scales);
+#endif
+    return vnni_columns(biased.levels, levels, *vnni_sums, channel_scales, biased.scales);
 #endif
   }
   TORCH_CHECK(levels.dim() == 2 && levels.scalar_type() == at::kChar && K == levels.size(1) &&
@@ -510,7 +500,8 @@ PAGED_CORE_LIBRARY_FRAGMENT(m) {
   m.impl("int4_gemm", c10::DispatchKey::CPU, TORCH_FN(int4_gemm));
   m.impl("int8_gemm", c10::DispatchKey::CPU, TORCH_FN(int8_gemm));
   m.def("w8a8_product(Tensor rows, Tensor levels, Tensor scales, Tensor? vnni_sums, "
-        "int int8_sums_from_rows, int dense_rows, ScalarType dense_dtype) -> Tensor");
+        "int int8_sums_from_rows, int dense_rows, ScalarType dense_dtype, int amx_min_rows=0) "
+        "-> Tensor");
   m.impl("w8a8_product", c10::DispatchKey::CPU, TORCH_FN(w8a8_product));
   m.def("int8_vnni_ready() -> bool", &int8_vnni_ready);
   m.def("w8a8_vnni_pack(Tensor levels) -> Tensor[]");
