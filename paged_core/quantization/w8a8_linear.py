@@ -135,12 +135,16 @@ class W8A8Linear(Int8Linear):
             self.levels, self.vnni_sums = self.kernels.w8a8_vnni_pack(self.levels)
 
     def product(self, rows: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        """float32 whatever ``out_dtype``: the activation scale multiplies the sums last. The C++
+        """float32, the activation scale multiplying the sums last; where ``out_dtype`` is
+        bfloat16 the vnni layout's kernels round each output as they store it (the float32
+        result's ``.to(torch.bfloat16)``, without writing it out first). The C++
         ``w8a8_product`` where the kernels build, else the same formula in torch ops."""
         if self.kernels is not None:
+            rounded = torch.bfloat16 if out_dtype == torch.bfloat16 else None
             return self.kernels.w8a8_product(rows, self.levels, self.channel_scales,
                                              self.vnni_sums, self.int8_sums_from_rows,
-                                             self.dense_rows, self.dense_dtype, self.amx_min_rows)
+                                             self.dense_rows, self.dense_dtype, self.amx_min_rows,
+                                             rounded)
         levels, scale = per_token_levels(rows)
         if 0 < self.int8_sums_from_rows <= rows.shape[0]:
             sums = torch._int_mm(levels.to(torch.int8), self.levels.t())

@@ -22,7 +22,7 @@ from paged_core.quantization.int8_linear import IQ4_NL_VALUES, Int8Linear, Int8W
 from paged_core.quantization.projections import ConcatLinear, quantized_linear
 from paged_core.quantization.quantized_linear import DENSE_ROWS_SETTING
 from paged_core.quantization.w8a8_linear import AMX_FROM_ROWS, ONEDNN_FROM_ROWS, W8A8_KERNELS, \
-    W8A8_SETTING, W8A8Linear, selected_w8a8_kernel
+    W8A8_SETTING, W8A8Linear, per_token_levels, selected_w8a8_kernel
 
 from ..w8a8_reference import use_w8a8_kernel
 
@@ -383,6 +383,42 @@ def test_w8a8_is_the_integer_product_of_per_token_levels(monkeypatch, kernel, ro
     torch.testing.assert_close(layer(x).double(), expected, atol=1e-5, rtol=1e-5)
 
 
+def _rows_near_half_levels(gen: torch.Generator, rows: int, width: int) -> torch.Tensor:
+    """float32 rows whose values sit within a few units in the last place of (n + 1/2) times
+    their row's scale (``absmax / 127``): where the level depends on the quotient's last bit
+    (a multiplication by 1 / scale instead of the division rounds some of them otherwise)."""
+    amax = torch.rand(rows, 1, generator=gen) * 10 + 0.01
+    scale = amax / 127
+    n = torch.randint(-127, 127, (rows, width), generator=gen).float()
+    x = (n + 0.5) * scale
+    steps = torch.randint(-3, 4, (rows, width), generator=gen)
+    for _ in range(3):  # up to 3 ulps either way
+        x = torch.where(steps > 0, torch.nextafter(x, torch.full_like(x, 1e30)), x)
+        x = torch.where(steps < 0, torch.nextafter(x, torch.full_like(x, -1e30)), x)
+        steps = steps - steps.sign()
+    x[:, 0] = amax[:, 0]  # the row's largest magnitude: its scale
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_are_quantized_with_the_torch_formulas_bits(cpu_isa, dtype):
+    """The C++ ``token_levels`` (every W8A8 and W4A8 call) gives ``per_token_levels``' levels
+    at every level's build: rows within ulps of half-integer levels, random rows, a row of
+    zeros, rows of subnormal values. Read through ``w8a8_product`` with an identity weight
+    (exact integer sums, times 1, times the row's scale: the levels' bits)."""
+    from paged_core.cpu.extension import cpu_ops
+
+    gen = torch.Generator().manual_seed(7)
+    width = 96
+    x = torch.cat([_rows_near_half_levels(gen, 600, width), torch.randn(64, width, generator=gen),
+                   torch.zeros(1, width), torch.randn(2, width, generator=gen) * 1e-39])
+    x = x.to(dtype)
+    eye = torch.eye(width, dtype=torch.int8)
+    y = cpu_ops(cpu_isa).w8a8_product(x, eye, torch.ones(width), None, 1, 24, torch.float32)
+    levels, scale = per_token_levels(x)
+    assert torch.equal(y, levels * scale)
+
+
 @pytest.mark.parametrize("setting,vnni_ready,amx_ready,amx_selected,int8_dot,chosen", [
     ("", True, False, True, True, ("vnni", 1, 0)),
     ("", True, True, True, True, ("vnni", 1, AMX_FROM_ROWS)),
@@ -431,18 +467,19 @@ def test_w8a8_kernels_that_cannot_be_taken_are_refused_naming_the_setting(monkey
 @pytest.mark.parametrize("kernel", ["vnni", "amx", "onednn"])
 @pytest.mark.parametrize("rows", [1, 5, 9, 12, 64])
 def test_w8a8_integer_kernels_give_the_exact_sums_scaled(monkeypatch, kernel, rows):
-    """vnni and onednn take exactly the int64 sums of the levels, times the channel's scale,
-    then the token's, in float32: the same bits for every row count (bfloat16 rows, 1536
-    features, sums past 2^24, 40 outputs: a partial group of 16); the float32 kernels differ
-    in the last bits there, and are close below ``dense_rows`` (past it they multiply the
-    dequantized weight in bfloat16)."""
+    """vnni, amx and onednn take exactly the int64 sums of the levels, times the channel's
+    scale, then the token's, in float32: the same bits for every row count (bfloat16 rows, 1536
+    features, sums past 2^24, 40 outputs: a partial group of 16), and the layer's bfloat16
+    output is those rounded; the float32 kernels differ in the last bits there, and are close
+    below ``dense_rows`` (past it they multiply the dequantized weight in bfloat16)."""
     use_w8a8_kernel(monkeypatch, kernel)
     gen = torch.Generator().manual_seed(rows)
     weight = int8_weight(40, 1536, 1536, gen)
     weight.q[0] = 127  # with inputs near 1 (levels near 127) its sums pass 2^24
     weight.activations_int8 = True
     x = (1 + torch.randn(rows, 1536, generator=gen) * 0.01).bfloat16()
-    y = W8A8Linear(weight, False, torch.bfloat16).product(x)
+    layer = W8A8Linear(weight, False, torch.bfloat16)
+    y = layer.product(x)
     xf = x.float()
     scale = xf.abs().amax(1, keepdim=True) / 127
     levels = torch.round(xf / scale).clamp(-128, 127)
@@ -450,6 +487,7 @@ def test_w8a8_integer_kernels_give_the_exact_sums_scaled(monkeypatch, kernel, ro
     assert sums.abs().max() > 2 ** 24  # past float32's exact integers
     expected = (sums.float() * weight.scales[:, 0]) * scale
     assert torch.equal(y, expected)
+    assert torch.equal(layer(x), expected.bfloat16())
     monkeypatch.setenv(W8A8_SETTING, "float32")
     float_layer = W8A8Linear(weight, False, torch.bfloat16)
     float_sums = float_layer.product(x)
@@ -467,7 +505,7 @@ def test_the_vnni_layout_takes_any_width_and_output_count(monkeypatch, kernel, r
     whole tile steps of 64) where the features are no multiple of 4 and the outputs no
     multiple of 16, on vpdpbusd and on AMX-INT8 tiles (blocks of up to 32 rows, a last short
     one, an odd count of groups of 16): zero padding adds nothing; the exact sums, scaled,
-    with a zero row (scale 1)."""
+    with a zero row (scale 1); asked for bfloat16, those sums rounded as ``.to`` rounds."""
     use_w8a8_kernel(monkeypatch, kernel)
     from paged_core.cpu.extension import cpu_ops
 
@@ -486,6 +524,9 @@ def test_the_vnni_layout_takes_any_width_and_output_count(monkeypatch, kernel, r
     levels = torch.round(x / scale).clamp(-128, 127)
     expected = ((levels.long() @ q.long().T).float() * channel_scales) * scale
     assert torch.equal(y, expected)
+    rounded = ops.w8a8_product(x, packed, channel_scales, vnni_sums, 1, 24, torch.float32,
+                               tiles_from, torch.bfloat16)
+    assert rounded.dtype == torch.bfloat16 and torch.equal(rounded, expected.bfloat16())
 
 
 def test_parts_of_different_kinds_run_side_by_side():

@@ -100,9 +100,10 @@ struct QuantizedWeight {
   // rows; row_dense).
   at::Tensor product(const at::Tensor& rows, at::ScalarType out) const {
     if (int8_sums_from_rows >= 0 && bits == 8)
-      return paged_core_cpu::w8a8_product(rows, levels, scales, given(w8a8_vnni_sums),
-                                          int8_sums_from_rows, dense_rows, dense_dtype,
-                                          amx_min_rows);
+      return paged_core_cpu::w8a8_product(  // rounded to bfloat16 as it is stored, where out is
+          rows, levels, scales, given(w8a8_vnni_sums), int8_sums_from_rows, dense_rows,
+          dense_dtype, amx_min_rows,
+          out == at::kBFloat16 ? std::optional<at::ScalarType>(out) : std::nullopt);
     if (w4a8_outputs > 0)  // rounded to bfloat16 as it is stored, where out is
       return paged_core_cpu::w4a8_product(
           rows, levels, scales, group_size, w4a8_outputs,

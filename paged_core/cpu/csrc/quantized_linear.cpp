@@ -30,9 +30,9 @@
 #include <torch/library.h>
 
 #include "cpu_common.h"
+#include "int8_outputs.h"
 #include "quantized_lanes.h"
 #include "quantized_linear.h"
-#include "vnni_scaling.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -271,6 +271,9 @@ at::Tensor dequantize(const at::Tensor& levels, const at::Tensor& scales,
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define PAGED_CORE_VNNI_COLUMNS 1
+using paged_core_cpu::rows_out_of;
+using paged_core_cpu::scaled_rows;
+using paged_core_cpu::ScaledRowsOut;
 using paged_core_cpu::VnniGroupOut;
 using paged_core_cpu::VnniScales;
 constexpr int64_t kVnniRows = 8;     // rows of x per pass over a pair of groups
@@ -290,12 +293,12 @@ constexpr int64_t kVnniAhead = 4096;
 
 // Rows [m0, m0 + R) of the biased rows xu (Kp bytes each) times the two groups g, g + 1 of
 // packed levels (g alone where g + 1 == groups): their exact int32 sums, as float32 times the
-// channel's scale, then the row's (each product rounded, as at::mul would), into out [M, N].
+// channel's scale, then the row's (each product rounded, as at::mul would), into out.
 template <int R>
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
 void vnni_group_pair(const uint8_t* xu, int64_t Kp, const int8_t* packed, int64_t quads, int64_t g,
                      int64_t groups, int64_t m0, const int32_t* biased_sums, VnniScales scales,
-                     int64_t N, float* out) {
+                     const ScaledRowsOut& out) {
   const bool two = g + 1 < groups;
   const int8_t* p0 = packed + g * quads * 64;
   const int8_t* p1 = two ? p0 + quads * 64 : p0;
@@ -318,37 +321,37 @@ void vnni_group_pair(const uint8_t* xu, int64_t Kp, const int8_t* packed, int64_
     }
   }
   for (int h = 0; h < (two ? 2 : 1); ++h) {
-    const VnniGroupOut group(g + h, N, biased_sums, scales.channel);
-    for (int r = 0; r < R; ++r) group.store(acc[r][h], scales.token[m0 + r], out + (m0 + r) * N);
+    const VnniGroupOut group(g + h, out.N, biased_sums, scales.channel);
+    for (int r = 0; r < R; ++r) group.store(acc[r][h], scales.token[m0 + r], out, m0 + r);
   }
 }
 
 // xu: biased rows [M, Kp]; packed, biased_sums: w8a8_vnni_pack's; channel_scales [N] and
-// token_scales [M] float32: the scaled sums, float32 [M, N]. Pairs of groups are split between
-// threads; each runs every block of rows over its pairs.
+// token_scales [M] float32: the scaled sums [M, N], float32 or (bf16_out) rounded to bfloat16
+// as they are stored. Pairs of groups are split between threads; each runs every block of rows
+// over its pairs.
 at::Tensor vnni_columns(const at::Tensor& xu, const at::Tensor& packed,
                         const at::Tensor& biased_sums, const at::Tensor& channel_scales,
-                        const at::Tensor& token_scales) {
+                        const at::Tensor& token_scales, bool bf16_out) {
   const int64_t M = xu.size(0), Kp = xu.size(1), groups = packed.size(0), quads = packed.size(1);
-  const int64_t N = channel_scales.numel();
-  at::Tensor y = at::empty({M, N}, token_scales.options());
+  const at::Tensor y = scaled_rows(M, channel_scales.numel(), bf16_out);
   const uint8_t* xp = xu.data_ptr<uint8_t>();
   const int8_t* pp = packed.data_ptr<int8_t>();
   const int32_t* bp = biased_sums.data_ptr<int32_t>();
   const VnniScales scales{channel_scales.data_ptr<float>(), token_scales.data_ptr<float>()};
-  float* out = y.data_ptr<float>();
+  const ScaledRowsOut out = rows_out_of(y);
   at::parallel_for(0, (groups + 1) / 2, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i)
       for (int64_t m0 = 0; m0 < M; m0 += kVnniRows) {
         const int64_t g = 2 * i;
         switch (std::min<int64_t>(kVnniRows, M - m0)) {
 #define PAGED_CORE_VNNI_ROWS(R) \
-  case R: vnni_group_pair<R>(xp, Kp, pp, quads, g, groups, m0, bp, scales, N, out); break;
+  case R: vnni_group_pair<R>(xp, Kp, pp, quads, g, groups, m0, bp, scales, out); break;
           PAGED_CORE_VNNI_ROWS(1) PAGED_CORE_VNNI_ROWS(2) PAGED_CORE_VNNI_ROWS(3)
           PAGED_CORE_VNNI_ROWS(4) PAGED_CORE_VNNI_ROWS(5) PAGED_CORE_VNNI_ROWS(6)
           PAGED_CORE_VNNI_ROWS(7)
 #undef PAGED_CORE_VNNI_ROWS
-          default: vnni_group_pair<kVnniRows>(xp, Kp, pp, quads, g, groups, m0, bp, scales, N, out);
+          default: vnni_group_pair<kVnniRows>(xp, Kp, pp, quads, g, groups, m0, bp, scales, out);
         }
       }
   });
@@ -406,7 +409,8 @@ std::vector<at::Tensor> w8a8_vnni_pack(const at::Tensor& levels) {
 
 at::Tensor w8a8_product(const at::Tensor& rows, const at::Tensor& levels, const at::Tensor& scales,
                         const std::optional<at::Tensor>& vnni_sums, int64_t int8_sums_from_rows,
-                        int64_t dense_rows, at::ScalarType dense_dtype, int64_t amx_min_rows) {
+                        int64_t dense_rows, at::ScalarType dense_dtype, int64_t amx_min_rows,
+                        std::optional<at::ScalarType> out_dtype) {
   TORCH_CHECK(rows.dim() == 2, "w8a8_product: rows [M, K]");
   const int64_t M = rows.size(0), K = rows.size(1), N = scales.numel();
   if (vnni_sums) {  // levels: w8a8_vnni_pack's; every call on vnni_columns
@@ -418,11 +422,13 @@ at::Tensor w8a8_product(const at::Tensor& rows, const at::Tensor& levels, const 
 #if defined(PAGED_CORE_VNNI_COLUMNS)
     const TokenLevels biased = token_levels(rows, levels.size(1) * 4);
     const at::Tensor channel_scales = scales.reshape({-1}).contiguous();
+    const bool bf16_out = out_dtype == at::kBFloat16;
 #if defined(__AVX512BF16__)
     if (amx_min_rows > 0 && M >= amx_min_rows)  // the same bits on AMX-INT8 tiles
-      return vnni_tiles(biased.levels, levels, *vnni_sums, channel_scales, biased.scales);
+      return vnni_tiles(biased.levels, levels, *vnni_sums, channel_scales, biased.scales, bf16_out);
 #endif
-    return vnni_columns(biased.levels, levels, *vnni_sums, channel_scales, biased.scales);
+    return vnni_columns(biased.levels, levels, *vnni_sums, channel_scales, biased.scales,
+                        bf16_out);
 #endif
   }
   TORCH_CHECK(levels.dim() == 2 && levels.scalar_type() == at::kChar && K == levels.size(1) &&
@@ -500,8 +506,8 @@ PAGED_CORE_LIBRARY_FRAGMENT(m) {
   m.impl("int4_gemm", c10::DispatchKey::CPU, TORCH_FN(int4_gemm));
   m.impl("int8_gemm", c10::DispatchKey::CPU, TORCH_FN(int8_gemm));
   m.def("w8a8_product(Tensor rows, Tensor levels, Tensor scales, Tensor? vnni_sums, "
-        "int int8_sums_from_rows, int dense_rows, ScalarType dense_dtype, int amx_min_rows=0) "
-        "-> Tensor");
+        "int int8_sums_from_rows, int dense_rows, ScalarType dense_dtype, int amx_min_rows=0, "
+        "ScalarType? out_dtype=None) -> Tensor");
   m.impl("w8a8_product", c10::DispatchKey::CPU, TORCH_FN(w8a8_product));
   m.def("int8_vnni_ready() -> bool", &int8_vnni_ready);
   m.def("w8a8_vnni_pack(Tensor levels) -> Tensor[]");

@@ -62,10 +62,13 @@ TokenLevels token_levels(const at::Tensor& x, int64_t biased_width = 0, int64_t 
 // vnni_tiles, from amx_min_rows rows; 0: never); else levels [N, K] and integer sums
 // (at::_int_mm) from int8_sums_from_rows rows (0: never), below that the levels as float32
 // through int8_gemm (from dense_rows rows, the dequantized weight in dense_dtype). Sums times
-// the channel's scale, then the row's: float32 [M, N].
+// the channel's scale, then the row's: float32 [M, N]; with out_dtype bfloat16 the vnni
+// layout's kernels round each as they store it (the float32 result's .to(bfloat16)), the
+// others return float32.
 at::Tensor w8a8_product(const at::Tensor& rows, const at::Tensor& levels, const at::Tensor& scales,
                         const std::optional<at::Tensor>& vnni_sums, int64_t int8_sums_from_rows,
-                        int64_t dense_rows, at::ScalarType dense_dtype, int64_t amx_min_rows = 0);
+                        int64_t dense_rows, at::ScalarType dense_dtype, int64_t amx_min_rows = 0,
+                        std::optional<at::ScalarType> out_dtype = std::nullopt);
 // Whether this build and CPU run vnni_columns (AVX-512 builds on CPUs with AVX512-VNNI).
 bool int8_vnni_ready();
 // int8 levels [N, K] as vnni_columns takes them: [ceil(N/16), ceil(K/4), 16, 4] int8 (zeros
@@ -119,9 +122,11 @@ at::Tensor int8_tile_gemm(const at::Tensor& x, const at::Tensor& levels, const a
                           std::optional<at::ScalarType> out_dtype = std::nullopt);
 // quantized_vnni_tiles.cpp: vnni_columns' product on AMX-INT8 tiles, the same bits: biased rows
 // xu [M, Kp] (token_levels' biased levels), w8a8_vnni_pack's levels and biased sums, channel
-// scales [N], token scales [M, 1] -> float32 [M, N]; only where amx_int8_ready(), Kp % 64 == 0.
+// scales [N], token scales [M, 1] -> [M, N] float32 or (bf16_out) bfloat16 as vnni_columns
+// stores them; only where amx_int8_ready().
 at::Tensor vnni_tiles(const at::Tensor& xu, const at::Tensor& packed, const at::Tensor& biased_sums,
-                      const at::Tensor& channel_scales, const at::Tensor& token_scales);
+                      const at::Tensor& channel_scales, const at::Tensor& token_scales,
+                      bool bf16_out);
 // x [M, K] -> x W^T bfloat16 for many rows: W widened into bf16_dot_linear's layout, then
 // its GEMM (on AMX tiles from amx_min_rows rows, widened a chunk of column groups at a time).
 at::Tensor column_dense(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,

@@ -8,13 +8,13 @@
 // The A tiles are the biased rows (each level + 128 as an unsigned byte, vnni_columns' own
 // rows) read straight from xu, 64 k a step, so tdpbusd (unsigned times signed bytes) adds the
 // same exact int32 products as vpdpbusd, and the sum minus 128 times the output's sum of levels
-// (biased_sums) is the exact integer sum. Scaled as vnni_columns scales it (vnni_scaling.h),
+// (biased_sums) is the exact integer sum. Scaled as vnni_columns scales it (int8_outputs.h),
 // every row's outputs are the same bits as vnni_columns', whatever the rows beside it.
 //
 // Tiles (configure_row_block_tiles): a block of up to 32 rows, C 0, 1 (rows 0-15 x groups g,
 // g + 1), C 2, 3 (rows 16-31), A 4, 5 (rows 0-15, 16-31), B 6, 7 (groups g, g + 1). Pairs of
-// groups are split between the threads; each runs every block of rows over its pair while the
-// pair's levels are in L1/L2, so a call reads the levels from memory once.
+// groups are split between the threads; each runs every block of rows over a chunk of its
+// pairs while their levels are in L2, so a call reads the levels from memory once.
 //
 // Built into the avx512_bf16 level's extension; runs only where amx_int8_ready() (the levels'
 // quads come in whole tile steps: vnni_quads).
@@ -26,8 +26,8 @@
 
 #include "amx_tiles.h"
 #include "bf16_dot_linear.h"
+#include "int8_outputs.h"
 #include "quantized_linear.h"
-#include "vnni_scaling.h"
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -38,6 +38,7 @@ constexpr int64_t kStepBytes = 64;     // k (bytes of a row) per tile step
 constexpr int64_t kTileBytes = 1024;   // a group's levels of one tile step: 16 quads x 16 x 4
 constexpr int64_t kBlockRows = 32;     // rows of a block: two A tiles
 constexpr int64_t kTileRows = 16;
+constexpr int64_t kChunkBytes = 512 * 1024;  // levels of the pairs a chunk holds (in L2)
 
 #if defined(PAGED_CORE_AMX_BUILT)
 // Rows [m0, m0 + rows) (rows <= 32; tiles configured for them) of the biased rows xu (Kp bytes
@@ -46,7 +47,7 @@ constexpr int64_t kTileRows = 16;
 __attribute__((target("amx-tile,amx-int8"))) void block_times_pair(
     const uint8_t* xu, int64_t Kp, const int8_t* p0, const int8_t* p1, bool two, int64_t steps,
     int64_t m0, int64_t rows, int64_t g, const int32_t* biased_sums,
-    paged_core_cpu::VnniScales scales, int64_t N, float* out) {
+    paged_core_cpu::VnniScales scales, const paged_core_cpu::ScaledRowsOut& out) {
   const bool lower = rows > kTileRows;
   const uint8_t* x_upper = xu + m0 * Kp;
   const uint8_t* x_lower = x_upper + kTileRows * Kp;
@@ -77,30 +78,35 @@ __attribute__((target("amx-tile,amx-int8"))) void block_times_pair(
     if (two) _tile_stored(3, &sums[kTileRows][1][0], kRowBytes);
   }
   for (int h = 0; h < (two ? 2 : 1); ++h) {
-    const paged_core_cpu::VnniGroupOut group(g + h, N, biased_sums, scales.channel);
+    const paged_core_cpu::VnniGroupOut group(g + h, out.N, biased_sums, scales.channel);
     for (int64_t r = 0; r < rows; ++r)
-      group.store(_mm512_load_si512(sums[r][h]), scales.token[m0 + r], out + (m0 + r) * N);
+      group.store(_mm512_load_si512(sums[r][h]), scales.token[m0 + r], out, m0 + r);
   }
 }
 
-// The pairs of groups [i0, i1) times every block of rows, on this thread's tiles.
+// The pairs of groups [i0, i1) times every block of rows, on this thread's tiles, a chunk of
+// pairs at a time: every block of rows runs over the chunk's levels while they sit in L2
+// (kChunkBytes), each block's rows read once per chunk, not once per pair.
 void pairs_on_tiles(const uint8_t* xu, int64_t M, int64_t Kp, const int8_t* packed,
                     int64_t groups, int64_t quads, int64_t i0, int64_t i1,
-                    const int32_t* biased_sums, paged_core_cpu::VnniScales scales, int64_t N,
-                    float* out) {
+                    const int32_t* biased_sums, paged_core_cpu::VnniScales scales,
+                    const paged_core_cpu::ScaledRowsOut& out) {
+  const int64_t group_bytes = quads * 64;
+  const int64_t chunk = std::max<int64_t>(1, kChunkBytes / (2 * group_bytes));
   int64_t configured = 0;  // the rows the tiles are configured for
-  for (int64_t i = i0; i < i1; ++i) {
-    const int64_t g = 2 * i;
-    const bool two = g + 1 < groups;
-    const int8_t* p0 = packed + g * quads * 64;
+  for (int64_t c0 = i0; c0 < i1; c0 += chunk) {
     for (int64_t m0 = 0; m0 < M; m0 += kBlockRows) {
       const int64_t rows = std::min(kBlockRows, M - m0);
       if (rows != configured) {
         paged_core_cpu::configure_row_block_tiles(rows);
         configured = rows;
       }
-      block_times_pair(xu, Kp, p0, p0 + quads * 64, two, quads * 4 / kStepBytes, m0, rows, g,
-                       biased_sums, scales, N, out);
+      for (int64_t i = c0; i < std::min(i1, c0 + chunk); ++i) {
+        const int64_t g = 2 * i;
+        const int8_t* p0 = packed + g * group_bytes;
+        block_times_pair(xu, Kp, p0, p0 + group_bytes, g + 1 < groups, quads * 4 / kStepBytes,
+                         m0, rows, g, biased_sums, scales, out);
+      }
     }
   }
   if (configured > 0) paged_core_cpu::release_amx_tiles();
@@ -113,20 +119,19 @@ namespace paged_core_cpu {
 
 at::Tensor vnni_tiles(const at::Tensor& xu, const at::Tensor& packed,
                       const at::Tensor& biased_sums, const at::Tensor& channel_scales,
-                      const at::Tensor& token_scales) {
+                      const at::Tensor& token_scales, bool bf16_out) {
   const int64_t M = xu.size(0), Kp = xu.size(1), groups = packed.size(0), quads = packed.size(1);
   TORCH_CHECK(amx_int8_ready() && quads * 4 == Kp && quads % 16 == 0,
               "vnni_tiles needs AMX-INT8 tiles and w8a8_vnni_pack's levels with their rows");
-  const int64_t N = channel_scales.numel();
-  at::Tensor y = at::empty({M, N}, token_scales.options());
+  const at::Tensor y = scaled_rows(M, channel_scales.numel(), bf16_out);
 #if defined(PAGED_CORE_AMX_BUILT)
   const uint8_t* xp = xu.data_ptr<uint8_t>();
   const int8_t* pp = packed.data_ptr<int8_t>();
   const int32_t* bp = biased_sums.data_ptr<int32_t>();
   const VnniScales scales{channel_scales.data_ptr<float>(), token_scales.data_ptr<float>()};
-  float* out = y.data_ptr<float>();
+  const ScaledRowsOut out = rows_out_of(y);
   at::parallel_for(0, (groups + 1) / 2, 1, [&](int64_t i0, int64_t i1) {
-    pairs_on_tiles(xp, M, Kp, pp, groups, quads, i0, i1, bp, scales, N, out);
+    pairs_on_tiles(xp, M, Kp, pp, groups, quads, i0, i1, bp, scales, out);
   });
 #endif
   return y;

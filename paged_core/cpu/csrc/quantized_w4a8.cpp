@@ -27,6 +27,7 @@
 
 #include "cpu_common.h"
 #include "cpu_simd.h"
+#include "int8_outputs.h"
 #include "quantized_linear.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
@@ -77,21 +78,7 @@ inline __m512i dot_add(__m512i acc, __m512i u, __m512i v) {
   return acc;
 }
 
-// Where w4a8_rows stores: y [M, N] in float32 (f) or as bfloat16 bits (b), rounded as
-// at::Tensor::to rounds.
-struct Output {
-  float* f;
-  uint16_t* b;
-  int64_t N;
-
-  __attribute__((target("avx512f,avx512bw")))
-  void store(int64_t m, int64_t n, __mmask16 mask, __m512 y) const {
-    if (b != nullptr)
-      _mm256_mask_storeu_epi16(b + m * N + n, mask, paged_core_cpu::bf16_bits16_rne(y));
-    else
-      _mm512_mask_storeu_ps(f + m * N + n, mask, y);
-  }
-};
+using Output = paged_core_cpu::ScaledRowsOut;  // where w4a8_rows stores
 
 // Per-group factors as stored: float32, or float16 (half the bytes a decode step reads).
 struct Factors {
@@ -242,7 +229,7 @@ at::Tensor w4a8_product(const at::Tensor& rows, const at::Tensor& levels, const 
   const bool bf16_out = out_dtype == at::kBFloat16;
   TORCH_CHECK(!out_dtype || *out_dtype == at::kFloat || bf16_out,
               "w4a8_product: out_dtype float32 or bfloat16");
-  at::Tensor y = at::empty({M, N}, rows.options().dtype(bf16_out ? at::kBFloat16 : at::kFloat));
+  const at::Tensor y = paged_core_cpu::scaled_rows(M, N, bf16_out);
 #if defined(PAGED_CORE_W4A8_KERNEL)
   const TokenLevels quantized = token_levels(rows, 0, group_size);
   const int64_t groups = K / group_size;
@@ -252,8 +239,7 @@ at::Tensor w4a8_product(const at::Tensor& rows, const at::Tensor& levels, const 
   const uint8_t* lp = levels.data_ptr<uint8_t>();
   const Factors all_factors{factors.data_ptr(), factors.scalar_type() == at::kHalf};
   const bool symmetric = factors.size(2) == 1;
-  const Output out{bf16_out ? nullptr : y.data_ptr<float>(),
-                   bf16_out ? static_cast<uint16_t*>(y.data_ptr()) : nullptr, N};
+  const Output out = paged_core_cpu::rows_out_of(y);
   at::parallel_for(0, columns, 1, [&](int64_t c0, int64_t c1) {
     alignas(64) float spill[kRowBlock * kOutputs];
     for (int64_t c = c0; c < c1; ++c) {
