@@ -59,9 +59,34 @@ struct ScaledRowsOut {
 // Where a kernel stores into y (scaled_rows' tensor).
 inline ScaledRowsOut rows_out_of(const at::Tensor& y) {
   const bool bf16 = y.scalar_type() == at::kBFloat16;
-  return {bf16 ? nullptr : y.data_ptr<float>(), bf16 ? static_cast<uint16_t*>(y.data_ptr()) : nullptr,
-          y.size(1)};
+  return {bf16 ? nullptr : y.data_ptr<float>(),
+          bf16 ? static_cast<uint16_t*>(y.data_ptr()) : nullptr, y.size(1)};
 }
+
+// One W8A8 call's operands as its kernels read them (vnni_columns, vnni_tiles): the biased
+// rows xu [M, Kp] (uint8), w8a8_vnni_pack's levels [groups][quads][16][4] and biased sums, the
+// scales, and where the scaled sums go (y: scaled_rows').
+struct VnniCall {
+  const uint8_t* xu;
+  int64_t M, Kp;
+  const int8_t* packed;
+  int64_t groups, quads;
+  const int32_t* biased_sums;
+  VnniScales scales;
+  ScaledRowsOut out;
+
+  VnniCall(const at::Tensor& xu_rows, const at::Tensor& levels, const at::Tensor& sums,
+           const at::Tensor& channel_scales, const at::Tensor& token_scales, const at::Tensor& y)
+      : xu(xu_rows.data_ptr<uint8_t>()),
+        M(xu_rows.size(0)),
+        Kp(xu_rows.size(1)),
+        packed(levels.data_ptr<int8_t>()),
+        groups(levels.size(0)),
+        quads(levels.size(1)),
+        biased_sums(sums.data_ptr<int32_t>()),
+        scales{channel_scales.data_ptr<float>(), token_scales.data_ptr<float>()},
+        out(rows_out_of(y)) {}
+};
 
 // Group g's outputs [16 g, 16 g + 16) (those below N) of any row.
 struct VnniGroupOut {

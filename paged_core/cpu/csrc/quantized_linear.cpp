@@ -271,11 +271,9 @@ at::Tensor dequantize(const at::Tensor& levels, const at::Tensor& scales,
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define PAGED_CORE_VNNI_COLUMNS 1
-using paged_core_cpu::rows_out_of;
 using paged_core_cpu::scaled_rows;
-using paged_core_cpu::ScaledRowsOut;
+using paged_core_cpu::VnniCall;
 using paged_core_cpu::VnniGroupOut;
-using paged_core_cpu::VnniScales;
 constexpr int64_t kVnniRows = 8;     // rows of x per pass over a pair of groups
 // Bytes of a group's levels between a prefetch (into L2) and its load; past a group's end the
 // prefetch reaches the pair the thread takes next (its pairs are one contiguous range): the
@@ -291,16 +289,15 @@ constexpr int64_t kVnniRows = 8;     // rows of x per pass over a pair of groups
 // against 6.49.
 constexpr int64_t kVnniAhead = 4096;
 
-// Rows [m0, m0 + R) of the biased rows xu (Kp bytes each) times the two groups g, g + 1 of
-// packed levels (g alone where g + 1 == groups): their exact int32 sums, as float32 times the
-// channel's scale, then the row's (each product rounded, as at::mul would), into out.
+// Rows [m0, m0 + R) of the call's biased rows times its two groups g, g + 1 of packed levels
+// (g alone where g + 1 == groups): their exact int32 sums, as float32 times the channel's
+// scale, then the row's (each product rounded, as at::mul would), into the call's out.
 template <int R>
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
-void vnni_group_pair(const uint8_t* xu, int64_t Kp, const int8_t* packed, int64_t quads, int64_t g,
-                     int64_t groups, int64_t m0, const int32_t* biased_sums, VnniScales scales,
-                     const ScaledRowsOut& out) {
-  const bool two = g + 1 < groups;
-  const int8_t* p0 = packed + g * quads * 64;
+void vnni_group_pair(const VnniCall& call, int64_t g, int64_t m0) {
+  const int64_t quads = call.quads, Kp = call.Kp;
+  const bool two = g + 1 < call.groups;
+  const int8_t* p0 = call.packed + g * quads * 64;
   const int8_t* p1 = two ? p0 + quads * 64 : p0;
   __m512i acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
@@ -314,15 +311,16 @@ void vnni_group_pair(const uint8_t* xu, int64_t Kp, const int8_t* packed, int64_
     const __m512i w0 = _mm512_loadu_si512(p0 + t * 64), w1 = _mm512_loadu_si512(p1 + t * 64);
     for (int r = 0; r < R; ++r) {
       int32_t quad;
-      __builtin_memcpy(&quad, xu + (m0 + r) * Kp + 4 * t, 4);
+      __builtin_memcpy(&quad, call.xu + (m0 + r) * Kp + 4 * t, 4);
       const __m512i x = _mm512_set1_epi32(quad);
       acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], x, w0);
       acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], x, w1);
     }
   }
   for (int h = 0; h < (two ? 2 : 1); ++h) {
-    const VnniGroupOut group(g + h, out.N, biased_sums, scales.channel);
-    for (int r = 0; r < R; ++r) group.store(acc[r][h], scales.token[m0 + r], out, m0 + r);
+    const VnniGroupOut group(g + h, call.out.N, call.biased_sums, call.scales.channel);
+    for (int r = 0; r < R; ++r)
+      group.store(acc[r][h], call.scales.token[m0 + r], call.out, m0 + r);
   }
 }
 
@@ -333,25 +331,21 @@ void vnni_group_pair(const uint8_t* xu, int64_t Kp, const int8_t* packed, int64_
 at::Tensor vnni_columns(const at::Tensor& xu, const at::Tensor& packed,
                         const at::Tensor& biased_sums, const at::Tensor& channel_scales,
                         const at::Tensor& token_scales, bool bf16_out) {
-  const int64_t M = xu.size(0), Kp = xu.size(1), groups = packed.size(0), quads = packed.size(1);
+  const int64_t M = xu.size(0);
   const at::Tensor y = scaled_rows(M, channel_scales.numel(), bf16_out);
-  const uint8_t* xp = xu.data_ptr<uint8_t>();
-  const int8_t* pp = packed.data_ptr<int8_t>();
-  const int32_t* bp = biased_sums.data_ptr<int32_t>();
-  const VnniScales scales{channel_scales.data_ptr<float>(), token_scales.data_ptr<float>()};
-  const ScaledRowsOut out = rows_out_of(y);
-  at::parallel_for(0, (groups + 1) / 2, 1, [&](int64_t i0, int64_t i1) {
+  const VnniCall call(xu, packed, biased_sums, channel_scales, token_scales, y);
+  at::parallel_for(0, (call.groups + 1) / 2, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i)
       for (int64_t m0 = 0; m0 < M; m0 += kVnniRows) {
         const int64_t g = 2 * i;
         switch (std::min<int64_t>(kVnniRows, M - m0)) {
 #define PAGED_CORE_VNNI_ROWS(R) \
-  case R: vnni_group_pair<R>(xp, Kp, pp, quads, g, groups, m0, bp, scales, out); break;
+  case R: vnni_group_pair<R>(call, g, m0); break;
           PAGED_CORE_VNNI_ROWS(1) PAGED_CORE_VNNI_ROWS(2) PAGED_CORE_VNNI_ROWS(3)
           PAGED_CORE_VNNI_ROWS(4) PAGED_CORE_VNNI_ROWS(5) PAGED_CORE_VNNI_ROWS(6)
           PAGED_CORE_VNNI_ROWS(7)
 #undef PAGED_CORE_VNNI_ROWS
-          default: vnni_group_pair<kVnniRows>(xp, Kp, pp, quads, g, groups, m0, bp, scales, out);
+          default: vnni_group_pair<kVnniRows>(call, g, m0);
         }
       }
   });

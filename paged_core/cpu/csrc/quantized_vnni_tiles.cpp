@@ -41,15 +41,15 @@ constexpr int64_t kTileRows = 16;
 constexpr int64_t kChunkBytes = 512 * 1024;  // levels of the pairs a chunk holds (in L2)
 
 #if defined(PAGED_CORE_AMX_BUILT)
-// Rows [m0, m0 + rows) (rows <= 32; tiles configured for them) of the biased rows xu (Kp bytes
-// each) times groups g and, where `two`, g + 1 of the packed levels (`steps` tile steps each):
-// the scaled sums into out [M, N].
+// Rows [m0, m0 + rows) (rows <= 32; tiles configured for them) of the call's biased rows times
+// its groups g and, where there is one, g + 1: the scaled sums into the call's out.
 __attribute__((target("amx-tile,amx-int8"))) void block_times_pair(
-    const uint8_t* xu, int64_t Kp, const int8_t* p0, const int8_t* p1, bool two, int64_t steps,
-    int64_t m0, int64_t rows, int64_t g, const int32_t* biased_sums,
-    paged_core_cpu::VnniScales scales, const paged_core_cpu::ScaledRowsOut& out) {
-  const bool lower = rows > kTileRows;
-  const uint8_t* x_upper = xu + m0 * Kp;
+    const paged_core_cpu::VnniCall& call, int64_t g, int64_t m0, int64_t rows) {
+  const int64_t Kp = call.Kp, steps = call.quads * 4 / kStepBytes;
+  const bool two = g + 1 < call.groups, lower = rows > kTileRows;
+  const int8_t* p0 = call.packed + g * call.quads * 64;
+  const int8_t* p1 = p0 + call.quads * 64;  // read only where `two`
+  const uint8_t* x_upper = call.xu + m0 * Kp;
   const uint8_t* x_lower = x_upper + kTileRows * Kp;
   _tile_zero(0);
   _tile_zero(1);
@@ -78,21 +78,19 @@ __attribute__((target("amx-tile,amx-int8"))) void block_times_pair(
     if (two) _tile_stored(3, &sums[kTileRows][1][0], kRowBytes);
   }
   for (int h = 0; h < (two ? 2 : 1); ++h) {
-    const paged_core_cpu::VnniGroupOut group(g + h, out.N, biased_sums, scales.channel);
+    const paged_core_cpu::VnniGroupOut group(g + h, call.out.N, call.biased_sums,
+                                             call.scales.channel);
     for (int64_t r = 0; r < rows; ++r)
-      group.store(_mm512_load_si512(sums[r][h]), scales.token[m0 + r], out, m0 + r);
+      group.store(_mm512_load_si512(sums[r][h]), call.scales.token[m0 + r], call.out, m0 + r);
   }
 }
 
 // The pairs of groups [i0, i1) times every block of rows, on this thread's tiles, a chunk of
 // pairs at a time: every block of rows runs over the chunk's levels while they sit in L2
 // (kChunkBytes), each block's rows read once per chunk, not once per pair.
-void pairs_on_tiles(const uint8_t* xu, int64_t M, int64_t Kp, const int8_t* packed,
-                    int64_t groups, int64_t quads, int64_t i0, int64_t i1,
-                    const int32_t* biased_sums, paged_core_cpu::VnniScales scales,
-                    const paged_core_cpu::ScaledRowsOut& out) {
-  const int64_t group_bytes = quads * 64;
-  const int64_t chunk = std::max<int64_t>(1, kChunkBytes / (2 * group_bytes));
+void pairs_on_tiles(const paged_core_cpu::VnniCall& call, int64_t i0, int64_t i1) {
+  const int64_t M = call.M;
+  const int64_t chunk = std::max<int64_t>(1, kChunkBytes / (2 * call.quads * 64));
   int64_t configured = 0;  // the rows the tiles are configured for
   for (int64_t c0 = i0; c0 < i1; c0 += chunk) {
     for (int64_t m0 = 0; m0 < M; m0 += kBlockRows) {
@@ -101,12 +99,8 @@ void pairs_on_tiles(const uint8_t* xu, int64_t M, int64_t Kp, const int8_t* pack
         paged_core_cpu::configure_row_block_tiles(rows);
         configured = rows;
       }
-      for (int64_t i = c0; i < std::min(i1, c0 + chunk); ++i) {
-        const int64_t g = 2 * i;
-        const int8_t* p0 = packed + g * group_bytes;
-        block_times_pair(xu, Kp, p0, p0 + group_bytes, g + 1 < groups, quads * 4 / kStepBytes,
-                         m0, rows, g, biased_sums, scales, out);
-      }
+      for (int64_t i = c0; i < std::min(i1, c0 + chunk); ++i)
+        block_times_pair(call, 2 * i, m0, rows);
     }
   }
   if (configured > 0) paged_core_cpu::release_amx_tiles();
@@ -120,18 +114,14 @@ namespace paged_core_cpu {
 at::Tensor vnni_tiles(const at::Tensor& xu, const at::Tensor& packed,
                       const at::Tensor& biased_sums, const at::Tensor& channel_scales,
                       const at::Tensor& token_scales, bool bf16_out) {
-  const int64_t M = xu.size(0), Kp = xu.size(1), groups = packed.size(0), quads = packed.size(1);
-  TORCH_CHECK(amx_int8_ready() && quads * 4 == Kp && quads % 16 == 0,
+  const int64_t quads = packed.size(1);
+  TORCH_CHECK(amx_int8_ready() && quads * 4 == xu.size(1) && quads % 16 == 0,
               "vnni_tiles needs AMX-INT8 tiles and w8a8_vnni_pack's levels with their rows");
-  const at::Tensor y = scaled_rows(M, channel_scales.numel(), bf16_out);
+  const at::Tensor y = scaled_rows(xu.size(0), channel_scales.numel(), bf16_out);
 #if defined(PAGED_CORE_AMX_BUILT)
-  const uint8_t* xp = xu.data_ptr<uint8_t>();
-  const int8_t* pp = packed.data_ptr<int8_t>();
-  const int32_t* bp = biased_sums.data_ptr<int32_t>();
-  const VnniScales scales{channel_scales.data_ptr<float>(), token_scales.data_ptr<float>()};
-  const ScaledRowsOut out = rows_out_of(y);
-  at::parallel_for(0, (groups + 1) / 2, 1, [&](int64_t i0, int64_t i1) {
-    pairs_on_tiles(xp, M, Kp, pp, groups, quads, i0, i1, bp, scales, out);
+  const VnniCall call(xu, packed, biased_sums, channel_scales, token_scales, y);
+  at::parallel_for(0, (call.groups + 1) / 2, 1, [&](int64_t i0, int64_t i1) {
+    pairs_on_tiles(call, i0, i1);
   });
 #endif
   return y;
