@@ -407,7 +407,7 @@ at::Tensor w8a8_product(const at::Tensor& rows, const at::Tensor& levels, const 
                         std::optional<at::ScalarType> out_dtype) {
   TORCH_CHECK(rows.dim() == 2, "w8a8_product: rows [M, K]");
   const int64_t M = rows.size(0), K = rows.size(1), N = scales.numel();
-  if (vnni_sums) {  // levels: w8a8_vnni_pack's; every call on vnni_columns
+  if (vnni_sums) {  // levels: w8a8_vnni_pack's; every call on vnni_columns or vnni_tiles
     TORCH_CHECK(levels.dim() == 4 && levels.size(1) == vnni_quads(K) &&
                     levels.size(0) * kVnniGroup == vnni_sums->numel() &&
                     N <= vnni_sums->numel() && int8_vnni_ready(),

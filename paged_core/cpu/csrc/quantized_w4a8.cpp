@@ -78,7 +78,7 @@ inline __m512i dot_add(__m512i acc, __m512i u, __m512i v) {
   return acc;
 }
 
-using Output = paged_core_cpu::ScaledRowsOut;  // where w4a8_rows stores
+using paged_core_cpu::ScaledRowsOut;  // where w4a8_rows stores (int8_outputs.h)
 
 // Per-group factors as stored: float32, or float16 (half the bytes a decode step reads).
 struct Factors {
@@ -108,7 +108,8 @@ struct Factors {
 template <int R, bool kSymmetric>
 __attribute__((noinline, target("avx512f,avx512bw,avx512vnni")))
 void w4a8_rows(const QuantizedRows& x, int64_t m0, const uint8_t* levels, const Factors& factors,
-               const uint8_t* ahead, float* spill, const Output& out, int64_t n0, int64_t live) {
+               const uint8_t* ahead, float* spill, const ScaledRowsOut& out, int64_t n0,
+               int64_t live) {
   constexpr bool kInMemory = R > kRegisterRows;
   constexpr int64_t kGroupFactors = (kSymmetric ? 1 : 2) * kOutputs;
   const __m512i low = _mm512_set1_epi8(0x0F);
@@ -239,7 +240,7 @@ at::Tensor w4a8_product(const at::Tensor& rows, const at::Tensor& levels, const 
   const uint8_t* lp = levels.data_ptr<uint8_t>();
   const Factors all_factors{factors.data_ptr(), factors.scalar_type() == at::kHalf};
   const bool symmetric = factors.size(2) == 1;
-  const Output out = paged_core_cpu::rows_out_of(y);
+  const ScaledRowsOut out = paged_core_cpu::rows_out_of(y);
   at::parallel_for(0, columns, 1, [&](int64_t c0, int64_t c1) {
     alignas(64) float spill[kRowBlock * kOutputs];
     for (int64_t c = c0; c < c1; ++c) {
