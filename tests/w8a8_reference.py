@@ -30,13 +30,13 @@ def _use_kernel(monkeypatch, setting: str, scheme: str, kernel: str, cpu_isa: st
                                  and cpu_ops(cpu_isa).int8_vnni_ready()):
         pytest.skip(f"the vnni {scheme} kernel needs paged-core's AVX-512 build on a CPU with "
                     f"AVX512-VNNI; this run's level is {cpu_isa or 'the selected one'}")
-    if kernel == "amx" and not _amx_int8_runs(cpu_isa):
+    if kernel == "amx" and not amx_int8_runs(cpu_isa):
         pytest.skip(f"the amx {scheme} kernel needs paged-core's avx512_bf16 build on a CPU "
                     f"whose OS grants AMX-INT8 tiles; this run's level is "
                     f"{cpu_isa or 'the selected one'}")
 
 
-def _amx_int8_runs(cpu_isa: str | None) -> bool:
+def amx_int8_runs(cpu_isa: str | None) -> bool:
     """Whether the kernels of ``cpu_isa`` (default: the selected level) run AMX-INT8 tiles."""
     from paged_core.cpu.extension import cpu_extension_available, cpu_ops
 

@@ -9,7 +9,8 @@ layer of a model in one call: ``torch.classes.paged_core_cpu_<level>.DecoderStac
 ``quantized_w4a8.cpp``; the ``avx2`` and ``avx512`` levels' 8- and 4-bit column groups for
 float32 FMAs in ``quantized_fma_columns.cpp``; the ``avx512_bf16`` level's column layout in
 ``quantized_column_*.cpp`` and, for 8 bits on AMX-INT8 tiles, ``quantized_int8_tiles.cpp``;
-W8A8 on AMX-INT8 tiles in ``quantized_vnni_tiles.cpp``),
+W8A8 and W4A8 on AMX-INT8 tiles in ``quantized_vnni_tiles.cpp`` and
+``quantized_w4a8_tiles.cpp``),
 ``lora_products.cpp`` (the LoRA products of a step's adapters, ``lora.products``) and
 ``greedy_tokens.cpp`` (each row's argmax, for the sampler). Each level of
 ``paged_core.cpu.isa`` (``generic``, ``avx2``, ``avx512``, ``avx512_bf16``) is its
@@ -61,7 +62,7 @@ _VECTOR_LEVEL_SOURCES = ("bf16_dot_linear.cpp", "quantized_row_dense.cpp",
                          "quantized_fma_columns.cpp")
 _BF16_LEVEL_SOURCES = ("bf16_amx_linear.cpp", "quantized_column_linear.cpp",
                        "quantized_column_amx.cpp", "quantized_int8_tiles.cpp",
-                       "quantized_vnni_tiles.cpp")
+                       "quantized_vnni_tiles.cpp", "quantized_w4a8_tiles.cpp")
 
 
 def _sources(level: str) -> tuple[str, ...]:

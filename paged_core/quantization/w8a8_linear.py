@@ -84,6 +84,14 @@ def named_int8_kernel(setting: str, scheme: str, kernels: tuple[str, ...],
     return raw
 
 
+def int8_tiles_ready(kernels, vnni_ready: bool) -> bool:
+    """Whether the int8 kernels' sums can run on AMX-INT8 tiles: the vpdpbusd kernels run
+    (``vnni_ready``) and the C++ ``kernels`` are the ``avx512_bf16`` level's (the only one with
+    the op) on a CPU whose OS grants the tiles."""
+    ready = getattr(kernels, "amx_int8_ready", None)
+    return vnni_ready and ready is not None and bool(ready())
+
+
 def selected_w8a8_kernel(kernels, amx_selected: bool = False) -> tuple[str, int, int]:
     """The kernel (``W8A8_KERNELS``) that W8A8 linears built now with the C++ ``kernels`` (the
     selected level's ops, None where they do not build) take, from how many rows their sums are
@@ -93,8 +101,7 @@ def selected_w8a8_kernel(kernels, amx_selected: bool = False) -> tuple[str, int,
     Raises ``ValueError`` as ``named_int8_kernel`` does, and for ``amx`` where the tiles
     cannot run."""
     vnni_ready = kernels is not None and bool(kernels.int8_vnni_ready())
-    amx_ready = getattr(kernels, "amx_int8_ready", None)  # the avx512_bf16 level's op alone
-    amx_ready = vnni_ready and amx_ready is not None and bool(amx_ready())
+    amx_ready = int8_tiles_ready(kernels, vnni_ready)
     raw = named_int8_kernel(W8A8_SETTING, "W8A8", W8A8_KERNELS, vnni_ready)
     if raw == "amx" and not amx_ready:
         raise ValueError(f"{W8A8_SETTING}=amx needs paged-core's avx512_bf16 kernels on a CPU "

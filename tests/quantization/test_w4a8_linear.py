@@ -1,9 +1,9 @@
 """W4A8: 4-bit group-wise weights times rows quantized per token to int8. Every kernel
-(``PAGED_CORE_CPU_W4A8``: vnni, float32, and plain torch without the C++ kernels) equals the
+(``PAGED_CORE_CPU_W4A8``: vnni, amx, float32, and plain torch without the C++ kernels) equals the
 formula in float64: each group's integer sums of weight levels times row levels, scaled by the
 group's scale, plus the group's offset times the group's sum of row levels, times the row's
 scale; the vnni kernel takes any output count, and quantizes rows with the bits of the torch
-formula (``per_token_levels``)."""
+formula (``per_token_levels``); the amx kernel gives the vnni kernel's bits."""
 from types import SimpleNamespace
 
 import pytest
@@ -12,11 +12,11 @@ import torch
 from paged_core.quantization.int4_linear import Int4Weight
 from paged_core.quantization.projections import quantized_linear
 from paged_core.quantization.quantized_linear import DENSE_ROWS_SETTING
-from paged_core.quantization.w4a8_linear import W4A8_KERNELS, W4A8_SETTING, W4A8Linear, \
-    selected_w4a8_kernel
+from paged_core.quantization.w4a8_linear import AMX_FROM_ROWS, W4A8_KERNELS, W4A8_SETTING, \
+    W4A8Linear, selected_w4a8_kernel
 from paged_core.quantization.w8a8_linear import per_token_levels
 
-from ..w8a8_reference import use_w4a8_kernel
+from ..w8a8_reference import amx_int8_runs, use_w4a8_kernel
 
 
 def w4a8_weight(out, width, group_size, gen, zeros=True):
@@ -46,11 +46,11 @@ def expected_product(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
 def test_w4a8_is_the_grouped_integer_product_of_per_token_levels(cpu_isa, monkeypatch, kernel,
                                                                   rows, zeros):
     """On every CPU level: float32 rows (a zero row among them: scale 1, levels 0), 96 outputs,
-    groups of 32; the float32 kernels' dense path from 24 rows."""
+    groups of 32 (amx: 64, whole tile steps); the float32 kernels' dense path from 24 rows."""
     use_w4a8_kernel(monkeypatch, kernel, cpu_isa)
     monkeypatch.setenv(DENSE_ROWS_SETTING, "24")
     gen = torch.Generator().manual_seed(rows)
-    weight = w4a8_weight(96, 128, 32, gen, zeros)
+    weight = w4a8_weight(96, 128, 64 if kernel == "amx" else 32, gen, zeros)
     x = torch.randn(rows, 128, generator=gen)
     x[rows // 2] = 0
     layer = quantized_linear([weight], False, torch.float32)
@@ -84,6 +84,35 @@ def test_the_vnni_kernel_takes_any_output_count(cpu_isa, monkeypatch, rows, feat
     torch.testing.assert_close(y.double(), expected_product(x, weight), atol=1e-5, rtol=1e-5)
     rounded = layer.product(x, out_dtype=torch.bfloat16)  # as it is stored: .to's bits
     assert rounded.dtype == torch.bfloat16 and torch.equal(rounded, y.bfloat16())
+
+
+@pytest.mark.parametrize("zeros", [False, True])
+@pytest.mark.parametrize("rows,features,outputs,group_size", [
+    (1, 64, 1, 64), (8, 576, 70, 64), (16, 128, 33, 128), (31, 256, 96, 64), (32, 576, 64, 64),
+    (33, 192, 40, 64), (70, 1536, 100, 64), (96, 256, 32, 256)])
+def test_the_amx_kernel_gives_the_vnni_kernels_bits(cpu_isa, monkeypatch, rows, features,
+                                                    outputs, group_size, zeros):
+    """``w4a8_product`` on AMX-INT8 tiles (``amx_min_rows``) against vpdpbusd, on the same
+    packed levels: the same bits, float32 and bfloat16, float32 and float16 factors, at 1-96
+    rows (blocks of 32 with a short last one, padded with zero rows), groups of 1-4 tile steps,
+    outputs no multiple of 32, symmetric weights and ones with zero points."""
+    use_w4a8_kernel(monkeypatch, "amx", cpu_isa)
+    from paged_core.cpu.extension import cpu_ops
+
+    ops = cpu_ops(cpu_isa)
+    gen = torch.Generator().manual_seed(rows + features)
+    weight = w4a8_weight(outputs, features, group_size, gen, zeros)
+    offsets = weight.zeros - 8 * weight.scales
+    levels, factors = ops.w4a8_pack(weight.q, weight.scales, offsets, group_size)
+    x = torch.randn(rows, features, generator=gen).bfloat16()
+    x[rows // 2] = 0
+    for stored in (factors, factors.half()):
+        for out in (None, torch.bfloat16):
+            vnni = ops.w4a8_product(x, levels, stored, group_size, outputs, out, 0)
+            tiles = ops.w4a8_product(x, levels, stored, group_size, outputs, out, 1)
+            assert torch.equal(tiles, vnni), (stored.dtype, out)
+    tiles = ops.w4a8_product(x, levels, factors, group_size, outputs, None, 1)
+    torch.testing.assert_close(tiles.double(), expected_product(x, weight), atol=1e-5, rtol=1e-5)
 
 
 def test_exact_float16_factors_are_kept_in_float16_with_the_same_bits(cpu_isa, monkeypatch):
@@ -120,6 +149,8 @@ def test_the_bfloat16_model_takes_bfloat16_rows_on_every_kernel(monkeypatch):
     x = torch.randn(2, 3, 192, generator=gen).bfloat16()
     outputs = {}
     for kernel in W4A8_KERNELS:
+        if kernel == "amx" and not amx_int8_runs(None):
+            continue  # the tiles' own tests skip, saying why
         use_w4a8_kernel(monkeypatch, kernel)
         outputs[kernel] = W4A8Linear(weight, False, torch.bfloat16)(x)
         assert outputs[kernel].dtype == torch.bfloat16 and outputs[kernel].shape == (2, 3, 64)
@@ -141,22 +172,43 @@ def test_without_the_cpp_kernels_the_torch_formula_runs(monkeypatch):
                                rtol=1e-5)
 
 
-@pytest.mark.parametrize("setting,vnni_ready,chosen", [
-    ("", True, "vnni"), ("auto", False, "float32"), (" VNNI ", True, "vnni"),
-    ("float32", True, "float32")])
-def test_the_w4a8_setting_picks_a_kernel(monkeypatch, setting, vnni_ready, chosen):
-    """``PAGED_CORE_CPU_W4A8``: ``auto`` takes paged-core's vnni kernel where it runs, else the
-    float32 kernels; a kernel named takes every call."""
+@pytest.mark.parametrize("setting,vnni_ready,amx_ready,amx_selected,group_size,chosen", [
+    ("", True, False, True, 64, ("vnni", 0)),
+    ("", True, True, True, 64, ("vnni", AMX_FROM_ROWS)),
+    ("auto", True, True, True, 32, ("vnni", 0)),
+    ("auto", True, True, False, 64, ("vnni", 0)),
+    ("auto", False, False, True, 64, ("float32", 0)),
+    (" VNNI ", True, True, True, 64, ("vnni", 0)),
+    (" AMX ", True, True, False, 128, ("amx", 1)),
+    ("float32", True, True, True, 64, ("float32", 0))])
+def test_the_w4a8_setting_picks_a_kernel(monkeypatch, setting, vnni_ready, amx_ready,
+                                         amx_selected, group_size, chosen):
+    """``PAGED_CORE_CPU_W4A8``: ``auto`` takes paged-core's vnni kernel where it runs, its calls
+    from ``AMX_FROM_ROWS`` rows on AMX-INT8 tiles where those run, the groups are whole tile
+    steps and the bfloat16 linears take AMX, else the float32 kernels; a kernel named takes
+    every call."""
     monkeypatch.setenv(W4A8_SETTING, setting)
-    assert selected_w4a8_kernel(SimpleNamespace(int8_vnni_ready=lambda: vnni_ready)) == chosen
+    kernels = SimpleNamespace(int8_vnni_ready=lambda: vnni_ready)
+    if amx_ready:  # the op exists in the avx512_bf16 build alone
+        kernels.amx_int8_ready = lambda: True
+    assert selected_w4a8_kernel(kernels, group_size, amx_selected) == chosen
     if not vnni_ready:
-        assert selected_w4a8_kernel(None) == chosen  # no C++ kernels at all
+        assert selected_w4a8_kernel(None, group_size, amx_selected) == chosen  # no C++ kernels
 
 
-@pytest.mark.parametrize("setting,message", [("onednn", "'onednn' is not a W4A8 kernel"),
-                                             ("vnni", "vnni needs paged-core's AVX-512")])
+@pytest.mark.parametrize("setting,amx_ready,group_size,message", [
+    ("onednn", False, 64, "'onednn' is not a W4A8 kernel"),
+    ("vnni", False, 64, "vnni needs paged-core's AVX-512"),
+    ("amx", False, 64, "amx needs paged-core's avx512_bf16 kernels"),
+    ("amx", True, 32, "amx needs groups of a multiple of 64 features, got 32")])
 def test_w4a8_kernels_that_cannot_be_taken_are_refused_naming_the_setting(monkeypatch, setting,
+                                                                           amx_ready, group_size,
                                                                            message):
+    """A kernel name it does not know, one this CPU cannot run, or tiles for groups that are
+    no whole tile steps."""
     monkeypatch.setenv(W4A8_SETTING, setting)
+    kernels = SimpleNamespace(int8_vnni_ready=lambda: setting == "amx")
+    if amx_ready:
+        kernels.amx_int8_ready = lambda: True
     with pytest.raises(ValueError, match=f"{W4A8_SETTING}={message}"):
-        selected_w4a8_kernel(SimpleNamespace(int8_vnni_ready=lambda: False))
+        selected_w4a8_kernel(kernels, group_size)

@@ -72,7 +72,7 @@ struct QuantizedWeight {
   int64_t dense_rows;          // calls of this many rows take one dense GEMM
   at::ScalarType dense_dtype;  // what that GEMM multiplies in
   int64_t column_outputs;      // > 0: levels in column_pack's layout, of this many outputs
-  int64_t amx_min_rows;        // the column layout (and W8A8's vnni layout): AMX tiles from
+  int64_t amx_min_rows;        // the column layout (and W8A8's, W4A8's int8 ones): AMX tiles from
                                // this many rows
   int64_t int8_tile_rows;      // 8-bit column layout: calls of up to this many rows on AMX-INT8
   bool row_dense;              // the row layout's many rows: row_layout_dense (bfloat16)
@@ -107,7 +107,7 @@ struct QuantizedWeight {
     if (w4a8_outputs > 0)  // rounded to bfloat16 as it is stored, where out is
       return paged_core_cpu::w4a8_product(
           rows, levels, scales, group_size, w4a8_outputs,
-          out == at::kBFloat16 ? std::optional<at::ScalarType>(out) : std::nullopt);
+          out == at::kBFloat16 ? std::optional<at::ScalarType>(out) : std::nullopt, amx_min_rows);
     if (int8_sums_from_rows >= 0) {  // W4A8Linear's float32 path: the levels as float32 rows
       const paged_core_cpu::TokenLevels token = paged_core_cpu::token_levels(rows);
       return weight_only_product(token.levels.to(at::kFloat), at::kFloat)

@@ -84,12 +84,14 @@ std::vector<at::Tensor> w8a8_vnni_pack(const at::Tensor& levels);
 std::vector<at::Tensor> w4a8_pack(const at::Tensor& q, const at::Tensor& scales,
                                   const at::Tensor& offsets, int64_t group_size);
 // rows [M, K] (float32 or bfloat16) quantized per row (token_levels), times w4a8_pack's levels
-// on vpdpbusd (exact int32 sums per group), scaled: [M, out_features] in out_dtype (float32 by
+// on vpdpbusd (exact int32 sums per group), or, from amx_min_rows rows (0: never), on AMX-INT8
+// tiles (w4a8_tiles: the same bits), scaled: [M, out_features] in out_dtype (float32 by
 // default; bfloat16: each value rounded as at::Tensor::to rounds it, while it is stored). Only
-// where int8_vnni_ready().
+// where int8_vnni_ready(); the tiles only where amx_int8_ready() and group_size % 64 == 0.
 at::Tensor w4a8_product(const at::Tensor& rows, const at::Tensor& levels, const at::Tensor& factors,
                         int64_t group_size, int64_t out_features,
-                        std::optional<at::ScalarType> out_dtype = std::nullopt);
+                        std::optional<at::ScalarType> out_dtype = std::nullopt,
+                        int64_t amx_min_rows = 0);
 
 #if PAGED_CORE_BF16_DOT
 // quantized_row_dense.cpp: x [M, K] -> x W^T bfloat16 for many rows, the row layout's levels
@@ -127,6 +129,11 @@ at::Tensor int8_tile_gemm(const at::Tensor& x, const at::Tensor& levels, const a
 at::Tensor vnni_tiles(const at::Tensor& xu, const at::Tensor& packed, const at::Tensor& biased_sums,
                       const at::Tensor& channel_scales, const at::Tensor& token_scales,
                       bool bf16_out);
+// quantized_w4a8_tiles.cpp: w4a8_product's sums on AMX-INT8 tiles, the same bits: rows as
+// token_levels gives them with group sums, w4a8_pack's levels and factors -> y (scaled_rows'
+// [M, out_features]); only where amx_int8_ready(), group_size a multiple of 64.
+void w4a8_tiles(const TokenLevels& rows, const at::Tensor& levels, const at::Tensor& factors,
+                int64_t group_size, int64_t out_features, const at::Tensor& y);
 // x [M, K] -> x W^T bfloat16 for many rows: W widened into bf16_dot_linear's layout, then
 // its GEMM (on AMX tiles from amx_min_rows rows, widened a chunk of column groups at a time).
 at::Tensor column_dense(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& scales,

@@ -1,6 +1,7 @@
 // W4A8 (quantization/w4a8_linear.py): 4-bit weight levels with a scale and an offset per group
 // of G input features, times rows quantized per row to int8 levels at run time, on vpdpbusd
-// (the AVX-512 builds, on CPUs with AVX512-VNNI: int8_vnni_ready).
+// (the AVX-512 builds, on CPUs with AVX512-VNNI: int8_vnni_ready), or, from amx_min_rows rows,
+// on AMX-INT8 tiles with the same bits (quantized_w4a8_tiles.cpp).
 //
 // w4a8_pack's layout, column groups of 32 outputs:
 //   levels uint8 [C, K / 4, 64]: in column group c, the 64 bytes of quad t (features 4t..4t+3)
@@ -29,6 +30,7 @@
 #include "cpu_simd.h"
 #include "int8_outputs.h"
 #include "quantized_linear.h"
+#include "w4a8_layout.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
@@ -41,9 +43,7 @@
 
 namespace {
 
-constexpr int64_t kOutputs = 32;  // outputs of a column group
-constexpr int64_t kQuadBytes = 64;
-constexpr int32_t kMidLevel = 8;  // a symmetric weight's offsets are -kMidLevel scale
+using namespace paged_core_cpu::w4a8;
 
 #if defined(PAGED_CORE_W4A8_KERNEL)
 // Rows of x per pass over a column group; past kRegisterRows of them the float32 totals live in
@@ -60,15 +60,6 @@ constexpr int32_t kMidLevel = 8;  // a symmetric weight's offsets are -kMidLevel
 constexpr int kRowBlock = 8;
 constexpr int kRegisterRows = 4;
 
-// What w4a8_rows reads of one call: the rows' levels [M, K] and their float32 scales [M] and
-// group sums [M, K / G].
-struct QuantizedRows {
-  const int8_t* levels;
-  const float* scales;
-  const float* group_sums;
-  int64_t K, groups, quads_per_group;
-};
-
 // acc + the dot products of u's unsigned and v's signed bytes, 4 by 4 (vpdpbusd), in inline
 // assembly: for the intrinsic GCC kept two copies of the 16 sums of 8 rows and moved them
 // back and forth every 4 features (32 register moves and 2 spills a step).
@@ -79,27 +70,6 @@ inline __m512i dot_add(__m512i acc, __m512i u, __m512i v) {
 }
 
 using paged_core_cpu::ScaledRowsOut;  // where w4a8_rows stores (int8_outputs.h)
-
-// Per-group factors as stored: float32, or float16 (half the bytes a decode step reads).
-struct Factors {
-  const void* data;
-  bool half;
-
-  // The element i places further on.
-  Factors at(int64_t i) const {
-    return {half ? static_cast<const void*>(static_cast<const uint16_t*>(data) + i)
-                 : static_cast<const void*>(static_cast<const float*>(data) + i),
-            half};
-  }
-  // Elements [i, i + 16) as float32.
-  __attribute__((target("avx512f")))
-  __m512 load(int64_t i) const {
-    if (half)
-      return _mm512_cvtph_ps(_mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(data) + i)));
-    return _mm512_loadu_ps(static_cast<const float*>(data) + i);
-  }
-};
 
 // Rows [m0, m0 + R) times column group `levels` / `factors` (scales and offsets, or for
 // kSymmetric scales alone): y[m, n0 .. n0 + live) of out. `ahead`: the next column group's
@@ -145,12 +115,9 @@ void w4a8_rows(const QuantizedRows& x, int64_t m0, const uint8_t* levels, const 
       const __m512 offset = kSymmetric ? _mm512_setzero_ps()
                                        : factors.load(g * kGroupFactors + kOutputs + 16 * h);
       for (int r = 0; r < R; ++r) {
-        const __m512 sum = _mm512_cvtepi32_ps(sums[r][h]);
         __m512 add = kInMemory ? _mm512_loadu_ps(spill + 32 * r + 16 * h) : total[r][h];
-        add = _mm512_fmadd_ps(scale, sum, add);
-        if constexpr (!kSymmetric)
-          add = _mm512_fmadd_ps(offset, _mm512_set1_ps(x.group_sums[(m0 + r) * x.groups + g]),
-                                add);
+        add = add_group<kSymmetric>(add, scale, offset, sums[r][h],
+                                    x.group_sums[(m0 + r) * x.groups + g]);
         if constexpr (kInMemory) _mm512_storeu_ps(spill + 32 * r + 16 * h, add);
         else total[r][h] = add;
       }
@@ -213,7 +180,7 @@ std::vector<at::Tensor> w4a8_pack(const at::Tensor& q, const at::Tensor& scales,
 
 at::Tensor w4a8_product(const at::Tensor& rows, const at::Tensor& levels, const at::Tensor& factors,
                         int64_t group_size, int64_t out_features,
-                        std::optional<at::ScalarType> out_dtype) {
+                        std::optional<at::ScalarType> out_dtype, int64_t amx_min_rows) {
   TORCH_CHECK(rows.dim() == 2, "w4a8_product: rows [M, K]");
   const int64_t M = rows.size(0), K = rows.size(1), N = out_features;
   TORCH_CHECK(levels.dim() == 3 && levels.size(1) * 4 == K && levels.size(2) == kQuadBytes &&
@@ -227,12 +194,21 @@ at::Tensor w4a8_product(const at::Tensor& rows, const at::Tensor& levels, const 
               "of K features, "
               "groups of ", group_size, " and ", N, " outputs");
   TORCH_CHECK(int8_vnni_ready(), "w4a8_product needs an AVX-512 build on a CPU with AVX512-VNNI");
+#if !defined(__AVX512BF16__)
+  TORCH_CHECK(amx_min_rows == 0, "w4a8_product: AMX-INT8 tiles need the avx512_bf16 build");
+#endif
   const bool bf16_out = out_dtype == at::kBFloat16;
   TORCH_CHECK(!out_dtype || *out_dtype == at::kFloat || bf16_out,
               "w4a8_product: out_dtype float32 or bfloat16");
   const at::Tensor y = paged_core_cpu::scaled_rows(M, N, bf16_out);
 #if defined(PAGED_CORE_W4A8_KERNEL)
   const TokenLevels quantized = token_levels(rows, 0, group_size);
+#if defined(__AVX512BF16__)
+  if (amx_min_rows > 0 && M >= amx_min_rows) {  // the same bits on AMX-INT8 tiles
+    w4a8_tiles(quantized, levels, factors, group_size, N, y);
+    return y;
+  }
+#endif
   const int64_t groups = K / group_size;
   const QuantizedRows x{quantized.levels.data_ptr<int8_t>(), quantized.scales.data_ptr<float>(),
                         quantized.group_sums.data_ptr<float>(), K, groups, group_size / 4};
@@ -275,6 +251,6 @@ PAGED_CORE_LIBRARY_FRAGMENT(m) {
   m.def("w4a8_pack(Tensor q, Tensor scales, Tensor offsets, int group_size) -> Tensor[]");
   m.impl("w4a8_pack", c10::DispatchKey::CPU, TORCH_FN(w4a8_pack));
   m.def("w4a8_product(Tensor rows, Tensor levels, Tensor factors, int group_size, "
-        "int out_features, ScalarType? out_dtype=None) -> Tensor");
+        "int out_features, ScalarType? out_dtype=None, int amx_min_rows=0) -> Tensor");
   m.impl("w4a8_product", c10::DispatchKey::CPU, TORCH_FN(w4a8_product));
 }
