@@ -1,5 +1,6 @@
-// AMX tile state for the kernels of the avx512_bf16 build that use AMX-BF16 tiles
-// (bf16_amx_linear.cpp, quantized_column_amx.cpp). Call them only where bf16_amx_ready()
+// AMX tile state for the kernels of the avx512_bf16 build that use AMX tiles (AMX-BF16:
+// bf16_amx_linear.cpp, quantized_column_amx.cpp; AMX-INT8: quantized_int8_tiles.cpp,
+// quantized_vnni_tiles.cpp, quantized_w4a8_tiles.cpp). Call them only where bf16_amx_ready()
 // (bf16_dot_linear.h) says the CPU and the OS allow tiles.
 #pragma once
 
@@ -28,6 +29,8 @@ void release_amx_tiles();
 // (outputs 0-15, 16-31), 2, 3 C of rows 16-31, 4, 5 A of rows 0-15, 16-31 (each only as
 // many rows as the block has there; none past 16 rows for 2, 3, 5), 6, 7 B of 16 k pairs.
 void configure_row_block_tiles(int64_t rows);
+// Zeroes the C tiles of such a block: 0, 1 and, past 16 rows (lower), 2, 3.
+void zero_row_block_sums(bool lower);
 
 }  // namespace paged_core_cpu
 #endif  // __AVX512BF16__

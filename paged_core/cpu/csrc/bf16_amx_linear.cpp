@@ -88,12 +88,7 @@ __attribute__((target("amx-tile,amx-bf16"))) inline void tile_product(
   const int64_t x_stride = ldx * static_cast<int64_t>(sizeof(uint16_t));
   const uint16_t* x_lower = x + 16 * ldx;
   const bool lower = rows > 16;
-  _tile_zero(0);
-  _tile_zero(1);
-  if (lower) {
-    _tile_zero(2);
-    _tile_zero(3);
-  }
+  zero_row_block_sums(lower);
   for (int64_t kt = 0; kt < kt_count; ++kt) {
     const uint16_t* b = w + kt * 16 * 64;  // 16 k pairs x 32 columns x 2
     if (prefetch != nullptr)
@@ -179,6 +174,15 @@ void configure_row_block_tiles(int64_t rows) {
   const auto lower = static_cast<uint8_t>(std::max<int64_t>(0, rows - 16));
   const uint8_t tile_rows[8] = {upper, upper, lower, lower, upper, lower, 16, 16};
   configure_amx_tiles(tile_rows);
+}
+
+__attribute__((target("amx-tile"))) void zero_row_block_sums(bool lower) {
+  _tile_zero(0);
+  _tile_zero(1);
+  if (lower) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
 }
 
 bool bf16_amx_ready() {
@@ -352,6 +356,8 @@ void configure_amx_tiles(const uint8_t (&)[8], const uint8_t (&)[8]) {
 void release_amx_tiles() {}
 
 void configure_row_block_tiles(int64_t) { TORCH_CHECK(false, "this build has no AMX tiles"); }
+
+void zero_row_block_sums(bool) { TORCH_CHECK(false, "this build has no AMX tiles"); }
 
 void bf16_amx_groups(const uint16_t*, int64_t, int64_t, const GroupWeights&, int64_t, int64_t,
                      int64_t, const uint16_t*, uint16_t*, int64_t, int64_t) {

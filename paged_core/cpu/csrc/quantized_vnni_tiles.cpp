@@ -51,12 +51,7 @@ __attribute__((target("amx-tile,amx-int8"))) void block_times_pair(
   const int8_t* p1 = p0 + call.quads * 64;  // read only where `two`
   const uint8_t* x_upper = call.xu + m0 * Kp;
   const uint8_t* x_lower = x_upper + kTileRows * Kp;
-  _tile_zero(0);
-  _tile_zero(1);
-  if (lower) {
-    _tile_zero(2);
-    _tile_zero(3);
-  }
+  paged_core_cpu::zero_row_block_sums(lower);
   for (int64_t s = 0; s < steps; ++s) {
     _tile_loadd(6, p0 + s * kTileBytes, 64);
     if (two) _tile_loadd(7, p1 + s * kTileBytes, 64);

@@ -106,34 +106,29 @@ void block_sums(const TileCall& call, const uint8_t* tiles, int64_t g, int64_t m
   const bool lower = rows > kTileRows;
   const int8_t* upper_rows = call.block(m0) + g * call.x.quads_per_group * 4;
   const int8_t* lower_rows = upper_rows + kTileRows * K;
-  _tile_zero(0);
-  _tile_zero(1);
-  if (lower) {
-    _tile_zero(2);
-    _tile_zero(3);
-  }
+  paged_core_cpu::zero_row_block_sums(lower);
+// C tile c += A tile a (rows) times B tile b (levels): signed levels (a symmetric weight's,
+// unpacked minus 8) or unsigned ones. The tile numbers must be literals.
+#define PAGED_CORE_W4A8_DOT(c, a, b) \
+  do {                               \
+    if constexpr (kSymmetric)        \
+      _tile_dpbssd(c, a, b);         \
+    else                             \
+      _tile_dpbsud(c, a, b);         \
+  } while (0)
   for (int64_t s = 0; s < steps; ++s) {
     _tile_loadd(6, tiles + s * 2 * kTileBytes, 64);
     _tile_loadd(7, tiles + s * 2 * kTileBytes + kTileBytes, 64);
     _tile_loadd(4, upper_rows + s * 64, K);
-    if constexpr (kSymmetric) {
-      _tile_dpbssd(0, 4, 6);
-      _tile_dpbssd(1, 4, 7);
-    } else {
-      _tile_dpbsud(0, 4, 6);
-      _tile_dpbsud(1, 4, 7);
-    }
+    PAGED_CORE_W4A8_DOT(0, 4, 6);
+    PAGED_CORE_W4A8_DOT(1, 4, 7);
     if (lower) {
       _tile_loadd(5, lower_rows + s * 64, K);
-      if constexpr (kSymmetric) {
-        _tile_dpbssd(2, 5, 6);
-        _tile_dpbssd(3, 5, 7);
-      } else {
-        _tile_dpbsud(2, 5, 6);
-        _tile_dpbsud(3, 5, 7);
-      }
+      PAGED_CORE_W4A8_DOT(2, 5, 6);
+      PAGED_CORE_W4A8_DOT(3, 5, 7);
     }
   }
+#undef PAGED_CORE_W4A8_DOT
   constexpr int64_t kRowBytes = sizeof(sums[0]);
   _tile_stored(0, &sums[0][0][0], kRowBytes);
   _tile_stored(1, &sums[0][1][0], kRowBytes);
@@ -143,7 +138,8 @@ void block_sums(const TileCall& call, const uint8_t* tiles, int64_t g, int64_t m
   }
 }
 
-// A block's sums of group g (block_sums') joined to its rows' totals ([row][32], add_group).
+// A block's sums of group g (block_sums') joined to its rows' totals ([row][32], add_group;
+// group 0 starts them).
 template <bool kSymmetric>
 __attribute__((target("avx512f")))
 void add_block(const TileCall& call, const Factors& factors, int64_t g, int64_t m0,
@@ -158,7 +154,8 @@ void add_block(const TileCall& call, const Factors& factors, int64_t g, int64_t 
       // the group's sum of row levels (an integer): only the offsets' term reads it
       const float group_sum = kSymmetric ? 0.f : call.x.group_sums[(m0 + r) * call.x.groups + g];
       float* total = totals + r * kOutputs + 16 * h;
-      _mm512_store_ps(total, add_group<kSymmetric>(_mm512_load_ps(total), scale, offset,
+      const __m512 before = g == 0 ? _mm512_setzero_ps() : _mm512_load_ps(total);
+      _mm512_store_ps(total, add_group<kSymmetric>(before, scale, offset,
                                                    _mm512_load_si512(sums[r][h]), group_sum));
     }
   }
@@ -185,7 +182,6 @@ void columns_on_tiles(const TileCall& call, int64_t c0, int64_t c1) {
       unpack_group<kSymmetric>(column, g, call.x.quads_per_group, tiles.data() + g * group_bytes);
     const int64_t live = std::min(kOutputs, call.N - c * kOutputs);
     for (int64_t m0 = 0; m0 < M; m0 += kBlockRows) {
-      std::fill(totals, totals + kBlockRows * kOutputs, 0.f);
       for (int64_t g = 0; g < groups; ++g) {
         block_sums<kSymmetric>(call, tiles.data() + g * group_bytes, g, m0, rows, sums[g & 1]);
         if (g > 0)
