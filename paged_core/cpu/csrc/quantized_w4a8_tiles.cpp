@@ -6,25 +6,27 @@
 // 4t + i in the low nibble and output 16 + j's in the high one: masked, 16 quads (64 features,
 // one tile step) are two B tiles as tdpbsud reads them (16 rows of 16 outputs x 4 levels, the
 // low nibbles outputs 0-15, the high ones 16-31), one and, one shift and two 64-byte stores a
-// quad. Each group's steps are unpacked once per call into the thread's buffer (in L1), then
-// every block of rows runs over them: the A tiles are the rows' int8 levels (token_levels', the
-// vpdpbusd kernel's own), so tdpbsud (signed rows times unsigned levels) adds each group's
-// exact int32 sums S. A symmetric weight's levels are unpacked minus 8 (-8..7) for tdpbssd
-// (signed times signed), whose sums are S - 8 R, R the group's sum of row levels: the integer
-// the vpdpbusd kernel's sums start from, without reading R. Then add_group (w4a8_layout.h) in
-// order of g and the row's scale last: every output the vpdpbusd kernel's bits, whatever the
-// rows beside it.
+// quad. A column group's steps are unpacked once per call into the thread's buffer (18-48 KB
+// for SmolLM2's 576-1536 features), then every block of rows runs over them: the A tiles are
+// the rows' int8 levels (token_levels', the vpdpbusd kernel's own), so tdpbsud (signed rows
+// times unsigned levels) adds each group's exact int32 sums S. A symmetric weight's levels are
+// unpacked minus 8 (-8..7) for tdpbssd (signed times signed), whose sums are S - 8 R, R the
+// group's sum of row levels: the integer the vpdpbusd kernel's sums start from, without
+// reading R. Then add_group (w4a8_layout.h) in order of g and the row's scale last: every
+// output the vpdpbusd kernel's bits, whatever the rows beside it.
 //
 // Tiles (configure_row_block_tiles of a block of up to 32 rows): C 0, 1 (rows 0-15 x outputs
 // 0-15, 16-31), C 2, 3 (rows 16-31), A 4, 5 (rows 0-15, 16-31), B 6, 7 (outputs 0-15, 16-31).
 // The last block of a call of more than 32 rows that does not fill one reads a copy of its
-// rows padded with zero rows, so a thread configures its tiles once a call. A column group's
-// levels are unpacked once a call; then each block of rows runs over all its groups, the
-// block's float32 totals (32 x 32) in L1 (with the totals of every row of the call in L2
-// instead, the 120 SmolLM2 projections took 145 against 112 ms at 512 rows; with every group's
-// sums of a block stored first and the totals of 16 rows in registers over the groups, 112
-// against 97: Intel(R) Xeon(R) Processor, amx_bf16, 2026-12-07 00:4x UTC). Each block's sums
-// join the totals one group later (two buffers), while the next group's tiles multiply.
+// rows padded with zero rows, so a thread configures its tiles once a call. Each block of rows
+// runs over all the groups of a column group, the block's float32 totals (32 x 32) in L1; each
+// group's sums join them one group later (two buffers), while the next group's tiles multiply.
+// Tried and not kept (the 120 SmolLM2 projections at 512 rows, Intel(R) Xeon(R) Processor,
+// amx_bf16, 2026-12-07 00:4x UTC): the totals of every row of the call in L2, each group's
+// tiles over every block, 145 against 112 ms; every group's sums of a block stored first and
+// the totals of 16 rows kept in registers over the groups, 112 against 97. Each group of 64
+// features leaves the tiles as 32 x 32 int32 sums to scale in float32, so at many rows this
+// kernel stays behind the bfloat16 weights' AMX-BF16 linear (512 rows: ~1.16x its time).
 //
 // Built into the avx512_bf16 level's extension; runs only where amx_int8_ready() and the
 // groups are whole tile steps (a multiple of 64 features).
@@ -58,7 +60,8 @@ constexpr int64_t kTileRows = 16;
 // One call's operands as the tiles read them.
 struct TileCall {
   QuantizedRows x;
-  const int8_t* padded_tail;  // the last block's rows, zero rows past M (M > 32 only)
+  const int8_t* padded_tail;  // the last block's rows, zero rows past M (where M > 32 is no
+                              // multiple of 32)
   int64_t M;
   const uint8_t* levels;      // w4a8_pack's [C, K / 4, 64]
   Factors factors;            // w4a8_pack's [C, groups, F, 32]
@@ -208,10 +211,10 @@ namespace paged_core_cpu {
 
 void w4a8_tiles(const TokenLevels& rows, const at::Tensor& levels, const at::Tensor& factors,
                 int64_t group_size, int64_t out_features, const at::Tensor& y) {
-  const int64_t M = rows.levels.size(0), K = rows.levels.size(1);
   TORCH_CHECK(amx_int8_ready() && group_size % 64 == 0,
               "w4a8_tiles needs AMX-INT8 tiles and groups of a multiple of 64 features");
 #if defined(PAGED_CORE_AMX_BUILT)
+  const int64_t M = rows.levels.size(0), K = rows.levels.size(1);
   at::Tensor tail;  // the last block's rows padded to a whole block, where a call has several
   if (M > kBlockRows && M % kBlockRows != 0) {
     tail = at::zeros({kBlockRows, K}, rows.levels.options());
