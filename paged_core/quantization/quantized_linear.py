@@ -201,13 +201,13 @@ class QuantizedLinear(nn.Module):
         ``avx512_bf16`` kernels."""
         return self.level == "avx512_bf16" and self.dtype == self.dense_dtype == torch.bfloat16
 
-    @staticmethod
-    def _amx_selected() -> bool:
-        """Whether AMX tiles are selected and granted (the dense path's and the column
-        kernels')."""
+    def _amx_selected(self) -> bool:
+        """Whether this linear's kernels take AMX tiles: they are the ``avx512_bf16`` level's
+        (the only build with the tile ops), and the tiles are selected and granted (the dense
+        path's and the column kernels', W8A8's and W4A8's int8 tiles)."""
         from ..models.cpu_linear import bf16_amx_min_rows
 
-        return bf16_amx_min_rows() > 0
+        return self.level == "avx512_bf16" and bf16_amx_min_rows() > 0
 
     def _column_layout(self, q: torch.Tensor, per_group: list[torch.Tensor],
                        packing: str = "") -> list | None:

@@ -92,9 +92,8 @@ class W4A8Linear(Int4Linear):
 
     def _stored_layout(self, q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
                        zeros: torch.Tensor) -> list:
-        amx_selected = self.level == "avx512_bf16" and self._amx_selected()  # that level's ops
         self.kernel, self.amx_min_rows = selected_w4a8_kernel(self.kernels, self.group_size,
-                                                              amx_selected)
+                                                              self._amx_selected())
         if self.kernel == "float32":  # the row layout: its float32 kernels take any level's rows
             return self._row_levels(q, scales, offsets, zeros)
         self.int8_sums_from_rows, self.w4a8_outputs = 1, self.out_features

@@ -134,9 +134,8 @@ class W8A8Linear(Int8Linear):
         super().__init__(weight, has_bias, dtype, dense_dtype)
         # int8_sums_from_rows: from how many rows the sums are integer (0: never);
         # amx_min_rows: from how many rows on AMX-INT8 tiles (0: never)
-        amx_selected = self.level == "avx512_bf16" and self._amx_selected()  # that level's ops
         self.kernel, self.int8_sums_from_rows, self.amx_min_rows = selected_w8a8_kernel(
-            self.kernels, amx_selected)
+            self.kernels, self._amx_selected())
         self.channel_scales = self.scales.reshape(-1)  # [out] float32, the same storage
         self.vnni_sums = None  # vnni, amx: 128 * each output's sum of levels (w8a8_vnni_pack)
         if self.kernel in ("vnni", "amx"):  # the levels in their layout only
