@@ -14,7 +14,11 @@ OpenAI server from that interpreter), scenario by scenario in turn with
 paged-core, so both see the same machine load; its results are under ``peers``.
 Before each scenario of each system the command waits until the machine is quiet
 (``quiet_machine``: a server's start-up tail, or the previous scenario's, would otherwise
-be timed too) and records what it saw as the scenario's ``machine_before``.
+be timed too) and records what it saw as the scenario's ``machine_before``; while it runs,
+the share of the cores that processes other than this command and the servers it started
+kept busy (``foreign_load``) is its ``machine_during`` (unknown for a ``--url`` server,
+whose own work could not be told apart), and the summary marks a scenario that was not
+quiet: its rates are lower bounds.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import time
 from typing import Any
 
 from .clients import HTTPClient, InProcessClient, RequestRecord
+from .foreign_load import ForeignLoad
 from .quiet_machine import wait_until_quiet
 from .report import new_figure, percentiles, save_plot
 from .server import running_server, running_vllm_server
@@ -82,13 +87,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     requests = sharegpt_like(spec, embedded_tokenizer())
     with contextlib.ExitStack() as stack:
         targets = [stack.enter_context(_target(args))]
+        owned = [not args.url]  # whether each target's server is this command's descendant
         if getattr(args, "vllm_python", None):
             url = stack.enter_context(running_vllm_server(args.vllm_python, args.dtype, args.threads))
             targets.append(("vllm serve", lambda: HTTPClient(url, args.request_timeout,
                                                              model="SmolLM2-135M-Instruct")))
+            owned.append(True)
         settle = QUICK_SETTLE if args.quick else {**SETTLE, "timeout_s": args.settle_timeout}
         scenarios = asyncio.run(_run_scenarios([make for _, make in targets], requests, rates,
-                                               per_rate, bursts, args.seed, settle))
+                                               per_rate, bursts, args.seed, settle, owned))
     result = {"target": targets[0][0], "dtype": args.dtype, "workload": summarize(requests),
               "scenarios": scenarios[0]}
     if len(targets) > 1:
@@ -112,10 +119,12 @@ def _target(args: argparse.Namespace):
 
 
 async def _run_scenarios(make_clients, requests: list[BenchRequest], rates: list[float],
-                         per_rate: int, bursts: list[int], seed: int,
-                         settle: dict[str, float]) -> list[list[dict[str, Any]]]:
+                         per_rate: int, bursts: list[int], seed: int, settle: dict[str, float],
+                         owned: list[bool]) -> list[list[dict[str, Any]]]:
     """Every scenario on every target in turn (interleaved), each started once the machine
-    is quiet (``wait_until_quiet(**settle)``); one list of results per target."""
+    is quiet (``wait_until_quiet(**settle)``), the others' load measured while it runs where
+    the target's server is this process or its descendant (``owned``); one list of results
+    per target."""
     clients = [make() for make in make_clients]
     try:
         for client in clients:
@@ -126,11 +135,14 @@ async def _run_scenarios(make_clients, requests: list[BenchRequest], rates: list
         scenarios += [(f"burst {b}", None, requests[:b], [0.0] * b) for b in bursts]
         results: list[list[dict[str, Any]]] = [[] for _ in clients]
         for label, rate, batch, gaps in scenarios:
-            for client, out in zip(clients, results):
+            for client, out, own in zip(clients, results, owned):
                 quiet = await asyncio.to_thread(wait_until_quiet, **settle)
+                others = ForeignLoad() if own else None
                 records, seconds = await _drive(client, batch, label, gaps)
+                during = (others.stop(settle["max_busy"]) if others
+                          else {"foreign_busy": None, "quiet": None})
                 out.append({**_scenario(label, rate, records, seconds),
-                            "machine_before": quiet.as_dict()})
+                            "machine_before": quiet.as_dict(), "machine_during": during})
         return results
     finally:
         for client in clients:
@@ -205,8 +217,18 @@ def print_summary(results: dict[str, Any]) -> None:
               f"{'TTFT p50/p99 ms':>20}{'ITL p50/p99 ms':>18}{'E2E p50/p99 ms':>20}")
         for s in scenarios:
             cells = [_p50_p99(s, m, "/") for m in ("ttft", "itl", "e2e")]
-            print(f"{s['label']:<22}{s['completed']:>5}{s['request_throughput']:>8.2f}"
+            label = s["label"] + (" *" if _loaded(s) else "")
+            print(f"{label:<22}{s['completed']:>5}{s['request_throughput']:>8.2f}"
                   f"{s['output_tok_s']:>8.1f}{cells[0]:>20}{cells[1]:>18}{cells[2]:>20}")
+        for s in filter(_loaded, scenarios):
+            print(f"* {s['label']}: other processes kept "
+                  f"{100 * s['machine_during']['foreign_busy']:.0f}% of the cores busy while it "
+                  f"ran: its rates are lower bounds")
+
+
+def _loaded(scenario: dict[str, Any]) -> bool:
+    """True if other processes were measured busy during the scenario (``machine_during``)."""
+    return scenario.get("machine_during", {}).get("quiet") is False
 
 
 def plot(results: dict[str, Any], out_dir, name: str) -> None:
@@ -233,7 +255,8 @@ def readme_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     for system, _, scenarios in _systems(result):
         prefix = "serve" if system == "paged-core" else system
         for s in scenarios:
-            rows.append((f"{prefix} {s['label']}: TTFT / ITL / E2E p50 (p99) ms",
+            loaded = " (others busy while it ran: lower bounds)" if _loaded(s) else ""
+            rows.append((f"{prefix} {s['label']}{loaded}: TTFT / ITL / E2E p50 (p99) ms",
                          " / ".join(_p50_p99(s, m, " (") + ")" for m in ("ttft", "itl", "e2e"))
                          + f", {s['output_tok_s']:.1f} tok/s"))
     return rows

@@ -37,4 +37,6 @@ def test_requests_that_get_no_answer_fail_after_the_timeout(tmp_path):
     assert burst["num_requests"] == 3 and burst["completed"] == 0 and burst["failed"] == 3
     assert burst["errors"] == ["ReadTimeout: "]
     assert burst["machine_before"]["waited_s"] < 5  # --settle-timeout 0: one window, busy or not
+    # a --url server is not this command's descendant: its work cannot be told from others'
+    assert burst["machine_during"] == {"foreign_busy": None, "quiet": None}
     assert len(accepted) >= 5  # two warm-up requests and the burst of three reached the server
