@@ -2,11 +2,11 @@
 
 ``wait_until_quiet`` makes a scenario *start* on a quiet machine; a job that starts while
 it runs (a build, another benchmark) went unseen. On the 2-core Intel(R) Xeon(R) Processor
-(amx_bf16), 2026-12-07, a burst of 100 through the LitServe adapter that overlapped a
-2-thread linear-layer benchmark in another process for about a minute had a TTFT p50 of
-18.4 s, against 1.4-2.1 s for the same scenario alone (the engine's OpenMP team of two
-waits at every parallel region for a core the other job holds), and its result file looked
-like any other.
+(amx_bf16), 2026-12-07, a burst of 100 through the LitServe adapter that overlapped
+microbenchmarks in other processes (2-thread memory fills and linear layers) for about four
+minutes had a TTFT p50 of 18.4 s, against 1.4-2.1 s for the same scenario alone (the
+engine's OpenMP team of two waits at every parallel region for a core the other job holds),
+and its result file looked like any other.
 
 ``ForeignLoad`` reads the machine's busy clock ticks (``/proc/stat``, ``cpu_times``) and
 the ticks of this process and every descendant (``/proc/<pid>/stat``: utime + stime, and
