@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from .quiet_machine import PROC_STAT, cpu_times
 
 PROC = "/proc"
+UNKNOWN = {"foreign_busy": None, "quiet": None}  # where the share cannot be measured
 # Fields of /proc/<pid>/stat after "(comm)", counted from the state (index 0): ppid, then
 # utime stime cutime cstime (fields 4 and 14-17 of proc(5)).
 _PPID, _TICKS = 1, slice(11, 15)
@@ -91,7 +92,7 @@ class ForeignLoad:
         ``max_busy``."""
         end = self.sample()
         if None in (self.start.machine, self.start.tree, end.machine, end.tree):
-            return {"foreign_busy": None, "quiet": None}
+            return dict(UNKNOWN)
         total = end.machine[1] - self.start.machine[1]
         busy = end.machine[0] - self.start.machine[0]
         own = end.tree - self.start.tree

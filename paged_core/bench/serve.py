@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 from .clients import HTTPClient, InProcessClient, RequestRecord
-from .foreign_load import ForeignLoad
+from .foreign_load import UNKNOWN, ForeignLoad
 from .quiet_machine import wait_until_quiet
 from .report import new_figure, percentiles, save_plot
 from .server import running_server, running_vllm_server
@@ -139,8 +139,7 @@ async def _run_scenarios(make_clients, requests: list[BenchRequest], rates: list
                 quiet = await asyncio.to_thread(wait_until_quiet, **settle)
                 others = ForeignLoad() if own else None
                 records, seconds = await _drive(client, batch, label, gaps)
-                during = (others.stop(settle["max_busy"]) if others
-                          else {"foreign_busy": None, "quiet": None})
+                during = others.stop(settle["max_busy"]) if others else dict(UNKNOWN)
                 out.append({**_scenario(label, rate, records, seconds),
                             "machine_before": quiet.as_dict(), "machine_during": during})
         return results

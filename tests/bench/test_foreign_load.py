@@ -95,8 +95,8 @@ def test_real_tree_ticks_count_a_child_and_not_a_detached_process():
     code = _SPIN.format(seconds=1.0)
     before = process_tree_ticks(os.getpid())
     child = subprocess.Popen([sys.executable, "-c", code])
-    _, _, usage = os.wait4(child.pid, 0)
-    child.returncode = 0
+    _, _, usage = os.wait4(child.pid, 0)  # reaped here, with its resource usage
+    child.returncode = 0  # so Popen does not wait for it again
     own = process_tree_ticks(os.getpid()) - before
     child_ticks = (usage.ru_utime + usage.ru_stime) * hz
     assert child_ticks >= 0.2 * hz  # it did run
