@@ -22,23 +22,11 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass
 
-from .quiet_machine import PROC_STAT, cpu_times
+from ..cpu.proc_ticks import PPID_FIELD, PROC, PROC_STAT, UTIME_FIELD, cpu_times, stat_fields
 
-PROC = "/proc"
 UNKNOWN = {"foreign_busy": None, "quiet": None}  # where the share cannot be measured
-# Fields of /proc/<pid>/stat after "(comm)", counted from the state (index 0): ppid, then
-# utime stime cutime cstime (fields 4 and 14-17 of proc(5)).
-_PPID, _TICKS = 1, slice(11, 15)
-
-
-def _stat_fields(path: str) -> list[str] | None:
-    """A process's stat fields after its name (which may hold spaces and parentheses)."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except OSError:  # the process ended while the table was read
-        return None
-    return text[text.rfind(")") + 2:].split()
+# utime stime cutime cstime (fields 14-17 of proc(5)) among a process's stat fields
+_TICKS = slice(UTIME_FIELD, UTIME_FIELD + 4)
 
 
 def process_tree_ticks(root: int, proc: str = PROC) -> int | None:
@@ -51,11 +39,11 @@ def process_tree_ticks(root: int, proc: str = PROC) -> int | None:
     except OSError:
         return None
     for entry in entries:
-        fields = _stat_fields(os.path.join(proc, entry, "stat"))
+        fields = stat_fields(os.path.join(proc, entry, "stat"))
         if fields is None or len(fields) < _TICKS.stop:
             continue
         pid = int(entry)
-        children[int(fields[_PPID])].append(pid)
+        children[int(fields[PPID_FIELD])].append(pid)
         ticks[pid] = sum(int(v) for v in fields[_TICKS])
     if root not in ticks:
         return None

@@ -20,9 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-PROC_STAT = "/proc/stat"
-# idle and iowait: their places among the "cpu" line's user nice system idle iowait ...
-IDLE_FIELDS = (3, 4)
+from ..cpu.proc_ticks import cpu_times
 
 
 @dataclass(frozen=True)
@@ -35,20 +33,6 @@ class Quiet:
 
     def as_dict(self) -> dict[str, float | bool | None]:
         return asdict(self)
-
-
-def cpu_times(path: str = PROC_STAT) -> tuple[int, int] | None:
-    """(busy, total) clock ticks of every core since boot, or None if unreadable."""
-    try:
-        with open(path, encoding="ascii") as f:
-            fields = f.readline().split()
-    except OSError:
-        return None
-    if not fields or fields[0] != "cpu":
-        return None
-    ticks = [int(v) for v in fields[1:9]]  # user .. steal (guest time is inside user)
-    idle = sum(ticks[i] for i in IDLE_FIELDS)
-    return sum(ticks) - idle, sum(ticks)
 
 
 def wait_until_quiet(max_busy: float = 0.1, window_s: float = 1.0, timeout_s: float = 60.0,

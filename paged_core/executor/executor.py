@@ -37,6 +37,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
+from ..cpu.adaptive_threads import AdaptiveThreads, adaptive_threads_enabled
 from ..sample.sampling_plan import SamplerOutput, SamplingPlan
 from .packed_batch import PackedBatch
 from .group import SINGLE, free_port, init_process_group
@@ -51,10 +52,15 @@ class WorkerDiedError(RuntimeError):
 
 
 class UniProcExecutor:
-    """Rank 0 of a group of one: the forward runs in this process."""
+    """Rank 0 of a group of one: the forward runs in this process. On the CPU each step runs
+    with its OpenMP team sized to the cores other processes leave free (``adaptive_threads``;
+    not in batch-invariant mode, which keeps the caller's team)."""
 
     def __init__(self, spec: RankSpec) -> None:
+        adaptive = (spec.device.type == "cpu" and not spec.config.batch_invariant
+                    and adaptive_threads_enabled())
         self.worker = Worker(spec, SINGLE)
+        self.threads = AdaptiveThreads() if adaptive else None
 
     @property
     def runner(self):
@@ -79,7 +85,10 @@ class UniProcExecutor:
                       plan: SamplingPlan | None) -> SamplerOutput | None:
         """Run the step on every rank and sample it with ``plan`` (``None``: the forward only,
         nothing sampled or returned: the engine's start-up calibration)."""
-        return self.worker.execute_model(packed, block_copies, plan)
+        if self.threads is None:
+            return self.worker.execute_model(packed, block_copies, plan)
+        with self.threads.sized_team():
+            return self.worker.execute_model(packed, block_copies, plan)
 
     def check_health(self) -> None:
         """Raises if the executor can no longer run steps."""
