@@ -19,9 +19,9 @@ a step (no thread of its own, nothing read between steps):
   core (their run delay, ``proc_ticks.threads_run_delay_s``). Beside the busy loop it was
   ~0.9; alone, 0.03-0.13 in an in-process burst, but 0.2-0.55 in a burst of 100 through the
   LitServe adapter (the worker's own threads and the HTTP process take turns with the
-  team). At ``SHRINK_WAITING`` or more, the team gives up one thread. (A busy loop that runs
-  half of each 10 ms also cost the team of 2, 0.53: 157 against 186 tok/s for a team of 1,
-  which this threshold leaves to the user, ``torch.set_num_threads``.)
+  team). At ``SHRINK_WAITING`` or more, the team gives up one thread. (Beside a loop busy
+  half of every 10 ms, a team of 2 waited 0.53 and served the in-process burst at 157 tok/s,
+  a team of 1 at 186: a case this threshold leaves to the user, ``torch.set_num_threads``.)
 - **foreign cores**: the cores other processes kept busy (the machine's busy ticks beyond
   this process's). A smaller team no longer waits, so only this one says when the others
   left: the team takes a thread back once the cores left free hold it with ``GROW_ROOM``
