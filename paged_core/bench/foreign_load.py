@@ -22,7 +22,8 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass
 
-from ..cpu.proc_ticks import PPID_FIELD, PROC, PROC_STAT, UTIME_FIELD, cpu_times, stat_fields
+from ..cpu.proc_ticks import (PPID_FIELD, PROC, PROC_STAT, UTIME_FIELD, cpu_times, others_share,
+                              stat_fields)
 
 UNKNOWN = {"foreign_busy": None, "quiet": None}  # where the share cannot be measured
 # utime stime cutime cstime (fields 14-17 of proc(5)) among a process's stat fields
@@ -90,8 +91,5 @@ class ForeignLoad:
         end = self.sample()
         if None in (self.start.machine, self.start.tree, end.machine, end.tree):
             return dict(UNKNOWN)
-        total = end.machine[1] - self.start.machine[1]
-        busy = end.machine[0] - self.start.machine[0]
-        own = end.tree - self.start.tree
-        share = max(0.0, (busy - own) / total) if total > 0 else 0.0
+        share = others_share(self.start.machine, end.machine, end.tree - self.start.tree)
         return {"foreign_busy": round(share, 4), "quiet": share < max_busy}

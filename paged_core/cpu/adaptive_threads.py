@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .proc_ticks import cpu_times, process_ticks, threads_run_delay_s
+from .proc_ticks import cpu_times, others_share, process_ticks, threads_run_delay_s
 
 logger = logging.getLogger(__name__)
 
@@ -171,9 +171,5 @@ class AdaptiveThreads:
         """Cores kept busy by other processes since the last look."""
         if None in (current.machine, current.own_ticks, self.last.machine, self.last.own_ticks):
             return None
-        total = current.machine[1] - self.last.machine[1]
-        if total <= 0:
-            return None
-        busy = current.machine[0] - self.last.machine[0]
         own = current.own_ticks - self.last.own_ticks
-        return max(0.0, busy - own) / total * self.cores
+        return others_share(self.last.machine, current.machine, own) * self.cores

@@ -31,6 +31,14 @@ def cpu_times(path: str = PROC_STAT) -> tuple[int, int] | None:
     return sum(ticks) - idle, sum(ticks)
 
 
+def others_share(before: tuple[int, int], after: tuple[int, int], own_ticks: int) -> float:
+    """The share of all cores' ticks between two ``cpu_times`` readings that went to processes
+    other than those whose ``own_ticks`` (spent meanwhile) are given; 0 for no time between."""
+    total = after[1] - before[1]
+    busy = after[0] - before[0]
+    return max(0.0, (busy - own_ticks) / total) if total > 0 else 0.0
+
+
 def stat_fields(path: str) -> list[str] | None:
     """A process's stat fields after its name (which may hold spaces and parentheses), or
     None if it cannot be read (the process ended)."""

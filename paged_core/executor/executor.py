@@ -26,6 +26,7 @@ with a dead peer fails at once, so a step in flight raises too.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -85,9 +86,7 @@ class UniProcExecutor:
                       plan: SamplingPlan | None) -> SamplerOutput | None:
         """Run the step on every rank and sample it with ``plan`` (``None``: the forward only,
         nothing sampled or returned: the engine's start-up calibration)."""
-        if self.threads is None:
-            return self.worker.execute_model(packed, block_copies, plan)
-        with self.threads.sized_team():
+        with self.threads.sized_team() if self.threads else contextlib.nullcontext():
             return self.worker.execute_model(packed, block_copies, plan)
 
     def check_health(self) -> None:

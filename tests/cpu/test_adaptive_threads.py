@@ -3,14 +3,13 @@ the rules on scripted signals, the /proc readers on this machine, and a real eng
 busy processes (its team shrinks, its greedy tokens stay those of a fixed team)."""
 import contextlib
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
 from paged_core import LLM, SamplingParams
+from paged_core.bench.busy_cores import busy_cores
 from paged_core.cpu.adaptive_threads import (FIRST_HOLD_S, SETTING, WINDOW_S, AdaptiveThreads,
                                              Signals, adaptive_threads_enabled)
 from paged_core.cpu.proc_ticks import process_ticks, threads_run_delay_s
@@ -187,9 +186,7 @@ def test_this_process_ticks_and_run_delay_are_read_here():
         pass
     assert process_ticks() >= ticks + 20  # 0.3 s of CPU at 100 ticks a second, less rounding
     cores = os.cpu_count() or 1
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                for _ in range(cores)]
-    try:
+    with busy_cores(cores):
         time.sleep(0.3)
         delay = threads_run_delay_s()
         stop = time.monotonic() + 1.5
@@ -199,10 +196,6 @@ def test_this_process_ticks_and_run_delay_are_read_here():
                 block.mul_(1.0)  # parallel ops of this process's OpenMP team
         # a team of `cores` threads beside `cores` busy processes: they wait about half the time
         assert threads_run_delay_s() - delay > 0.3
-    finally:
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
 
 
 def _greedy(llm: LLM) -> list[tuple[list[int], list[set[int]]]]:
@@ -226,17 +219,11 @@ def test_an_engine_beside_busy_processes_shrinks_its_team_and_keeps_its_output(m
         llm = LLM(dtype="float32", num_kv_blocks=64)
         threads = llm.engine.core.executor.threads
         assert isinstance(threads, AdaptiveThreads)
-        spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                    for _ in range(cores)]
-        try:
+        with busy_cores(cores):
             tokens = _greedy(llm)
             deadline = time.monotonic() + 60
             while threads.given_up == 0 and time.monotonic() < deadline:
                 tokens = _greedy(llm)
-        finally:
-            for spinner in spinners:
-                spinner.kill()
-                spinner.wait()
         assert threads.given_up >= 1  # the team left a core to the busy processes
         for (ours, our_tops), (theirs, their_tops) in zip(tokens, expected):
             assert_greedy_close(ours, our_tops, theirs, their_tops)  # the same computation
