@@ -48,7 +48,7 @@ from ..requests.engine_io import EngineCoreOutput, EngineRequest, StopAtString
 from .kv_event_sink import kv_event_publisher
 from .long_rope import rotate_long
 from .schedule_ahead import ScheduleAhead
-from .step_calibration import calibrate_step_cost, calibration_shapes
+from .step_calibration import calibration_shapes, calibration_steps
 from .step_records import LaunchedStep, StepPlan, step_inputs
 
 logger = logging.getLogger(__name__)
@@ -110,9 +110,10 @@ class EngineCore:
         target's first budgets rest on them (``step_calibration``)."""
         shapes = calibration_shapes(self.config.max_num_seqs, self.config.max_num_batched_tokens,
                                     self.max_total_tokens)
-        calibrate_step_cost(self.pacer.cost,
-                            lambda packed: self.executor.execute_model(packed, [], None),
-                            shapes, self.config.block_size, self.executor.prefers_bucketed_batches)
+        steps = calibration_steps(lambda packed: self.executor.execute_model(packed, [], None),
+                                  shapes, self.config.block_size,
+                                  self.executor.prefers_bucketed_batches)
+        self.pacer.calibrate(steps, self.executor.last_team)
 
     # -- requests in and out ---------------------------------------------------------
     def add_request(self, source: EngineRequest) -> None:
@@ -207,7 +208,7 @@ class EngineCore:
             logger.error("engine step failed: %s", sched.describe())
             raise
         self.pacer.observe(len(sched.scheduled), sched.num_tokens,
-                           time.perf_counter() - launched.started)
+                           time.perf_counter() - launched.started, self.executor.last_team)
         return outputs
 
     def pack(self, sched: SchedulerOutput) -> PackedBatch:

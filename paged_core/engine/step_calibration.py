@@ -8,8 +8,10 @@ budget it gives keeps steps small, and small steps never show it otherwise: a fr
 burst of 100 requests on 2 cores had a TTFT p99 of 3.4-5.1 s in 2 runs of 5, against
 1.7-1.9 s once the fit was right. So the engine first times a few steps of known shape on a
 quiet machine (one decode, a batch of decodes, prompts of a few hundred tokens and of the
-step's token budget) and gives them to the model as its first observations: its fit spans
-the rows a server's steps span from the start, and later steps refine it as before.
+step's token budget) and gives them to the model as its first observations
+(``StepPacer.calibrate``; the model of an OpenMP team size met later starts from them too,
+scaled): its fit spans the rows a server's steps span from the start, and later steps refine
+it as before.
 
 Only CPU engines calibrate: there the forward shares its cores with the HTTP front end; on
 a GPU it does not (and code that only CUDA runs waits for a GPU run to prove it).
@@ -30,7 +32,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from ..core.step_cost import StepCostModel
+from ..core.step_pacer import Step
 from ..executor.packed_batch import PackedBatch, StepInput, pack_batch
 
 DECODE_CONTEXT = 128  # the context of each decode in the batched-decode shape
@@ -65,16 +67,16 @@ def calibration_batch(shape: list[tuple[int, int]], block_size: int, bucketed: b
     return pack_batch(inputs, block_size, bucketed=bucketed)
 
 
-def calibrate_step_cost(cost: StepCostModel, run_step: Callable[[PackedBatch], None],
-                        shapes: list[list[tuple[int, int]]], block_size: int,
-                        bucketed: bool) -> None:
+def calibration_steps(run_step: Callable[[PackedBatch], None],
+                      shapes: list[list[tuple[int, int]]], block_size: int,
+                      bucketed: bool) -> list[Step]:
     """Time every one of ``shapes`` with ``run_step`` (the executor's forward, every rank),
-    ``ROUNDS`` rounds over all of them, and feed each shape's fastest time to ``cost``."""
+    ``ROUNDS`` rounds over all of them: each shape's ``(sequences, tokens, fastest time)``."""
     batches = [calibration_batch(shape, block_size, bucketed) for shape in shapes]
     rounds = [[_timed(run_step, packed) for packed in batches]
               for _ in range(ROUNDS)]
-    for shape, packed, times in zip(shapes, batches, zip(*rounds)):
-        cost.observe(len(shape), packed.num_tokens, min(times))
+    return [(len(shape), packed.num_tokens, min(times))
+            for shape, packed, times in zip(shapes, batches, zip(*rounds))]
 
 
 def _timed(run_step: Callable[[PackedBatch], None], packed: PackedBatch) -> float:

@@ -62,6 +62,7 @@ class UniProcExecutor:
                     and adaptive_threads_enabled())
         self.worker = Worker(spec, SINGLE)
         self.threads = AdaptiveThreads() if adaptive else None
+        self.last_team: int | None = None  # the adaptive team of the last step (None: fixed)
 
     @property
     def runner(self):
@@ -86,7 +87,8 @@ class UniProcExecutor:
                       plan: SamplingPlan | None) -> SamplerOutput | None:
         """Run the step on every rank and sample it with ``plan`` (``None``: the forward only,
         nothing sampled or returned: the engine's start-up calibration)."""
-        with self.threads.sized_team() if self.threads else contextlib.nullcontext():
+        with self.threads.sized_team() if self.threads else contextlib.nullcontext() as team:
+            self.last_team = team
             return self.worker.execute_model(packed, block_copies, plan)
 
     def check_health(self) -> None:
@@ -102,6 +104,7 @@ class _DriverExecutor(UniProcExecutor):
     def __init__(self, spec: RankSpec, size: int, init_method: str) -> None:
         self.size = size
         self._closed = False
+        self.last_team = None  # ranks keep fixed teams
         torch.set_num_threads(threads_per_rank(size))
         spec = for_rank(spec, 0)
         tp = init_process_group(0, size, spec.device, init_method)

@@ -104,3 +104,42 @@ def test_noise_with_a_falling_slope_keeps_the_last_good_fit():
     model.observe(1, 800, 0.005)
     assert model.per_row_s == good
 
+
+
+def _cost(seqs, tokens):
+    return 0.010 + 0.002 * seqs + 0.001 * tokens
+
+
+_SHAPES = ((1, 1), (16, 16), (1, 256), (4, 1024), (23, 23), (30, 30), (8, 200), (40, 40))
+
+
+def test_a_disturbed_step_is_left_out_of_the_fit_and_the_spread():
+    """One step slowed by another process (here 4x, at the largest row count, where a plain
+    least-squares fit leans on it most) leaves the fit and the budgets as they were."""
+    clean, disturbed = StepCostModel(), StepCostModel()
+    for seqs, tokens in _SHAPES:
+        clean.observe(seqs, tokens, _cost(seqs, tokens))
+        disturbed.observe(seqs, tokens, _cost(seqs, tokens))
+    disturbed.observe(23, 1627, 4 * _cost(23, 1627))
+    for seqs, tokens in ((23, 23), (20, 20), (25, 59)):
+        clean.observe(seqs, tokens, _cost(seqs, tokens))
+        disturbed.observe(seqs, tokens, _cost(seqs, tokens))
+    assert disturbed.per_row_s == pytest.approx(0.001) and disturbed.fixed_s == pytest.approx(0.010)
+    assert disturbed.spread_s == pytest.approx(0, abs=1e-9)
+    assert latency_budget(disturbed, 0.150, 23) == latency_budget(clean, 0.150, 23)
+    steps = [*_SHAPES, (23, 1627), (23, 23), (20, 20), (25, 59)]
+    times = [_cost(*step) * (4 if step[1] == 1627 else 1) for step in steps]
+    plain = np.linalg.lstsq(np.array([(1, seqs, tokens) for seqs, tokens in steps], float),
+                            np.array(times), rcond=None)[0]
+    assert plain[2] > 3 * 0.001  # what a plain least-squares fit makes of the same steps
+
+
+def test_the_fit_follows_a_new_pace_once_it_is_more_than_a_tenth_of_the_window():
+    """Steps twice as slow from some point on are a slower machine, not a disturbance."""
+    model = StepCostModel(window=64)
+    for seqs, tokens in _SHAPES * 4:
+        model.observe(seqs, tokens, _cost(seqs, tokens))
+    assert model.per_row_s == pytest.approx(0.001)
+    for seqs, tokens in _SHAPES * 2:
+        model.observe(seqs, tokens, 2.5 * _cost(seqs, tokens))
+    assert model.per_row_s > 1.3 * 0.001 and model.decodes_within(0.150) < 40  # was 46

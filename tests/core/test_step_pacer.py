@@ -1,4 +1,6 @@
 """The step pacer: no target, no budget and nothing learnt; a target, a budget once learnt."""
+import pytest
+
 from paged_core.core.step_pacer import StepPacer
 
 
@@ -17,3 +19,36 @@ def test_with_a_target_the_budget_follows_the_learnt_cost():
     pacer.observe(1, 101, 0.0105)  # 0.1 ms a token
     budget = pacer.budget(num_decodes=1)
     assert budget.prompt_tokens is not None and 50 <= budget.prompt_tokens <= 100
+
+
+def _cost(seqs, tokens, threads):
+    return (0.010 + 0.002 * seqs + 0.001 * tokens) * 2 / threads
+
+
+CALIBRATION = [(1, 1), (16, 16), (1, 256), (4, 1024)]
+
+
+def test_each_openmp_team_size_learns_its_own_cost():
+    """Steps on a team of 1 never move the fit of the team of 2 the engine calibrated, and a
+    team met for the first time starts from the calibration scaled by the teams' ratio."""
+    pacer = StepPacer(150, rows_of=int)
+    pacer.calibrate([(seqs, tokens, _cost(seqs, tokens, 2)) for seqs, tokens in CALIBRATION],
+                    team=2)
+    two = pacer.budget(num_decodes=10)
+    assert pacer.cost.per_row_s == pytest.approx(0.001)
+    pacer.observe(23, 23, _cost(23, 23, 1), team=1)  # the team gave a thread up
+    assert pacer.team == 1 and pacer.cost.per_row_s == pytest.approx(0.002)
+    for seqs, tokens in ((30, 30), (8, 200), (20, 20), (25, 59)) * 3:
+        pacer.observe(seqs, tokens, _cost(seqs, tokens, 1), team=1)
+    one = pacer.budget(num_decodes=10)
+    assert pacer.cost.per_row_s == pytest.approx(0.002) and one.prompt_tokens < two.prompt_tokens / 1.8
+    pacer.observe(10, 10, _cost(10, 10, 2), team=2)  # the thread is back
+    assert pacer.cost.per_row_s == pytest.approx(0.001) and pacer.budget(num_decodes=10) == two
+
+
+def test_a_fixed_team_is_one_model():
+    pacer = StepPacer(150, rows_of=int)
+    pacer.calibrate([(seqs, tokens, _cost(seqs, tokens, 2)) for seqs, tokens in CALIBRATION],
+                    team=None)
+    pacer.observe(23, 23, _cost(23, 23, 2))
+    assert pacer.team is None and pacer.cost.per_row_s == pytest.approx(0.001)

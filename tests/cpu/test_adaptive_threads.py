@@ -207,6 +207,7 @@ def _greedy(llm: LLM) -> list[tuple[list[int], list[set[int]]]]:
 
 
 def test_an_engine_beside_busy_processes_shrinks_its_team_and_keeps_its_output(monkeypatch):
+    """(With a latency target, whose pacer then learns the smaller team's costs.)"""
     cores = os.cpu_count() or 1
     if cores < 2 or threads_run_delay_s() is None:
         pytest.skip("needs 2+ cores and /proc schedstats: nothing to shrink or no signal")
@@ -216,7 +217,7 @@ def test_an_engine_beside_busy_processes_shrinks_its_team_and_keeps_its_output(m
         assert fixed.engine.core.executor.threads is None
         expected = _greedy(fixed)
         monkeypatch.delenv(SETTING)
-        llm = LLM(dtype="float32", num_kv_blocks=64)
+        llm = LLM(dtype="float32", num_kv_blocks=64, itl_target_ms=150)
         threads = llm.engine.core.executor.threads
         assert isinstance(threads, AdaptiveThreads)
         with busy_cores(cores):
@@ -225,6 +226,8 @@ def test_an_engine_beside_busy_processes_shrinks_its_team_and_keeps_its_output(m
             while threads.given_up == 0 and time.monotonic() < deadline:
                 tokens = _greedy(llm)
         assert threads.given_up >= 1  # the team left a core to the busy processes
+        core = llm.engine.core  # its latency target budgets with the smaller team's costs
+        assert core.pacer.team == core.executor.last_team == 2 - threads.given_up
         for (ours, our_tops), (theirs, their_tops) in zip(tokens, expected):
             assert_greedy_close(ours, our_tops, theirs, their_tops)  # the same computation
         assert torch.get_num_threads() == 2  # the caller's count outside the steps

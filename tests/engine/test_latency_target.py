@@ -5,6 +5,7 @@ import pytest
 from paged_core import LLM, SamplingParams
 from paged_core.config import EngineConfig
 from paged_core.core.step_cost import StepCostModel
+from paged_core.core.step_pacer import StepPacer
 
 
 def test_itl_target_is_validated_and_defaults_by_usage():
@@ -29,10 +30,11 @@ def test_latency_target_keeps_greedy_outputs(tokenizer, tmp_path, monkeypatch):
     bounded = LLM(model=folder, dtype="float32", num_kv_blocks=64, max_num_batched_tokens=64,
                   itl_target_ms=1)
     engine = bounded.engine
-    engine.core.pacer.cost = StepCostModel()  # forget what start-up calibration measured
-    engine.core.pacer.cost.observe(1, 1, 0.0005)
-    engine.core.pacer.cost.observe(1, 101, 0.0105)  # "1 token takes 0.1 ms": room for ~5 tokens
-    monkeypatch.setattr(engine.core.pacer.cost, "observe", lambda *step: None)  # keep that cost
+    cost = StepCostModel()  # forget what start-up calibration measured
+    cost.observe(1, 1, 0.0005)
+    cost.observe(1, 101, 0.0105)  # "1 token takes 0.1 ms": room for ~5 tokens
+    monkeypatch.setattr(cost, "observe", lambda *step: None)  # keep that cost
+    monkeypatch.setattr(StepPacer, "cost", property(lambda pacer: cost))  # whatever the team
     sizes = []
     schedule = engine.core.scheduler.schedule
 
