@@ -63,7 +63,8 @@ from .sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-_HEALTH_CHECK_INTERVAL_S = 0.5  # how often an idle loop checks the engine's workers
+# how often an idle loop checks the engine's workers and looks at the free cores
+_HEALTH_CHECK_INTERVAL_S = 0.5
 
 
 class AsyncEngine:
@@ -304,6 +305,7 @@ class AsyncEngine:
                 self._expire_deadlines()
                 self.engine.check_health()  # a dead tensor-parallel worker ends the loop, idle too
                 if not self.engine.has_unfinished_requests():
+                    self.engine.look_while_idle()
                     self._wake.wait(timeout=_HEALTH_CHECK_INTERVAL_S)
                     self._wake.clear()
                     continue

@@ -416,6 +416,10 @@ class EngineCore:
         """Raises if the core can no longer run steps (e.g. a tensor-parallel worker died)."""
         self.executor.check_health()
 
+    def look_while_idle(self) -> None:
+        """Between requests: let the executor keep its view of the machine current."""
+        self.executor.look_while_idle()
+
     def shutdown(self) -> None:
         """Stop the executor's worker processes and the KV-event publisher (idempotent; also
         run when the core is collected)."""

@@ -221,6 +221,11 @@ class LLMEngine:
         """Raises if the engine can no longer run steps (e.g. a tensor-parallel worker died)."""
         self.core.check_health()
 
+    def look_while_idle(self) -> None:
+        """Called by a server's loop while it has no request: a CPU engine's adaptive OpenMP
+        team keeps its look at the free cores current (``cpu.adaptive_threads``)."""
+        self.core.look_while_idle()
+
     def shutdown(self) -> None:
         """Stop the core's worker processes and its KV-event publisher (idempotent)."""
         self.core.shutdown()

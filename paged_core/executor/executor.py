@@ -91,6 +91,12 @@ class UniProcExecutor:
             self.last_team = team
             return self.worker.execute_model(packed, block_copies, plan)
 
+    def look_while_idle(self) -> None:
+        """Between requests: keep the adaptive team's look at the free cores current
+        (``AdaptiveThreads.update``), so the next step starts with a team that fits."""
+        if self.threads:
+            self.threads.update(torch.get_num_threads())
+
     def check_health(self) -> None:
         """Raises if the executor can no longer run steps."""
 
@@ -104,7 +110,7 @@ class _DriverExecutor(UniProcExecutor):
     def __init__(self, spec: RankSpec, size: int, init_method: str) -> None:
         self.size = size
         self._closed = False
-        self.last_team = None  # ranks keep fixed teams
+        self.threads, self.last_team = None, None  # ranks keep fixed teams
         torch.set_num_threads(threads_per_rank(size))
         spec = for_rank(spec, 0)
         tp = init_process_group(0, size, spec.device, init_method)

@@ -1,6 +1,7 @@
 """AdaptiveThreads sizes a CPU engine's OpenMP team to the cores other processes leave it:
 the rules on scripted signals, the /proc readers on this machine, and a real engine beside
 busy processes (its team shrinks, its greedy tokens stay those of a fixed team)."""
+import asyncio
 import contextlib
 import os
 import time
@@ -8,7 +9,7 @@ import time
 import pytest
 import torch
 
-from paged_core import LLM, SamplingParams
+from paged_core import LLM, AsyncEngine, SamplingParams
 from paged_core.bench.busy_cores import busy_cores
 from paged_core.cpu.adaptive_threads import (FIRST_HOLD_S, SETTING, WINDOW_S, AdaptiveThreads,
                                              Signals, adaptive_threads_enabled)
@@ -90,6 +91,26 @@ def test_the_thread_comes_back_once_the_others_leave_room(script):
     threads.update(ceiling=2)
     assert threads.team(2) == 1
     script.window(foreign=0.1)
+    threads.update(ceiling=2)
+    assert threads.team(2) == 2
+
+
+def test_an_idle_team_gives_a_thread_up_to_the_cores_the_others_keep_busy(script):
+    """With nothing to run nothing waits: an idle window goes by the busy cores instead."""
+    threads = _threads(script)
+    script.window(own=0.0, foreign=0.5)  # 1.5 cores free: the team lacks 0.5, under 0.7
+    threads.update(ceiling=2)
+    assert threads.team(2) == 2
+    script.window(own=0.05, foreign=1.0)  # one core free: the team lacks a whole one
+    threads.update(ceiling=2)
+    assert threads.team(2) == 1
+    script.window(own=0.0, foreign=1.0)  # still busy: no room to grow back
+    threads.update(ceiling=2)
+    assert threads.team(2) == 1
+    script.window(own=0.0, foreign=0.1)
+    threads.update(ceiling=2)
+    assert threads.team(2) == 2
+    script.window(own=1.0, foreign=1.0)  # busy, not waiting (the others' core is their own)
     threads.update(ceiling=2)
     assert threads.team(2) == 2
 
@@ -231,6 +252,24 @@ def test_an_engine_beside_busy_processes_shrinks_its_team_and_keeps_its_output(m
         for (ours, our_tops), (theirs, their_tops) in zip(tokens, expected):
             assert_greedy_close(ours, our_tops, theirs, their_tops)  # the same computation
         assert torch.get_num_threads() == 2  # the caller's count outside the steps
+
+
+def test_an_idle_server_engine_sizes_its_team_before_its_next_request(script):
+    """The server loop's idle wake-ups look at the machine (here scripted signals: the tests
+    beside this one load the real machine), with no step run."""
+    with torch_threads(2):
+        engine = AsyncEngine(dtype="float32", num_kv_blocks=64)
+        try:
+            executor = engine.engine.core.executor
+            executor.threads = _threads(script)
+            script.window(own=0.0, foreign=1.0)  # idle beside a busy core
+            deadline = time.monotonic() + 5
+            while executor.threads.given_up == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert executor.threads.given_up == 1
+            assert not engine.engine.has_unfinished_requests()
+        finally:
+            asyncio.run(engine.shutdown())
 
 
 def test_batch_invariant_mode_keeps_the_callers_team():
