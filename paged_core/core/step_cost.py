@@ -19,8 +19,8 @@ over it: load from other threads and processes, memory effects). A step that too
 than ``DISTURBED_FACTOR`` times what the other steps predict for it (its leave-one-out
 prediction) was disturbed, by another process that held the cores for a moment or a team
 changing size, and is left out of the fit and the spread while such steps are at most
-``DISTURBED_SHARE`` of the window; more of them are the machine's new pace, which the fit
-follows. (One such step, 1627 tokens in 868 ms on 2 threads beside a busy core, had kept
+``DISTURBED_SHARE`` of the window and ``DISTURBED_MOST``; more of them are the machine's new
+pace, which the fit follows. (One such step, 1627 tokens in 868 ms on 2 threads beside a busy core, had kept
 the budget at 36-72 prompt tokens for steps of 30-55 ms under a 150 ms target.) It answers,
 for 9 steps in 10 (the spread comes off the duration asked about), the inverse
 questions a latency target asks (``EngineConfig.itl_target_ms``, a target in
@@ -54,9 +54,11 @@ from .scheduler import StepBudget
 PROMPT_PROGRESS_SHARE = 0.1
 SPREAD_PERCENTILE = 90  # steps are sized for this share of them to meet the duration asked
 # A step this many times slower than the other steps predict was disturbed (another process
-# held the cores for a moment) and is left out, while such steps are at most this share.
+# held the cores for a moment) and is left out, while such steps are at most this share of
+# the window and this many (each one left out costs a refit: ~0.1 ms for a full window).
 DISTURBED_FACTOR = 2.0
 DISTURBED_SHARE = 0.1
+DISTURBED_MOST = 4
 
 
 class StepCostModel:
@@ -69,7 +71,7 @@ class StepCostModel:
         self.spread_s: float = 0.0
 
     def observe(self, num_sequences: int, num_tokens: int, seconds: float) -> None:
-        """Record one step and refit, leaving disturbed steps out (``_disturbed``)."""
+        """Record one step and refit, leaving disturbed steps out (``_undisturbed_fit``)."""
         self._steps.append((num_sequences, self.rows_of(num_tokens), seconds))
         undisturbed = _undisturbed_fit(np.array(self._steps, dtype=np.float64))
         if undisturbed is None:
@@ -146,13 +148,13 @@ def _terms(design: np.ndarray, coefficients: np.ndarray) -> tuple[float, float, 
 def _undisturbed_fit(steps: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]] | None:
     """``(steps kept, their _fit)``: the disturbed steps left out one at a time, the one
     furthest over its prediction first, while they are at most ``DISTURBED_SHARE`` of the
-    window (at least one); more of them are the machine's new pace, which the fit of every
-    step follows (``None``: all steps had the same row count)."""
+    window (at least one) and ``DISTURBED_MOST``; more of them are the machine's new pace,
+    which the fit of every step follows (``None``: all steps had the same row count)."""
     full = _fit(steps)
     if full is None:
         return None
     kept, fit = steps, full
-    for _ in range(max(1, int(DISTURBED_SHARE * len(steps)))):
+    for _ in range(min(DISTURBED_MOST, max(1, int(DISTURBED_SHARE * len(steps))))):
         worst = _most_disturbed(kept[:, 2], *fit)
         if worst is None:
             return kept, fit
