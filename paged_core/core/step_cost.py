@@ -20,8 +20,7 @@ than ``DISTURBED_FACTOR`` times what the other steps predict for it (its leave-o
 prediction) was disturbed, by another process that held the cores for a moment or a team
 changing size, and is left out of the fit and the spread while such steps are at most
 ``DISTURBED_SHARE`` of the window and ``DISTURBED_MOST``; more of them are the machine's new
-pace, which the fit follows. (One such step, 1627 tokens in 868 ms on 2 threads beside a busy core, had kept
-the budget at 36-72 prompt tokens for steps of 30-55 ms under a 150 ms target.) It answers,
+pace, which the fit follows (the step that made this rule: ``step_pacer``'s doc). It answers,
 for 9 steps in 10 (the spread comes off the duration asked about), the inverse
 questions a latency target asks (``EngineConfig.itl_target_ms``, a target in
 milliseconds rather than token counts tuned for one machine; this project's

@@ -50,9 +50,9 @@ class StepPacer:
         model = self._models.get(team)
         if model is None:
             model = self._models[team] = StepCostModel(rows_of=self.rows_of)
-            scale = team and self._calibrated_team and self._calibrated_team / team
+            scale = self._calibrated_team / team if team and self._calibrated_team else 1.0
             for sequences, tokens, seconds in self._calibration:
-                model.observe(sequences, tokens, seconds * (scale or 1.0))
+                model.observe(sequences, tokens, seconds * scale)
         return model
 
     def calibrate(self, steps: list[Step], team: int | None) -> None:

@@ -146,8 +146,9 @@ class AdaptiveThreads:
         if elapsed < WINDOW_S:
             return
         current = self.read()
-        waiting, foreign = self._waiting(current, elapsed), self._foreign_cores(current)
-        idle = self._own_cores(current) < IDLE_CORES
+        waiting, use = self._waiting(current, elapsed), self._cores_used(current)
+        own, foreign = use if use is not None else (None, None)
+        idle = own is not None and own < IDLE_CORES
         self.last, self.last_at = current, now
         team = self.team(ceiling)
         logger.debug("team %d: waiting %s, foreign cores %s, idle %s", team, waiting, foreign,
@@ -158,8 +159,7 @@ class AdaptiveThreads:
             self._resize(team, team - 1, ceiling,
                          f"its threads waited for a core {waiting:.2f} of the time")
             self.just_shrunk = True
-        elif (may_shrink and idle and foreign is not None
-              and team - (self.cores - foreign) >= SHRINK_SHORTFALL):
+        elif may_shrink and idle and team - (self.cores - foreign) >= SHRINK_SHORTFALL:
             self._resize(team, team - 1, ceiling, f"while it idled, other processes kept "
                          f"{foreign:.2f} of {self.cores} cores busy")
             self.just_shrunk = True
@@ -184,16 +184,14 @@ class AdaptiveThreads:
             return None
         return max(0.0, current.run_delay_s - self.last.run_delay_s) / elapsed
 
-    def _own_cores(self, current: Signals) -> float:
-        """Cores this process kept busy since the last look (unknown: 1, never idle)."""
-        if None in (current.machine, current.own_ticks, self.last.machine, self.last.own_ticks):
-            return 1.0
-        total = current.machine[1] - self.last.machine[1]
-        return (current.own_ticks - self.last.own_ticks) / total * self.cores if total else 1.0
-
-    def _foreign_cores(self, current: Signals) -> float | None:
-        """Cores kept busy by other processes since the last look."""
+    def _cores_used(self, current: Signals) -> tuple[float, float] | None:
+        """(this process's, other processes') cores kept busy since the last look (None:
+        unreadable, or no tick between)."""
         if None in (current.machine, current.own_ticks, self.last.machine, self.last.own_ticks):
             return None
-        own = current.own_ticks - self.last.own_ticks
-        return others_share(self.last.machine, current.machine, own) * self.cores
+        own_ticks = current.own_ticks - self.last.own_ticks
+        total = current.machine[1] - self.last.machine[1]
+        if total <= 0:
+            return None
+        return (own_ticks / total * self.cores,
+                others_share(self.last.machine, current.machine, own_ticks) * self.cores)
