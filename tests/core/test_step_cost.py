@@ -134,6 +134,25 @@ def test_a_disturbed_step_is_left_out_of_the_fit_and_the_spread():
     assert plain[2] > 3 * 0.001  # what a plain least-squares fit makes of the same steps
 
 
+def test_a_short_step_the_fit_misses_by_milliseconds_does_not_bring_a_disturbed_one_back():
+    """A server's calibration and its first burst steps, as timed (seconds): the fit misses the
+    11 ms one-decode calibration step by a few milliseconds on its own; judged by ratio alone
+    that step looked disturbed too, two disturbed steps in seven looked like a new pace, and
+    the 154 ms step of one 38-token prompt (the HTTP intake beside it) came back into the fit:
+    fixed cost 49 ms, spread 50 ms, 452 prompt tokens budgeted where ~800 fit."""
+    model = StepCostModel()
+    calibration = [(1, 1, 0.0114), (16, 16, 0.0137), (1, 256, 0.0443), (4, 1024, 0.1434)]
+    for step in [*calibration, (1, 38, 0.1544), (18, 1120, 0.1677), (32, 997, 0.1696)]:
+        model.observe(*step)
+    quiet = StepCostModel()  # the same steps without the disturbed one
+    for step in [*calibration, (18, 1120, 0.1677), (32, 997, 0.1696)]:
+        quiet.observe(*step)
+    assert model.fixed_s == pytest.approx(quiet.fixed_s) and model.fixed_s < 0.010
+    assert model.per_row_s == pytest.approx(quiet.per_row_s)
+    assert model.spread_s == pytest.approx(quiet.spread_s) and model.spread_s < 0.010
+    assert latency_budget(model, 0.150, 32).prompt_tokens > 750
+
+
 def test_the_fit_follows_a_new_pace_once_it_is_more_than_a_tenth_of_the_window():
     """Steps twice as slow from some point on are a slower machine, not a disturbance."""
     model = StepCostModel(window=64)
