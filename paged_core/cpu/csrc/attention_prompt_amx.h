@@ -61,6 +61,7 @@ struct AmxPromptBuffers {
   int D;
   std::vector<uint32_t> qt;      // [blocks][D / 2][16] the queries as dim pairs: B tiles
   std::vector<float> ot;         // [blocks][D][16] un-normalised outputs: C tiles
+  std::vector<uint8_t> started;  // [blocks] whether the block's ot holds values yet
   std::vector<float> mx;         // [blocks][16] running max, log2 units (-inf: no key yet)
   std::vector<float> sum;        // [blocks][16] denominators
   std::vector<uint16_t> kstage;  // [kSegKeys][D] the keys of chunks that are not one run
@@ -70,7 +71,7 @@ struct AmxPromptBuffers {
 
   AmxPromptBuffers(int max_rows, int head_dim)
       : D(head_dim), qt(lanes(max_rows) * head_dim / 2), ot(lanes(max_rows) * head_dim),
-        mx(lanes(max_rows)), sum(lanes(max_rows)),
+        started(lanes(max_rows) / kLanes), mx(lanes(max_rows)), sum(lanes(max_rows)),
         kstage(static_cast<size_t>(kSegKeys) * head_dim),
         vt(static_cast<size_t>(head_dim) * kSegPairs), scores(2 * kSegKeys * kLanes),
         probs(2 * kSegPairs * kLanes) {}
@@ -166,17 +167,26 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_key_scores(const KeyChunk 
   if constexpr (N > 3) _tile_stored(3, scores + 3 * kChunk * kLanes, kTileBytes);
 }
 
-// O^T [D][16] += V^T P^T over `steps` steps of 16 key pairs. Tiles: C 0 .. 3, A 4 / 5, B 6.
+// O^T [D][16] += V^T P^T over `steps` steps of 16 key pairs (fresh: O^T = V^T P^T, ot's
+// contents unread). Tiles: C 0 .. 3, A 4 / 5, B 6.
 template <int COLS>
 __attribute__((target("amx-tile,amx-bf16"))) void amx_values_pass(const uint32_t* vt,
                                                                   const uint32_t* probs,
-                                                                  int steps, float* ot) {
+                                                                  int steps, float* ot,
+                                                                  bool fresh) {
   constexpr int kVtBytes = kSegPairs * 4;
   constexpr int kDims = 16 * kLanes;  // floats of O^T per C tile
-  _tile_loadd(0, ot, kTileBytes);
-  if constexpr (COLS > 1) _tile_loadd(1, ot + kDims, kTileBytes);
-  if constexpr (COLS > 2) _tile_loadd(2, ot + 2 * kDims, kTileBytes);
-  if constexpr (COLS > 3) _tile_loadd(3, ot + 3 * kDims, kTileBytes);
+  if (fresh) {
+    _tile_zero(0);
+    if constexpr (COLS > 1) _tile_zero(1);
+    if constexpr (COLS > 2) _tile_zero(2);
+    if constexpr (COLS > 3) _tile_zero(3);
+  } else {
+    _tile_loadd(0, ot, kTileBytes);
+    if constexpr (COLS > 1) _tile_loadd(1, ot + kDims, kTileBytes);
+    if constexpr (COLS > 2) _tile_loadd(2, ot + 2 * kDims, kTileBytes);
+    if constexpr (COLS > 3) _tile_loadd(3, ot + 3 * kDims, kTileBytes);
+  }
   for (int step = 0; step < steps; ++step) {
     _tile_loadd(6, probs + step * 16 * kLanes, kTileBytes);
     _tile_loadd(4, vt + 16 * step, kVtBytes);
@@ -200,14 +210,15 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_values_pass(const uint32_t
   if constexpr (COLS > 3) _tile_stored(3, ot + 3 * kDims, kTileBytes);
 }
 
-inline void amx_values(const uint32_t* vt, const uint32_t* probs, int steps, int D, float* ot) {
+inline void amx_values(const uint32_t* vt, const uint32_t* probs, int steps, int D, float* ot,
+                       bool fresh) {
   for (int d0 = 0; d0 < D; d0 += 64) {
     const uint32_t* v = vt + static_cast<size_t>(d0) * kSegPairs;
     float* o = ot + static_cast<size_t>(d0) * kLanes;
     if (D - d0 >= 64)
-      amx_values_pass<4>(v, probs, steps, o);
+      amx_values_pass<4>(v, probs, steps, o, fresh);
     else  // D % 32 == 0
-      amx_values_pass<2>(v, probs, steps, o);
+      amx_values_pass<2>(v, probs, steps, o, fresh);
   }
 }
 
@@ -333,9 +344,11 @@ inline void amx_segment_blocks(int n, int rows, const uint64_t* visible,
       });
   };
   auto block_values = [&](int b, int chunks) {
-    if (chunks > 0)
+    if (chunks > 0) {
       amx_values(w.vt.data(), w.probs.data() + b % 2 * probs_words, (chunks + 1) / 2, D,
-                 w.ot.data() + static_cast<size_t>(b) * D * kLanes);
+                 w.ot.data() + static_cast<size_t>(b) * D * kLanes, !w.started[b]);
+      w.started[b] = 1;
+    }
   };
   BlockView views[2];
   view_block(0, rows, n, visible, views[0]);
@@ -381,22 +394,25 @@ inline void amx_segment_blocks(int n, int rows, const uint64_t* visible,
 inline bool amx_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Unit* next,
                          Bf16TileBuffers& w, AmxPromptBuffers& a) {
   const int D = pb.D, G = pb.G, rows = u.nq * G, blocks = (rows + kLanes - 1) / kLanes;
-  for (int b = 0; b < blocks; ++b)
+  const uint16_t* q_rows[kLanes];  // a block's query rows (row i * G + g: query i, head g)
+  for (int b = 0, i = 0, g = 0; b < blocks; ++b) {
+    for (int l = 0; l < kLanes; ++l) {
+      q_rows[l] = b * kLanes + l < rows
+                      ? pb.q + (u.first_token + i) * pb.q_t_stride + (u.h * G + g) * pb.q_h_stride
+                      : nullptr;
+      if (++g == G) g = 0, ++i;
+    }
     for (int c0 = 0; c0 < D / 2; c0 += 16) {  // 16 dim pairs of 16 rows, transposed
       __m512i r[16];
-      for (int l = 0; l < kLanes; ++l) {
-        const int row = b * kLanes + l;
-        const int i = row / G, g = row % G;
-        r[l] = row < rows ? _mm512_loadu_si512(pb.q + (u.first_token + i) * pb.q_t_stride +
-                                               (u.h * G + g) * pb.q_h_stride + 2 * c0)
-                          : _mm512_setzero_si512();
-      }
+      for (int l = 0; l < kLanes; ++l)
+        r[l] = q_rows[l] ? _mm512_loadu_si512(q_rows[l] + 2 * c0) : _mm512_setzero_si512();
       transpose16x16(r);
       for (int c = 0; c < 16; ++c)
         _mm512_storeu_si512(a.qt.data() + (static_cast<size_t>(b) * D / 2 + c0 + c) * kLanes, r[c]);
     }
+  }
   const size_t lanes = static_cast<size_t>(blocks) * kLanes;
-  std::fill_n(a.ot.begin(), lanes * D, 0.f);
+  std::fill_n(a.started.begin(), blocks, 0);
   std::fill_n(a.mx.begin(), lanes, -std::numeric_limits<float>::infinity());
   std::fill_n(a.sum.begin(), lanes, 0.f);
   const ScoreMap map = score_map(pb.scale, pb.soft_cap);
@@ -414,6 +430,8 @@ inline bool amx_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Uni
   // O^T, maxima and sums into the rows of w (a row's sum in its first partial sum)
   for (int b = 0; b < blocks; ++b) {
     const int real = std::min(kLanes, rows - b * kLanes);
+    if (!a.started[b])  // no row of the block saw a key: its outputs are zeros
+      std::fill_n(a.ot.begin() + static_cast<size_t>(b) * D * kLanes, D * kLanes, 0.f);
     for (int d0 = 0; d0 < D; d0 += 16) {
       __m512i r[16];
       for (int d = 0; d < 16; ++d)
