@@ -49,7 +49,6 @@ does not pad) rows are tokens.
 """
 from __future__ import annotations
 
-from collections import deque
 from typing import Callable
 
 import numpy as np
@@ -75,7 +74,9 @@ DISTURBED_FLOOR_SHARE = 0.25
 class StepCostModel:
     def __init__(self, window: int = 256, rows_of: Callable[[int], int] = int) -> None:
         self.rows_of = rows_of  # the rows a forward computes for a step of n tokens
-        self._steps: deque[tuple[int, int, float]] = deque(maxlen=window)
+        # the last `window` steps (sequences, rows, seconds), the oldest overwritten first
+        self._steps = np.empty((window, 3), dtype=np.float64)
+        self._seen = 0  # steps observed so far
         self.fixed_s: float | None = None
         self.per_sequence_s: float = 0.0
         self.per_row_s: float | None = None  # a token's row or a padding row
@@ -83,8 +84,10 @@ class StepCostModel:
 
     def observe(self, num_sequences: int, num_tokens: int, seconds: float) -> None:
         """Record one step and refit, leaving disturbed steps out (``_undisturbed_fit``)."""
-        self._steps.append((num_sequences, self.rows_of(num_tokens), seconds))
-        undisturbed = _undisturbed_fit(np.array(self._steps, dtype=np.float64))
+        window = len(self._steps)
+        self._steps[self._seen % window] = (num_sequences, self.rows_of(num_tokens), seconds)
+        self._seen += 1
+        undisturbed = _undisturbed_fit(self._steps[:min(self._seen, window)])
         if undisturbed is None:
             return
         steps, (design, coefficients) = undisturbed
@@ -94,7 +97,7 @@ class StepCostModel:
                                                                  per_row)
             sequences, rows, times = steps[:, 0], steps[:, 1], steps[:, 2]
             excess = times - (self.fixed_s + per_sequence * sequences + per_row * rows)
-            self.spread_s = max(0.0, float(np.percentile(excess, SPREAD_PERCENTILE)))
+            self.spread_s = max(0.0, _percentile(excess, SPREAD_PERCENTILE))
 
     def decodes_within(self, seconds: float) -> int | None:
         """The most decodes (one token each) a step may carry to take at most ``seconds``
@@ -149,6 +152,16 @@ def _fit(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     return design, np.linalg.lstsq(design, times, rcond=None)[0]
 
 
+def _percentile(values: np.ndarray, q: float) -> float:
+    """``np.percentile(values, q)`` (linear interpolation) by a partial sort: a step's refit
+    calls it once, where ``np.percentile``'s own checks took longer than the fit."""
+    at = q / 100 * (len(values) - 1)
+    below = int(at)
+    above = min(below + 1, len(values) - 1)
+    ordered = np.partition(values, (below, above))
+    return float(ordered[below] + (at - below) * (ordered[above] - ordered[below]))
+
+
 def _terms(design: np.ndarray, coefficients: np.ndarray) -> tuple[float, float, float]:
     """(fixed, per_sequence, per_row) of a ``_fit``."""
     if design.shape[1] == 3:
@@ -184,7 +197,8 @@ def _most_disturbed(times: np.ndarray, design: np.ndarray,
     ``DISTURBED_FACTOR`` times that, a prediction under ``DISTURBED_FLOOR_SHARE`` of the
     median step counting as that share; a step that alone decides a term of the fit
     (leverage ~1) cannot be judged."""
-    leverage = np.einsum("ij,jk,ik->i", design, np.linalg.pinv(design.T @ design), design)
+    # diag(X (X^T X)^-1 X^T); X has full column rank (_fit's fits only)
+    leverage = (design * np.linalg.solve(design.T @ design, design.T).T).sum(axis=1)
     residual = times - design @ coefficients
     judged = leverage < 0.99
     others = np.zeros_like(times)
