@@ -105,7 +105,6 @@ def test_noise_with_a_falling_slope_keeps_the_last_good_fit():
     assert model.per_row_s == good
 
 
-
 def _cost(seqs, tokens):
     return 0.010 + 0.002 * seqs + 0.001 * tokens
 

@@ -400,7 +400,10 @@ inline bool amx_unit_run(const Bf16Problem& pb, const Bf16Unit& u, const Bf16Uni
       q_rows[l] = b * kLanes + l < rows
                       ? pb.q + (u.first_token + i) * pb.q_t_stride + (u.h * G + g) * pb.q_h_stride
                       : nullptr;
-      if (++g == G) g = 0, ++i;
+      if (++g == G) {
+        g = 0;
+        ++i;
+      }
     }
     for (int c0 = 0; c0 < D / 2; c0 += 16) {  // 16 dim pairs of 16 rows, transposed
       __m512i r[16];
