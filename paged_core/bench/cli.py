@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     every = sub.add_parser("all", help="every benchmark, then regenerate the README")
     _add_common(every)
     every.add_argument("--vllm-python", default=None, help="passed to throughput and serve")
-    every.add_argument("--repeats", type=int, default=1, help="passed to throughput")
+    every.add_argument("--repeats", type=int, default=1, help="passed to throughput and serve")
     every.add_argument("--url", default=None, help="passed to serve")
     every.add_argument("--adapter", choices=("litserve", "bentoml"),
                        help="passed to serve")

