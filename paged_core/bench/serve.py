@@ -88,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def workload(args: argparse.Namespace) -> tuple[list[float], int, list[int], WorkloadSpec]:
     """(rates, requests per rate, burst sizes, lengths) for full or ``--quick`` runs; the
     lengths' ``num_requests`` cover every run (``--repeats``), one run's after another's."""
-    repeats = max(1, getattr(args, "repeats", 1))
+    repeats = _repeats(args)
     if args.quick:
         return [4.0], 4, [6], dataclasses.replace(QUICK, num_requests=6 * repeats, seed=args.seed)
     rates = [float(r) for r in args.rates.split(",") if r.strip()]
@@ -99,10 +99,15 @@ def workload(args: argparse.Namespace) -> tuple[list[float], int, list[int], Wor
         output_median=args.output_median, seed=args.seed)
 
 
+def _repeats(args: argparse.Namespace) -> int:
+    """Runs of every scenario: ``--repeats`` (``bench all`` passes its own), at least one."""
+    return max(1, getattr(args, "repeats", 1))
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rates, per_rate, bursts, spec = workload(args)
     requests = sharegpt_like(spec, embedded_tokenizer())
-    repeats = max(1, getattr(args, "repeats", 1))
+    repeats = _repeats(args)
     n = len(requests) // repeats
     runs = [requests[r * n:(r + 1) * n] for r in range(repeats)]
     with contextlib.ExitStack() as stack:
@@ -155,9 +160,9 @@ async def _run_scenarios(make_clients, runs: list[list[BenchRequest]], rates: li
             await asyncio.gather(*(client.send(BenchRequest(r.prompt_token_ids[:16], 2))
                                    for r in runs[0][:2]))  # warm-up
         results: list[list[dict[str, Any]]] = [[] for _ in clients]
-        for run, scenario in ((r, sc) for r, requests in enumerate(runs, 1)
-                              for sc in _scenarios(requests, rates, per_rate, bursts, seed)):
-            label, rate, batch, gaps = scenario
+        schedule = [(run, scenario) for run, requests in enumerate(runs, 1)
+                    for scenario in _scenarios(requests, rates, per_rate, bursts, seed)]
+        for run, (label, rate, batch, gaps) in schedule:
             for client, out, own in zip(clients, results, owned):
                 quiet = await asyncio.to_thread(wait_until_quiet, **settle)
                 with busy_cores(busy) as loops:
