@@ -8,13 +8,16 @@ A CPU engine with a target first feeds it steps of known shape (``engine.step_ca
 A step's cost depends on the OpenMP team that runs it, and a CPU engine's team changes with
 the cores other processes leave it (``cpu.adaptive_threads``): half the threads take about
 twice as long. So the pacer keeps one cost model per team size, each learnt only from that
-team's steps, and budgets each step with the model of the team that ran the last one (a
-team changes at most once per ``adaptive_threads.WINDOW_S``; the step right after a change
-is budgeted with the team before it). A team the pacer has not seen yet starts from the
-calibration steps with their times scaled by the teams' ratio (calibrated team / new team:
-a little slow, as a thread less costs less than its share; measured 1.6-1.9x from 2 threads
-to 1 on an Intel Xeon with AMX, so such a start errs on the short side), which that team's
-own steps then outweigh. Before an engine with a fixed team, the team is ``None``: one model.
+team's steps, and budgets each step with the model of the team that will run it: the
+executor looks at the free cores before the step is scheduled (``next_team``). (Budgeted
+with the team of the step before, the first step after a shrink from 2 threads to 1 took
+177-287 ms, over 200 ms in 9 of 10 traced bursts of 100 through the LitServe adapter under
+a 150 ms target (125 ms in two); Intel(R) Xeon(R) Processor, amx_bf16, 2026-12-07.) A team the
+pacer has not seen yet starts from the calibration steps with their times scaled by the
+teams' ratio (calibrated team / new team: a little slow, as a thread less costs less than
+its share; measured 1.6-1.9x from 2 threads to 1 on an Intel Xeon with AMX, so such a start
+errs on the short side), which that team's own steps then outweigh. Before an engine with a
+fixed team, the team is ``None``: one model.
 
 (Seen before this split, in-process, a burst of 30 beside a busy core: the first step ran on
 2 threads while the other process held a core, 1627 tokens in 868 ms; the single model then
@@ -61,11 +64,12 @@ class StepPacer:
         self._models.clear()
         self.team = team
 
-    def budget(self, num_decodes: int) -> StepBudget | None:
-        """What keeps the next step, with ``num_decodes`` decodes, within the target."""
+    def budget(self, num_decodes: int, team: int | None) -> StepBudget | None:
+        """What keeps the next step, with ``num_decodes`` decodes, within the target when
+        ``team`` threads run it (None: a fixed team)."""
         if not self.target_s:
             return None
-        return latency_budget(self.cost, self.target_s, num_decodes)
+        return latency_budget(self._model(team), self.target_s, num_decodes)
 
     def observe(self, num_sequences: int, num_tokens: int, seconds: float,
                 team: int | None = None) -> None:

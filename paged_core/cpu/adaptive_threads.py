@@ -18,16 +18,23 @@ of its own):
 
 - **waiting**: how many of this process's threads, on average, were runnable but had no
   core (their run delay, ``proc_ticks.threads_run_delay_s``). Beside the busy loop it was
-  ~0.9; alone, 0.03-0.13 in an in-process burst, but 0.2-0.55 in a burst of 100 through the
-  LitServe adapter (the worker's own threads and the HTTP process take turns with the
-  team). At ``SHRINK_WAITING`` or more, the team gives up one thread. (Beside a loop busy
-  half of every 10 ms, a team of 2 waited 0.53 and served the in-process burst at 157 tok/s,
-  a team of 1 at 186: a case this threshold leaves to the user, ``torch.set_num_threads``.)
+  ~0.9; alone, 0.03-0.13 in an in-process burst. At ``SHRINK_WAITING`` or more the team
+  gives up one thread, but only while other processes keep more cores busy than the smaller
+  team would leave them (by the foreign cores below, it would not take its thread straight
+  back): a wait with the others idle comes from this process's own threads, which a smaller
+  team does not cure. (A burst of 100 through the LitServe adapter, its HTTP front end and
+  output streams in the engine's process: waiting 0.72-1.16 with other processes keeping
+  0.04-0.23 cores busy; shrunk on waiting alone, the team ran its next steps at 0.29-0.30 ms
+  a row against 0.15-0.16 on 2 threads, and took the thread back at the next look; same
+  machine, 2026-12-07.) (Beside
+  a loop busy half of every 10 ms, a team of 2 waited 0.53 and served the in-process burst
+  at 157 tok/s, a team of 1 at 186: a case this threshold leaves to the user,
+  ``torch.set_num_threads``.)
 - **foreign cores**: the cores other processes kept busy (the machine's busy ticks beyond
   this process's). A smaller team no longer waits, so only this one says when the others
-  left: the team takes a thread back once the cores left free hold it with ``GROW_ROOM``
-  to spare. A shrink that the next look undoes (the wait came from this process itself, or
-  passed) holds off the next one, for longer each time (``update``).
+  left: the team takes a thread back once the cores left free come to its size plus
+  ``GROW_ROOM``. A shrink that the next look undoes (the others' load passed) holds off the
+  next one, for longer each time (``update``).
 
 An idle window (this process used under ``IDLE_CORES``) has no waiting to show: there the
 team gives a thread up once it lacks ``SHRINK_SHORTFALL`` cores beyond those the others leave
@@ -137,10 +144,9 @@ class AdaptiveThreads:
         """Look at the signals once ``WINDOW_S`` has passed since the last look, and give a
         thread up or take one back (at most one a window, so the team never swings).
 
-        A shrink the next look undoes (the others barely use a core: the wait came from this
-        process's own threads, e.g. an HTTP front end's, or was a moment's) holds off the
-        next one for ``hold_s``, doubled each time up to ``LONGEST_HOLD_S``; a shrink that
-        holds resets it."""
+        A shrink the next look undoes (the others' load was a moment's) holds off the next
+        one for ``hold_s``, doubled each time up to ``LONGEST_HOLD_S``; a shrink that holds
+        resets it."""
         now = self.clock()
         elapsed = now - self.last_at
         if elapsed < WINDOW_S:
@@ -155,16 +161,17 @@ class AdaptiveThreads:
                      idle)
         shrunk_before, self.just_shrunk = self.just_shrunk, False
         may_shrink = team > 1 and now >= self.no_shrink_until
-        if may_shrink and not idle and waiting is not None and waiting >= SHRINK_WAITING:
+        if (may_shrink and not idle and waiting is not None and waiting >= SHRINK_WAITING
+                and foreign is not None and not self._room_for(team - 1, foreign)):
             self._resize(team, team - 1, ceiling,
-                         f"its threads waited for a core {waiting:.2f} of the time")
+                         f"its threads waited for a core {waiting:.2f} of the time while other "
+                         f"processes kept {foreign:.2f} of {self.cores} cores busy")
             self.just_shrunk = True
         elif may_shrink and idle and team - (self.cores - foreign) >= SHRINK_SHORTFALL:
             self._resize(team, team - 1, ceiling, f"while it idled, other processes kept "
                          f"{foreign:.2f} of {self.cores} cores busy")
             self.just_shrunk = True
-        elif (self.given_up and foreign is not None
-              and self.cores - foreign >= team + GROW_ROOM):
+        elif self.given_up and foreign is not None and self._room_for(team, foreign):
             self._resize(team, team + 1, ceiling,
                          f"other processes keep {foreign:.2f} of {self.cores} cores busy")
             if shrunk_before:
@@ -172,6 +179,11 @@ class AdaptiveThreads:
                 self.hold_s = min(2 * self.hold_s, LONGEST_HOLD_S)
         elif shrunk_before:
             self.hold_s = FIRST_HOLD_S
+
+    def _room_for(self, team: int, foreign: float) -> bool:
+        """Whether the cores other processes leave free come to ``team + GROW_ROOM`` or more:
+        the rule by which a team of ``team`` threads takes a thread back."""
+        return self.cores - foreign >= team + GROW_ROOM
 
     def _resize(self, team: int, new: int, ceiling: int, reason: str) -> None:
         self.given_up = ceiling - new

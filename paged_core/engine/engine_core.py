@@ -176,7 +176,8 @@ class EngineCore:
         start = time.perf_counter()
         if self.model.long_rope_switch is not None:
             rotate_long(self.scheduler.running, self.kv, self.model.long_rope_switch)
-        sched = self.scheduler.schedule(self.pacer.budget(self.scheduler.num_decodes_in_flight))
+        sched = self.scheduler.schedule(self.pacer.budget(self.scheduler.num_decodes_in_flight,
+                                                          self.executor.next_team()))
         if sched.is_empty:
             return None
         # As vLLM's scheduler does: the blocks this step caches (and evicts) go out before the
@@ -418,7 +419,7 @@ class EngineCore:
 
     def look_while_idle(self) -> None:
         """Between requests: let the executor keep its view of the machine current."""
-        self.executor.look_while_idle()
+        self.executor.next_team()
 
     def shutdown(self) -> None:
         """Stop the executor's worker processes and the KV-event publisher (idempotent; also

@@ -91,11 +91,16 @@ class UniProcExecutor:
             self.last_team = team
             return self.worker.execute_model(packed, block_copies, plan)
 
-    def look_while_idle(self) -> None:
-        """Between requests: keep the adaptive team's look at the free cores current
-        (``AdaptiveThreads.update``), so the next step starts with a team that fits."""
-        if self.threads:
-            self.threads.update(torch.get_num_threads())
+    def next_team(self) -> int | None:
+        """The OpenMP team the next step will run with, after a look at the free cores
+        (``AdaptiveThreads.update``, at most one a window), so that what schedules the step
+        can size it for that team; between requests it keeps the look current, so the next
+        step starts with a team that fits (None: a fixed team)."""
+        if not self.threads:
+            return None
+        ceiling = torch.get_num_threads()
+        self.threads.update(ceiling)
+        return self.threads.team(ceiling)
 
     def check_health(self) -> None:
         """Raises if the executor can no longer run steps."""

@@ -115,11 +115,23 @@ def test_an_idle_team_gives_a_thread_up_to_the_cores_the_others_keep_busy(script
     assert threads.team(2) == 2
 
 
-def test_a_shrink_the_next_look_undoes_holds_off_the_next_one_for_longer_each_time(script):
-    """A wait with the other processes barely busy (this process's own threads, a moment's
-    load) shrinks the team once, then ever more rarely."""
+def test_a_wait_with_the_others_idle_keeps_the_team(script):
+    """This process's own threads (a server's HTTP front end) waiting beside the team: a
+    smaller team would not cure that, and the next look would take the thread back."""
     threads = _threads(script)
-    script.window(waiting=0.9, foreign=0.1)
+    for _ in range(4):
+        script.window(waiting=1.1, foreign=0.25)
+        threads.update(ceiling=2)
+        assert threads.team(2) == 2
+    script.window(waiting=0.9, foreign=0.4)  # another process's load leaves 1.6 cores
+    threads.update(ceiling=2)
+    assert threads.team(2) == 1
+
+
+def test_a_shrink_the_next_look_undoes_holds_off_the_next_one_for_longer_each_time(script):
+    """A moment's load of another process shrinks the team once, then ever more rarely."""
+    threads = _threads(script)
+    script.window(waiting=0.9, foreign=0.6)
     threads.update(ceiling=2)
     assert threads.team(2) == 1
     holds = []
@@ -129,7 +141,7 @@ def test_a_shrink_the_next_look_undoes_holds_off_the_next_one_for_longer_each_ti
         assert threads.team(2) == 2  # undone
         windows = 0
         while True:
-            script.window(waiting=0.9, foreign=0.1)
+            script.window(waiting=0.9, foreign=0.6)
             threads.update(ceiling=2)
             if threads.team(2) == 1:
                 break
@@ -141,7 +153,7 @@ def test_a_shrink_the_next_look_undoes_holds_off_the_next_one_for_longer_each_ti
 
 def test_a_shrink_that_holds_resets_the_hold(script):
     threads = _threads(script)
-    script.window(waiting=0.9, foreign=0.1)
+    script.window(waiting=0.9, foreign=0.6)
     threads.update(ceiling=2)
     script.window(foreign=0.1)
     threads.update(ceiling=2)  # undone: the next shrink waits FIRST_HOLD_S
@@ -175,7 +187,7 @@ def test_a_lower_ceiling_set_later_is_honoured(script):
 def test_the_team_applies_inside_a_step_only(script):
     with torch_threads(2):
         threads = _threads(script)
-        script.window(waiting=0.9)
+        script.window(waiting=0.9, foreign=1.0)
         seen = []
         with threads.sized_team() as team:
             seen.append((team, torch.get_num_threads()))
@@ -252,6 +264,21 @@ def test_an_engine_beside_busy_processes_shrinks_its_team_and_keeps_its_output(m
         for (ours, our_tops), (theirs, their_tops) in zip(tokens, expected):
             assert_greedy_close(ours, our_tops, theirs, their_tops)  # the same computation
         assert torch.get_num_threads() == 2  # the caller's count outside the steps
+
+
+def test_a_step_is_budgeted_for_the_team_that_runs_it(script):
+    """The look before a step gives a thread up: the latency target sizes that very step with
+    the smaller team's cost (scripted signals, as below)."""
+    with torch_threads(2):
+        llm = LLM(dtype="float32", num_kv_blocks=64, itl_target_ms=150)
+        core = llm.engine.core
+        core.executor.threads = _threads(script)
+        budget, teams = core.pacer.budget, []
+        core.pacer.budget = lambda num_decodes, team: teams.append(team) or budget(num_decodes,
+                                                                                   team)
+        script.window(waiting=0.9, foreign=1.0)
+        llm.generate(["The capital of France is"], SamplingParams(max_tokens=2), use_tqdm=False)
+        assert teams[0] == 1 and core.executor.last_team == 1
 
 
 def test_an_idle_server_engine_sizes_its_team_before_its_next_request(script):
