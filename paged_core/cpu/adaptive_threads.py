@@ -26,10 +26,9 @@ of its own):
   output streams in the engine's process: waiting 0.72-1.16 with other processes keeping
   0.04-0.23 cores busy; shrunk on waiting alone, the team ran its next steps at 0.29-0.30 ms
   a row against 0.15-0.16 on 2 threads, and took the thread back at the next look; same
-  machine, 2026-12-07.) (Beside
-  a loop busy half of every 10 ms, a team of 2 waited 0.53 and served the in-process burst
-  at 157 tok/s, a team of 1 at 186: a case this threshold leaves to the user,
-  ``torch.set_num_threads``.)
+  machine, 2026-12-07.) (Beside a loop busy half of every 10 ms, a team of 2 waited 0.53 and
+  served the in-process burst at 157 tok/s, a team of 1 at 186: a case this threshold leaves
+  to the user, ``torch.set_num_threads``.)
 - **foreign cores**: the cores other processes kept busy (the machine's busy ticks beyond
   this process's). A smaller team no longer waits, so only this one says when the others
   left: the team takes a thread back once the cores left free come to its size plus

@@ -14,7 +14,8 @@ def test_without_a_target_there_is_no_budget_and_nothing_is_learnt():
 
 def test_with_a_target_the_budget_follows_the_learnt_cost():
     pacer = StepPacer(10, rows_of=int)
-    assert pacer.budget(num_decodes=0, team=None).prompt_tokens is None  # nothing learnt yet: no limit
+    # nothing learnt yet: no limit
+    assert pacer.budget(num_decodes=0, team=None).prompt_tokens is None
     pacer.observe(1, 1, 0.0005)
     pacer.observe(1, 101, 0.0105)  # 0.1 ms a token
     budget = pacer.budget(num_decodes=1, team=None)
@@ -43,7 +44,8 @@ def test_each_openmp_team_size_learns_its_own_cost():
     one = pacer.budget(num_decodes=10, team=1)
     assert pacer.cost.per_row_s == pytest.approx(0.002) and one.prompt_tokens < two.prompt_tokens / 1.8
     pacer.observe(10, 10, _cost(10, 10, 2), team=2)  # the thread is back
-    assert pacer.cost.per_row_s == pytest.approx(0.001) and pacer.budget(num_decodes=10, team=2) == two
+    assert pacer.cost.per_row_s == pytest.approx(0.001)
+    assert pacer.budget(num_decodes=10, team=2) == two
 
 
 def test_a_fixed_team_is_one_model():
