@@ -93,7 +93,10 @@ def workload(args: argparse.Namespace) -> tuple[list[float], int, list[int], Wor
         return [4.0], 4, [6], dataclasses.replace(QUICK, num_requests=6 * repeats, seed=args.seed)
     rates = [float(r) for r in args.rates.split(",") if r.strip()]
     bursts = [int(b) for b in str(args.burst).split(",") if b.strip()]
-    n = max(args.requests_per_rate, *bursts)
+    if not rates and not bursts:
+        raise SystemExit("bench serve: --rates and --burst are both empty: no scenario to run")
+    sizes = ([args.requests_per_rate] if rates else []) + bursts  # each scenario's requests
+    n = max(sizes)
     return rates, args.requests_per_rate, bursts, WorkloadSpec(
         num_requests=n * repeats, prompt_median=args.prompt_median,
         output_median=args.output_median, seed=args.seed)

@@ -53,6 +53,7 @@ from typing import Callable
 
 import numpy as np
 
+from .blas_threads import single_threaded_blas
 from .scheduler import StepBudget
 
 # When decodes alone fill the latency target, prompts still advance by what costs this
@@ -87,7 +88,8 @@ class StepCostModel:
         window = len(self._steps)
         self._steps[self._seen % window] = (num_sequences, self.rows_of(num_tokens), seconds)
         self._seen += 1
-        undisturbed = _undisturbed_fit(self._steps[:min(self._seen, window)])
+        with single_threaded_blas():  # numpy's OpenBLAS worker would spin beside the team
+            undisturbed = _undisturbed_fit(self._steps[:min(self._seen, window)])
         if undisturbed is None:
             return
         steps, (design, coefficients) = undisturbed
