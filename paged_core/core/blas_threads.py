@@ -11,7 +11,8 @@ kernel), and `perf` put that worker's samples in ``sched_yield`` from
 ``blas_thread_server``. ``single_threaded_blas`` sets OpenBLAS's thread count to 1 for the
 body (the call runs on the caller's thread) and restores it after, so a user's own numpy
 work in the process keeps its threads. Where numpy's BLAS is not an OpenBLAS this process
-has loaded (MKL, Accelerate, no ``/proc``), it does nothing.
+has loaded (MKL, Accelerate, no ``/proc``), or an OpenBLAS built on OpenMP (whose thread count
+is the calling thread's OpenMP setting, which the engine's team owns), it does nothing.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from collections.abc import Iterator
 MAPS = "/proc/self/maps"
 # OpenBLAS's thread-count calls, as numpy's 64-bit-integer build names them and as others do
 _SUFFIXES = ("64_", "")
+OPENMP_BUILD = 2  # openblas_get_parallel(): 0 sequential, 1 its own threads, 2 OpenMP
 
 
 @functools.lru_cache(maxsize=1)
@@ -44,6 +46,11 @@ def _openblas_calls() -> tuple | None:
         for suffix in _SUFFIXES:
             get = getattr(lib, f"openblas_get_num_threads{suffix}", None)
             set_ = getattr(lib, f"openblas_set_num_threads{suffix}", None)
+            parallel = getattr(lib, f"openblas_get_parallel{suffix}", None)
+            if parallel is not None:
+                parallel.restype, parallel.argtypes = ctypes.c_int, []
+                if parallel() == OPENMP_BUILD:  # its count is OpenMP's, the engine's team's
+                    return None
             if get is not None and set_ is not None:
                 get.restype, get.argtypes = ctypes.c_int, []
                 set_.restype, set_.argtypes = None, [ctypes.c_int]
