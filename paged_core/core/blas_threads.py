@@ -22,6 +22,8 @@ import functools
 import os
 from collections.abc import Iterator
 
+import numpy  # noqa: F401  (loads numpy's OpenBLAS, which _openblas_calls looks for)
+
 MAPS = "/proc/self/maps"
 # OpenBLAS's thread-count calls, as numpy's 64-bit-integer build names them and as others do
 _SUFFIXES = ("64_", "")
@@ -31,7 +33,6 @@ OPENMP_BUILD = 2  # openblas_get_parallel(): 0 sequential, 1 its own threads, 2 
 @functools.lru_cache(maxsize=1)
 def _openblas_calls() -> tuple | None:
     """(get, set) of the OpenBLAS this process has loaded, or None."""
-    import numpy  # noqa: F401  (numpy loads its OpenBLAS on import)
     try:
         with open(MAPS, encoding="utf-8", errors="replace") as maps:
             paths = {line.split()[-1] for line in maps
@@ -68,16 +69,11 @@ def openblas_threads() -> int | None:
 def single_threaded_blas() -> Iterator[None]:
     """Run the body with numpy's OpenBLAS on one thread, the caller's (module doc)."""
     calls = _openblas_calls()
-    if calls is None:
-        yield
-        return
-    get, set_ = calls
-    before = get()
-    if before <= 1:
-        yield
-        return
-    set_(1)
+    before = calls[0]() if calls is not None else 1
+    if before > 1:
+        calls[1](1)
     try:
         yield
     finally:
-        set_(before)
+        if before > 1:
+            calls[1](before)
